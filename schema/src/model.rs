@@ -1,0 +1,526 @@
+//! The pipeline-file data model: what a user writes in YAML, as serde + schemars types.
+//!
+//! These are *spec* types: inputs are names, scripts are text, nothing is resolved. The engine's
+//! planner turns a validated spec into an operator graph; nothing here knows about tasks,
+//! channels or state. Every field carries a doc comment because the comments become the JSON
+//! Schema's descriptions, which editors show as hover help.
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use crate::registry::{
+    AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, FilterSpec,
+    FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec, KeyBySpec, MapSpec, OnErrorSpec,
+    OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat, ReduceSpec, SinkFormat, SinkSpec, SourceOnError,
+    SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec, FileSinkSpec, FileSourceSpec,
+    UnionSpec,
+};
+use crate::units::{DurationSpec, SizeSpec};
+
+/// The only file-format version this build understands.
+pub const CURRENT_VERSION: u32 = 1;
+
+/// A Weir pipeline file: one or more independent pipelines run by one `weir run` process.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Weir pipeline file")]
+pub struct FileSpec {
+    /// Version of the file format. Only `1` exists today; a later format will bump it and
+    /// `weir validate` will say how to migrate.
+    #[schemars(range(min = 1, max = 1))]
+    pub version: u32,
+    /// The pipelines in this file. Each runs independently (its own checkpoints, restarts and
+    /// reloads); a failure in one never restarts another.
+    #[schemars(length(min = 1))]
+    pub pipelines: Vec<PipelineSpec>,
+    /// The local control API (status, checkpoints, savepoints, reload) served by `weir run`.
+    #[serde(default)]
+    pub api: ApiSpec,
+}
+
+/// The HTTP control API that `weir run` serves on the loopback interface.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSpec {
+    /// Serve the control API. `weir status`, `weir savepoint`, `weir stop` and `weir reload`
+    /// need it.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// TCP port on 127.0.0.1. `0` picks a free port and prints it.
+    #[serde(default = "default_api_port")]
+    pub port: u16,
+    /// Name of an environment variable holding a bearer token. When set, mutating calls
+    /// (checkpoint, savepoint, stop, reload) must send `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+}
+
+impl Default for ApiSpec {
+    fn default() -> Self {
+        Self { enabled: true, port: default_api_port(), token_env: None }
+    }
+}
+
+/// One dataflow: sources feeding operators feeding sinks, with its own state backend,
+/// checkpoints and recovery policy.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// Stable identifier, unique in the file (letters, digits, `_` and `-`). It names the
+    /// pipeline's checkpoint directory and its entry in the control API, so changing it starts
+    /// the pipeline from scratch.
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_-]*$"))]
+    pub id: String,
+    /// Free text shown by `weir status` and `weir graph`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Default number of parallel subtasks for every source, operator and sink (each may
+    /// override it). Default: 1.
+    #[serde(default = "default_parallelism")]
+    #[schemars(range(min = 1))]
+    pub parallelism: u32,
+    /// Number of key groups: the unit in which keyed state is partitioned and rescaled, and the
+    /// upper bound for any parallelism. It cannot change once state exists (a savepoint taken
+    /// with one value cannot be restored with another). Default, as Flink: the parallelism × 1.5
+    /// rounded up to a power of two, at least 128 and at most 32768.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32768))]
+    pub max_parallelism: Option<u32>,
+    /// Where operators keep keyed state. Default: `{backend: memory}`.
+    #[serde(default)]
+    pub state: StateSpec,
+    /// Periodic checkpoints: how often, and with which delivery guarantee. Absent means no
+    /// checkpoints (and no delivery guarantee across failures).
+    #[serde(default)]
+    pub checkpoints: CheckpointSpec,
+    /// Savepoints: where `weir savepoint` and hot reload write them by default.
+    #[serde(default)]
+    pub savepoints: SavepointSpec,
+    /// Whether and when to restart after a failure. Default, as Flink 1.19+: `exponential_delay`
+    /// when checkpoints are enabled, `none` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartSpec>,
+    /// Which tasks restart after a failure. Default: `region`.
+    #[serde(default)]
+    pub failover: FailoverSpec,
+    /// Sandbox limits applied to every Rhai script in this pipeline.
+    #[serde(default)]
+    pub limits: ScriptLimitsSpec,
+    /// Where records come from. At least one.
+    #[schemars(length(min = 1))]
+    pub sources: Vec<SourceSpec>,
+    /// Transformations between sources and sinks, wired by `input`/`inputs`. Order does not
+    /// matter; the graph is built from the wiring.
+    #[serde(default)]
+    pub operators: Vec<OperatorSpec>,
+    /// Where records go. At least one.
+    #[schemars(length(min = 1))]
+    pub sinks: Vec<SinkSpec>,
+}
+
+impl PipelineSpec {
+    /// The number of key groups, with Flink's default rule applied when unset.
+    pub fn effective_max_parallelism(&self) -> u32 {
+        self.max_parallelism.unwrap_or_else(|| default_max_parallelism(self.parallelism))
+    }
+
+    /// The restart strategy in force: the declared one, or Flink 1.19+'s default.
+    pub fn effective_restart(&self) -> RestartSpec {
+        match &self.restart {
+            Some(r) => r.clone(),
+            None if self.checkpoints.enabled => RestartSpec::ExponentialDelay(ExponentialDelaySpec::default()),
+            None => RestartSpec::None,
+        }
+    }
+}
+
+/// Flink's default for `max_parallelism`: `parallelism * 1.5` rounded up to a power of two,
+/// clamped to `[128, 32768]`.
+pub fn default_max_parallelism(parallelism: u32) -> u32 {
+    let scaled = u64::from(parallelism) + u64::from(parallelism) / 2;
+    let pow2 = scaled.max(1).next_power_of_two();
+    pow2.clamp(128, 32768) as u32
+}
+
+/// The state backend: where keyed operator state lives while the pipeline runs.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StateSpec {
+    /// State on the heap; checkpoints are kept in this process's memory. They survive a task
+    /// failure but not a crash of the `weir` process: use `fs` or `rocksdb` to recover from
+    /// crashes.
+    Memory,
+    /// State on the heap; every checkpoint writes a full snapshot into checkpoint storage.
+    /// Fast, limited by memory, survives process crashes.
+    Fs,
+    /// State in embedded RocksDB on local disk: bounded memory, state larger than RAM,
+    /// incremental checkpoints.
+    Rocksdb(RocksdbSpec),
+}
+
+impl Default for StateSpec {
+    fn default() -> Self {
+        Self::Memory
+    }
+}
+
+/// Options of the RocksDB state backend.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RocksdbSpec {
+    /// Local working directory for the live databases (one per subtask). Relative paths are
+    /// relative to the pipeline file. Default: `.weir/rocksdb/<pipeline-id>` next to the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Incremental checkpoints: upload only SST files that earlier retained checkpoints do not
+    /// already hold (shared, reference-counted). Default: `true`.
+    #[serde(default = "default_true")]
+    pub incremental: bool,
+    /// Size of the block cache shared by a subtask's column families. Default: `64MiB`.
+    #[serde(default = "default_block_cache")]
+    pub block_cache_size: SizeSpec,
+    /// Size of one memtable before it is flushed to an SST file. Default: `32MiB`.
+    #[serde(default = "default_write_buffer")]
+    pub write_buffer_size: SizeSpec,
+}
+
+impl Default for RocksdbSpec {
+    fn default() -> Self {
+        Self {
+            path: None,
+            incremental: true,
+            block_cache_size: default_block_cache(),
+            write_buffer_size: default_write_buffer(),
+        }
+    }
+}
+
+/// The delivery guarantee. This is the *only* place it is declared: sinks do not have a
+/// separate setting, because two knobs (one on the checkpoints, one on the sink) can disagree,
+/// and a sink cannot be more exactly-once than the barriers that feed it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointMode {
+    /// Aligned barriers; replayable sources rewind to the checkpoint and transactional sinks
+    /// commit only checkpointed output: every record affects the output exactly once, even
+    /// across crashes. Requires replayable sources (`file`, `generator`) and transactional sinks
+    /// (`file`).
+    #[default]
+    ExactlyOnce,
+    /// Barriers are not aligned, so no input is ever paused; after a failure some records are
+    /// replayed and may appear twice in the output, but none is lost.
+    AtLeastOnce,
+}
+
+/// Periodic checkpoints: consistent snapshots of source positions and operator state, taken
+/// with barriers that flow with the data.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Take checkpoints. Writing a `checkpoints:` section turns them on; set `false` to keep
+    /// the section but switch them off. With checkpoints off there is no delivery guarantee
+    /// across failures.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Time between the start of two checkpoints. Default: `10s`.
+    #[serde(default = "default_interval")]
+    pub interval: DurationSpec,
+    /// The pipeline's delivery guarantee (see the type's description). Default:
+    /// `exactly_once`.
+    #[serde(default)]
+    pub mode: CheckpointMode,
+    /// Where checkpoints are written: a directory (relative paths are relative to the pipeline
+    /// file). Object-store URLs (`s3://...`) are reserved for a later release. Default:
+    /// `.weir/checkpoints` next to the file.
+    #[serde(default = "default_checkpoint_storage")]
+    pub storage: String,
+    /// A checkpoint that has not completed after this long is aborted. Default: `10m`.
+    #[serde(default = "default_checkpoint_timeout")]
+    pub timeout: DurationSpec,
+    /// Minimum time between the end of one checkpoint and the start of the next. Default: `0ms`.
+    #[serde(default = "default_zero")]
+    pub min_pause: DurationSpec,
+    /// How many checkpoints may be in progress at once. Default: `1`.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent: u32,
+    /// Consecutive failed checkpoints tolerated before the pipeline fails over. Default: `0`.
+    #[serde(default)]
+    pub tolerable_failures: u32,
+    /// Completed checkpoints to keep; older ones are deleted. Default: `1`.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1))]
+    pub retain: u32,
+    /// Unaligned checkpoints: barriers overtake in-flight records, which are stored in the
+    /// checkpoint. Shortens checkpoints under backpressure. Only with `exactly_once`.
+    /// Default: `false`.
+    #[serde(default)]
+    pub unaligned: bool,
+    /// With `unaligned: true`, start every checkpoint aligned and switch to unaligned only if
+    /// alignment takes longer than this. `0ms` means always unaligned. Default: `0ms`.
+    #[serde(default = "default_zero")]
+    pub aligned_timeout: DurationSpec,
+}
+
+impl Default for CheckpointSpec {
+    /// No `checkpoints:` section means checkpoints are off.
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval: default_interval(),
+            mode: CheckpointMode::default(),
+            storage: default_checkpoint_storage(),
+            timeout: default_checkpoint_timeout(),
+            min_pause: default_zero(),
+            max_concurrent: 1,
+            tolerable_failures: 0,
+            retain: 1,
+            unaligned: false,
+            aligned_timeout: default_zero(),
+        }
+    }
+}
+
+/// Where savepoints go when a command does not name a directory.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SavepointSpec {
+    /// Directory for savepoints (relative paths are relative to the pipeline file). Default:
+    /// `.weir/savepoints` next to the file.
+    #[serde(default = "default_savepoint_dir")]
+    pub dir: String,
+}
+
+impl Default for SavepointSpec {
+    fn default() -> Self {
+        Self { dir: default_savepoint_dir() }
+    }
+}
+
+/// Whether and when a failed pipeline restarts (Flink's restart strategies).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "strategy", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RestartSpec {
+    /// Restart up to `attempts` times, waiting `delay` before each restart.
+    FixedDelay(FixedDelaySpec),
+    /// Restart while fewer than `max_failures` failures happened within `interval`.
+    FailureRate(FailureRateSpec),
+    /// Restart with a delay that grows by `multiplier` after each failure, up to `max`, and
+    /// resets after `reset_after` without failure.
+    ExponentialDelay(ExponentialDelaySpec),
+    /// Never restart: the first failure fails the pipeline.
+    None,
+}
+
+/// Parameters of the `fixed_delay` restart strategy.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FixedDelaySpec {
+    /// How many restarts before giving up. Default: `3`.
+    #[serde(default = "default_attempts")]
+    #[schemars(range(min = 1))]
+    pub attempts: u32,
+    /// Wait before each restart. Default: `1s`.
+    #[serde(default = "default_restart_delay")]
+    pub delay: DurationSpec,
+}
+
+/// Parameters of the `failure_rate` restart strategy.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FailureRateSpec {
+    /// Give up when this many failures happen within `interval`. Default: `1`.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1))]
+    pub max_failures: u32,
+    /// The sliding window over which failures are counted. Default: `1m`.
+    #[serde(default = "default_failure_interval")]
+    pub interval: DurationSpec,
+    /// Wait before each restart. Default: `1s`.
+    #[serde(default = "default_restart_delay")]
+    pub delay: DurationSpec,
+}
+
+/// Parameters of the `exponential_delay` restart strategy (Flink 1.19+ defaults).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExponentialDelaySpec {
+    /// Delay before the first restart. Default: `1s`.
+    #[serde(default = "default_restart_delay")]
+    pub initial: DurationSpec,
+    /// Upper bound of the delay. Default: `1m`.
+    #[serde(default = "default_max_backoff")]
+    pub max: DurationSpec,
+    /// Factor applied to the delay after each consecutive failure (> 1). Default: `1.5`.
+    #[serde(default = "default_multiplier")]
+    pub multiplier: f64,
+    /// After this long without a failure the delay goes back to `initial`. Default: `1h`.
+    #[serde(default = "default_reset_after")]
+    pub reset_after: DurationSpec,
+    /// Random spread of each delay, as a fraction of it, in `[0, 1]`. Default: `0.1`.
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+    /// Give up after this many restarts without a reset. Default: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub attempts: Option<u32>,
+}
+
+impl Default for ExponentialDelaySpec {
+    fn default() -> Self {
+        Self {
+            initial: default_restart_delay(),
+            max: default_max_backoff(),
+            multiplier: default_multiplier(),
+            reset_after: default_reset_after(),
+            jitter: default_jitter(),
+            attempts: None,
+        }
+    }
+}
+
+/// Which tasks restart when one fails (Flink's failover strategies).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverSpec {
+    /// Restart every task of the pipeline from the latest completed checkpoint.
+    Full,
+    /// Restart only the failed region (the connected part of the pipeline that holds the failed
+    /// task) from the latest completed checkpoint; disconnected parts and other pipelines keep
+    /// running.
+    #[default]
+    Region,
+    /// Restart only the failed subtask from its latest state. Its in-flight records may be lost
+    /// or duplicated (like Flink's approximate local recovery): no exactly-once.
+    Individual,
+    /// Restart nothing: the failed subtask stays down and the pipeline reports itself degraded.
+    Noop,
+}
+
+/// Sandbox limits for Rhai scripts. A script that exceeds one fails the record with the
+/// operator's `on_error` policy.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptLimitsSpec {
+    /// Maximum Rhai operations per call (one record): a CPU budget that stops runaway loops.
+    /// Default: `1000000`.
+    #[serde(default = "default_max_operations")]
+    #[schemars(range(min = 1))]
+    pub max_operations: u64,
+    /// Maximum function-call nesting. Default: `32`.
+    #[serde(default = "default_max_call_levels")]
+    #[schemars(range(min = 1))]
+    pub max_call_levels: u32,
+    /// Maximum expression nesting depth when compiling. Default: `64`.
+    #[serde(default = "default_max_expr_depth")]
+    #[schemars(range(min = 1))]
+    pub max_expr_depth: u32,
+    /// Largest string a script may build. Default: `1MiB`.
+    #[serde(default = "default_max_string")]
+    pub max_string_size: SizeSpec,
+    /// Largest array a script may build, in elements. Default: `10000`.
+    #[serde(default = "default_max_collection")]
+    #[schemars(range(min = 1))]
+    pub max_array_size: u32,
+    /// Largest object map a script may build, in entries. Default: `10000`.
+    #[serde(default = "default_max_collection")]
+    #[schemars(range(min = 1))]
+    pub max_map_size: u32,
+}
+
+impl Default for ScriptLimitsSpec {
+    fn default() -> Self {
+        Self {
+            max_operations: default_max_operations(),
+            max_call_levels: default_max_call_levels(),
+            max_expr_depth: default_max_expr_depth(),
+            max_string_size: default_max_string(),
+            max_array_size: default_max_collection(),
+            max_map_size: default_max_collection(),
+        }
+    }
+}
+
+pub(crate) fn default_true() -> bool {
+    true
+}
+fn default_api_port() -> u16 {
+    7070
+}
+fn default_parallelism() -> u32 {
+    1
+}
+pub(crate) fn default_one() -> u32 {
+    1
+}
+fn default_attempts() -> u32 {
+    3
+}
+fn default_block_cache() -> SizeSpec {
+    SizeSpec::mib(64)
+}
+fn default_write_buffer() -> SizeSpec {
+    SizeSpec::mib(32)
+}
+fn default_interval() -> DurationSpec {
+    DurationSpec::from_secs(10)
+}
+fn default_checkpoint_storage() -> String {
+    ".weir/checkpoints".to_owned()
+}
+fn default_savepoint_dir() -> String {
+    ".weir/savepoints".to_owned()
+}
+fn default_checkpoint_timeout() -> DurationSpec {
+    DurationSpec::from_secs(600)
+}
+fn default_zero() -> DurationSpec {
+    DurationSpec::from_millis(0)
+}
+fn default_restart_delay() -> DurationSpec {
+    DurationSpec::from_secs(1)
+}
+fn default_failure_interval() -> DurationSpec {
+    DurationSpec::from_secs(60)
+}
+fn default_max_backoff() -> DurationSpec {
+    DurationSpec::from_secs(60)
+}
+fn default_reset_after() -> DurationSpec {
+    DurationSpec::from_secs(3600)
+}
+fn default_multiplier() -> f64 {
+    1.5
+}
+fn default_jitter() -> f64 {
+    0.1
+}
+fn default_max_operations() -> u64 {
+    1_000_000
+}
+fn default_max_call_levels() -> u32 {
+    32
+}
+fn default_max_expr_depth() -> u32 {
+    64
+}
+fn default_max_string() -> SizeSpec {
+    SizeSpec::mib(1)
+}
+fn default_max_collection() -> u32 {
+    10_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_parallelism_follows_flinks_rule() {
+        assert_eq!(default_max_parallelism(1), 128);
+        assert_eq!(default_max_parallelism(100), 256);
+        assert_eq!(default_max_parallelism(30000), 32768);
+    }
+}

@@ -1,0 +1,846 @@
+//! The registry of every built-in `type:`: sources, operators and sinks.
+//!
+//! This is the one file to touch to add a connector or operator kind (Kafka-API, NATS,
+//! Postgres, ...): add a variant and its `*Spec` struct here, then its builder in the engine's
+//! registry. Validation and the planner work through the accessor methods at the bottom
+//! (`id`, `inputs`, `script`, capabilities), never by matching on every variant themselves.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::units::SizeSpec;
+
+// ---------------------------------------------------------------------------------------------
+// Sources
+
+/// A source of records. `type` selects the connector.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SourceSpec {
+    /// Reads files: one file, a directory (every file in it, in name order) or a glob.
+    /// Replayable: checkpoints record the byte offset per file.
+    File(FileSourceSpec),
+    /// Generates deterministic synthetic records from a seed. Replayable: checkpoints record
+    /// the sequence number.
+    Generator(GeneratorSourceSpec),
+    /// Reads standard input. Not replayable, so not allowed with `exactly_once`.
+    Stdin(StdinSourceSpec),
+}
+
+/// What a source does with an input line it cannot parse.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceOnError {
+    /// Fail the pipeline with the file, line and parse error.
+    #[default]
+    Fail,
+    /// Skip the line and count it in the run summary.
+    Skip,
+}
+
+/// How input bytes become records.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFormat {
+    /// One JSON object per line.
+    #[default]
+    Jsonl,
+    /// Comma-separated values; see `csv` for the header and delimiter.
+    Csv,
+    /// Each line becomes the record `{"line": "<text>"}`.
+    Lines,
+}
+
+/// CSV options.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CsvOptions {
+    /// The first line names the columns (record fields). Without a header, fields are named
+    /// `c0`, `c1`, ... Default: `true`.
+    #[serde(default = "crate::model::default_true")]
+    pub header: bool,
+    /// The field delimiter, one ASCII character. Default: `,`.
+    #[serde(default = "default_delimiter")]
+    pub delimiter: String,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        Self { header: true, delimiter: default_delimiter() }
+    }
+}
+
+/// Options of the `file` source.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileSourceSpec {
+    /// Stable identifier, unique in the pipeline; its offsets are checkpointed under it.
+    pub id: String,
+    /// A file, a directory or a glob (`data/*.jsonl`). Relative paths are relative to the
+    /// pipeline file.
+    pub path: String,
+    /// Record format. Default: `jsonl`.
+    #[serde(default)]
+    pub format: RecordFormat,
+    /// CSV options, for `format: csv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<CsvOptions>,
+    /// Keep reading as files grow and new files match (like `tail -F`); the source then never
+    /// ends. Default: `false`.
+    #[serde(default)]
+    pub follow: bool,
+    /// Parallel readers (files are split among them). Default: the pipeline's parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// What to do with a line that does not parse. Default: `fail`.
+    #[serde(default)]
+    pub on_error: SourceOnError,
+}
+
+/// Options of the `generator` source.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorSourceSpec {
+    /// Stable identifier, unique in the pipeline; its sequence number is checkpointed under it.
+    pub id: String,
+    /// Seed of the pseudo-random sequence: the same seed gives the same records. Default: `0`.
+    #[serde(default)]
+    pub seed: u64,
+    /// Number of records to produce, then end. Absent: never end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Upper bound on records per second over all subtasks. Absent: as fast as possible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rate: Option<u64>,
+    /// The fields of each record, in output order.
+    #[schemars(length(min = 1))]
+    pub fields: IndexMap<String, GeneratorFieldSpec>,
+    /// Parallel generators (the sequence is split among them). Default: the pipeline's
+    /// parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+}
+
+/// How a generated field gets its value.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GeneratorFieldSpec {
+    /// The record's sequence number plus `start`.
+    Sequence {
+        /// First value. Default: `0`.
+        #[serde(default)]
+        start: i64,
+    },
+    /// A uniform integer in `[min, max]`.
+    Int {
+        /// Smallest value (inclusive).
+        min: i64,
+        /// Largest value (inclusive).
+        max: i64,
+    },
+    /// A uniform float in `[min, max)`.
+    Float {
+        /// Smallest value (inclusive).
+        min: f64,
+        /// Upper bound (exclusive).
+        max: f64,
+    },
+    /// A string `<prefix><n>` with `n` uniform in `[0, cardinality)`: a key with a known
+    /// number of distinct values.
+    Key {
+        /// Text before the number. Default: empty.
+        #[serde(default)]
+        prefix: String,
+        /// Number of distinct keys.
+        #[schemars(range(min = 1))]
+        cardinality: u64,
+    },
+    /// One of `values`, uniformly.
+    Choice {
+        /// The candidates.
+        #[schemars(length(min = 1))]
+        values: Vec<serde_json::Value>,
+    },
+    /// Milliseconds since the epoch: `start + sequence * step`.
+    Timestamp {
+        /// First timestamp in ms. Default: `1700000000000`.
+        #[serde(default = "default_ts_start")]
+        start: i64,
+        /// Increment per record in ms. Default: `1`.
+        #[serde(default = "default_ts_step")]
+        step: i64,
+    },
+    /// Always the same value.
+    Const {
+        /// The value.
+        value: serde_json::Value,
+    },
+}
+
+/// Options of the `stdin` source.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StdinSourceSpec {
+    /// Stable identifier, unique in the pipeline.
+    pub id: String,
+    /// Record format. Default: `jsonl`.
+    #[serde(default)]
+    pub format: RecordFormat,
+    /// CSV options, for `format: csv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<CsvOptions>,
+    /// What to do with a line that does not parse. Default: `fail`.
+    #[serde(default)]
+    pub on_error: SourceOnError,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operators
+
+/// What an operator does with a record whose script fails (throws, breaks a sandbox limit or
+/// returns the wrong type).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnErrorSpec {
+    /// Fail the task; the restart strategy decides what happens next.
+    #[default]
+    Fail,
+    /// Drop the record and count it in the run summary.
+    Skip,
+    /// Send `{record, error, operator}` to the named sink (a sink with no `input`) and go on.
+    DeadLetter(String),
+}
+
+/// An explicit exchange between an element and its inputs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitioningSpec {
+    /// Subtask i of the input feeds subtask i (needs equal parallelism; lets the two chain into
+    /// one task).
+    Forward,
+    /// Round-robin over all subtasks, to even out load.
+    Rebalance,
+    /// Every subtask receives every record.
+    Broadcast,
+}
+
+/// When a keyed reduce or aggregate emits.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EmitMode {
+    /// After every record, the key's updated result (a changelog, as Flink's reduce).
+    #[default]
+    Updates,
+    /// Once per key at the end of a bounded input: the key's final result.
+    Final,
+}
+
+/// The kind of a named keyed state.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// One value per key.
+    Value,
+    /// An append-friendly list per key.
+    List,
+    /// A map from string to value per key.
+    Map,
+}
+
+/// A built-in aggregate function.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregateFunction {
+    /// Sum of a numeric field.
+    Sum,
+    /// Number of records (no field needed).
+    Count,
+    /// Smallest value of a field.
+    Min,
+    /// Largest value of a field.
+    Max,
+    /// Arithmetic mean of a numeric field.
+    Avg,
+}
+
+impl AggregateFunction {
+    /// Whether the function reads a field.
+    pub fn needs_field(self) -> bool {
+        !matches!(self, Self::Count)
+    }
+}
+
+/// One built-in aggregation: `{fn: sum, field: amount, as: total}`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AggregationSpec {
+    /// The aggregate function.
+    #[serde(rename = "fn")]
+    pub function: AggregateFunction,
+    /// The field to aggregate (a dotted path such as `order.amount`). Not used by `count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Output field name. Default: the function name (`sum`, `count`, ...).
+    #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl AggregationSpec {
+    /// The output field name, defaulted.
+    pub fn output_name(&self) -> String {
+        self.output.clone().unwrap_or_else(|| {
+            serde_json::to_value(self.function)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// Declares a scripted or built-in operator's spec struct with the fields every operator has
+/// (`id`, `input`/`inputs`, `parallelism`, `on_error`), so they stay identical across kinds.
+macro_rules! operator_spec {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            /// Stable identifier, unique in the pipeline. State is saved under it, so keep it
+            /// when you edit the operator and its state carries over.
+            pub id: String,
+            /// The one upstream source or operator (by id). Use `inputs` for several.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub input: Option<String>,
+            /// Several upstream sources or operators (by id).
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub inputs: Vec<String>,
+            /// Parallel subtasks. Default: the pipeline's parallelism.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(range(min = 1))]
+            pub parallelism: Option<u32>,
+            /// What to do when processing a record fails. Default: `fail`.
+            #[serde(default)]
+            pub on_error: OnErrorSpec,
+            /// How records travel from the inputs to this operator's subtasks. Default:
+            /// `forward` when the parallelism matches the input's, `rebalance` otherwise; always
+            /// `hash` after a `key_by`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub partitioning: Option<PartitioningSpec>,
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+    };
+}
+
+operator_spec! {
+    /// `map`: the script defines `fn map(r)` returning the new record.
+    MapSpec {
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+    }
+}
+
+operator_spec! {
+    /// `filter`: the script defines `fn filter(r)` returning `true` to keep the record.
+    FilterSpec {
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+    }
+}
+
+operator_spec! {
+    /// `flat_map`: the script defines `fn flat_map(r)` returning an array of records (possibly
+    /// empty).
+    FlatMapSpec {
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+    }
+}
+
+operator_spec! {
+    /// `key_by`: partitions the stream by a key so that the keyed operator after it sees every
+    /// record of a key in one subtask. Give either `field` (built in, fast) or a script that
+    /// defines `fn key(r)`.
+    KeyBySpec {
+        /// A field path such as `user` or `customer.id`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        field: Option<String>,
+        /// Inline Rhai script defining `fn key(r)`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file defining `fn key(r)`, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+    }
+}
+
+operator_spec! {
+    /// `reduce` (keyed, after a `key_by`): the script defines `fn reduce(acc, r)` returning the
+    /// new accumulator; a key's first record is its initial accumulator. Emits
+    /// `{key, ...accumulator}` per `emit`. An optional `fn migrate(name, old)` transforms the
+    /// accumulator restored from a savepoint.
+    ReduceSpec {
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+        /// When to emit. Default: `updates`.
+        #[serde(default)]
+        emit: EmitMode,
+        /// Name of the key field in emitted records. Default: `key`.
+        #[serde(default = "default_key_field")]
+        key_field: String,
+    }
+}
+
+operator_spec! {
+    /// `aggregate` (keyed, after a `key_by`): built-in `aggregations` (native speed), or a
+    /// script defining `fn init()`, `fn add(acc, r)` and optionally `fn finish(acc)`.
+    /// Emits `{key, <as>: value, ...}` per `emit`.
+    AggregateSpec {
+        /// Built-in aggregations, each `{fn, field, as}`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        aggregations: Vec<AggregationSpec>,
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+        /// When to emit. Default: `updates`.
+        #[serde(default)]
+        emit: EmitMode,
+        /// Name of the key field in emitted records. Default: `key`.
+        #[serde(default = "default_key_field")]
+        key_field: String,
+    }
+}
+
+operator_spec! {
+    /// `process` (keyed, after a `key_by`): the script defines `fn process(r)` and reads and
+    /// writes the named keyed `state` declared here through `state_get`, `state_set`,
+    /// `list_push`, `map_put` and friends; it emits with `emit(record)`. An optional
+    /// `fn migrate(name, old)` transforms each state value restored from a savepoint, and an
+    /// optional `fn on_end(key)` runs per key at the end of a bounded input.
+    ProcessSpec {
+        /// Inline Rhai script.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+        /// Named keyed state: name → `value` | `list` | `map`.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        state: BTreeMap<String, StateKind>,
+    }
+}
+
+operator_spec! {
+    /// `union`: merges several inputs (of any parallelism) into one stream.
+    UnionSpec {}
+}
+
+/// An operator. `type` selects the kind.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OperatorSpec {
+    /// One record in, one record out (Rhai `fn map(r)`).
+    Map(MapSpec),
+    /// Keeps the records for which Rhai `fn filter(r)` is true.
+    Filter(FilterSpec),
+    /// One record in, zero or more out (Rhai `fn flat_map(r)` returns an array).
+    FlatMap(FlatMapSpec),
+    /// Partitions by key (a field path or Rhai `fn key(r)`).
+    KeyBy(KeyBySpec),
+    /// Keyed reduce (Rhai `fn reduce(acc, r)`).
+    Reduce(ReduceSpec),
+    /// Keyed aggregate (built-in `sum`/`count`/`min`/`max`/`avg`, or Rhai).
+    Aggregate(AggregateSpec),
+    /// Keyed process function with named state (Rhai `fn process(r)`).
+    Process(ProcessSpec),
+    /// Merges several inputs.
+    Union(UnionSpec),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sinks
+
+/// Output format of a sink.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkFormat {
+    /// One JSON object per line.
+    #[default]
+    Jsonl,
+    /// Comma-separated values with a header line of field names.
+    Csv,
+}
+
+/// Options of the `file` sink.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkSpec {
+    /// Stable identifier, unique in the pipeline.
+    pub id: String,
+    /// The one upstream operator or source. A sink without input can only be a dead-letter
+    /// target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Several upstream operators or sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// Output directory; each subtask writes part files `<prefix>-<subtask>-<n>.<ext>` in it.
+    /// With `exactly_once` checkpoints, parts are written in progress (hidden) and become
+    /// visible only when the checkpoint that covers them completes (two-phase commit).
+    pub path: String,
+    /// Output format. Default: `jsonl`.
+    #[serde(default)]
+    pub format: SinkFormat,
+    /// File-name prefix of part files. Default: `part`.
+    #[serde(default = "default_part_prefix")]
+    pub prefix: String,
+    /// Roll to a new part file once the current one reaches this size. Default: never (one
+    /// part per checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_part_size: Option<SizeSpec>,
+    /// Parallel writers. Default: the pipeline's parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// How records travel from the inputs to the writers. Default: `forward` when the
+    /// parallelism matches the input's, `rebalance` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<PartitioningSpec>,
+}
+
+/// Options of the `stdout` sink.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutSinkSpec {
+    /// Stable identifier, unique in the pipeline.
+    pub id: String,
+    /// The one upstream operator or source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Several upstream operators or sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// Output format. Default: `jsonl`.
+    #[serde(default)]
+    pub format: SinkFormat,
+}
+
+/// A sink. `type` selects the connector.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SinkSpec {
+    /// Writes part files to a directory; transactional (two-phase commit) under `exactly_once`.
+    File(FileSinkSpec),
+    /// Writes to standard output. Not transactional, so not allowed with `exactly_once`.
+    Stdout(StdoutSinkSpec),
+}
+
+fn default_delimiter() -> String {
+    ",".to_owned()
+}
+fn default_ts_start() -> i64 {
+    1_700_000_000_000
+}
+fn default_ts_step() -> i64 {
+    1
+}
+fn default_key_field() -> String {
+    "key".to_owned()
+}
+fn default_part_prefix() -> String {
+    "part".to_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accessors: the only place that matches on every variant.
+
+/// Where an element's script text comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScriptRef<'a> {
+    /// `script:` in the YAML.
+    Inline(&'a str),
+    /// `script_file:` relative to the YAML.
+    File(&'a std::path::Path),
+}
+
+/// The element kinds of a pipeline, for diagnostics and paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Section {
+    /// `sources:`
+    Sources,
+    /// `operators:`
+    Operators,
+    /// `sinks:`
+    Sinks,
+}
+
+impl Section {
+    /// The YAML key of the section.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Sources => "sources",
+            Self::Operators => "operators",
+            Self::Sinks => "sinks",
+        }
+    }
+}
+
+impl SourceSpec {
+    /// The source's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::File(s) => &s.id,
+            Self::Generator(s) => &s.id,
+            Self::Stdin(s) => &s.id,
+        }
+    }
+
+    /// The `type:` name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::File(_) => "file",
+            Self::Generator(_) => "generator",
+            Self::Stdin(_) => "stdin",
+        }
+    }
+
+    /// Whether the source can rewind to a checkpointed position (needed for exactly-once).
+    pub fn is_replayable(&self) -> bool {
+        !matches!(self, Self::Stdin(_))
+    }
+
+    /// Whether the source can end by itself.
+    pub fn is_bounded(&self) -> bool {
+        match self {
+            Self::File(f) => !f.follow,
+            Self::Generator(g) => g.count.is_some(),
+            Self::Stdin(_) => true,
+        }
+    }
+
+    /// The declared parallelism override. `stdin` is always 1.
+    pub fn parallelism(&self) -> Option<u32> {
+        match self {
+            Self::File(s) => s.parallelism,
+            Self::Generator(s) => s.parallelism,
+            Self::Stdin(_) => Some(1),
+        }
+    }
+}
+
+impl OperatorSpec {
+    /// The operator's id.
+    pub fn id(&self) -> &str {
+        &self.common().0
+    }
+
+    /// The `type:` name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Map(_) => "map",
+            Self::Filter(_) => "filter",
+            Self::FlatMap(_) => "flat_map",
+            Self::KeyBy(_) => "key_by",
+            Self::Reduce(_) => "reduce",
+            Self::Aggregate(_) => "aggregate",
+            Self::Process(_) => "process",
+            Self::Union(_) => "union",
+        }
+    }
+
+    fn common(&self) -> (&String, &Option<String>, &Vec<String>, Option<u32>, &OnErrorSpec, Option<PartitioningSpec>) {
+        macro_rules! c {
+            ($s:expr) => {
+                (&$s.id, &$s.input, &$s.inputs, $s.parallelism, &$s.on_error, $s.partitioning)
+            };
+        }
+        match self {
+            Self::Map(s) => c!(s),
+            Self::Filter(s) => c!(s),
+            Self::FlatMap(s) => c!(s),
+            Self::KeyBy(s) => c!(s),
+            Self::Reduce(s) => c!(s),
+            Self::Aggregate(s) => c!(s),
+            Self::Process(s) => c!(s),
+            Self::Union(s) => c!(s),
+        }
+    }
+
+    /// `input:` and `inputs:`, each with its YAML key and index for diagnostics.
+    pub fn wiring(&self) -> Wiring<'_> {
+        let (_, input, inputs, _, _, _) = self.common();
+        Wiring { input: input.as_deref(), inputs }
+    }
+
+    /// The declared parallelism override.
+    pub fn parallelism(&self) -> Option<u32> {
+        self.common().3
+    }
+
+    /// The error policy.
+    pub fn on_error(&self) -> &OnErrorSpec {
+        self.common().4
+    }
+
+    /// The declared exchange from the inputs, if any.
+    pub fn partitioning(&self) -> Option<PartitioningSpec> {
+        self.common().5
+    }
+
+    /// Whether the operator reads keyed state and so must follow a `key_by`.
+    pub fn is_keyed(&self) -> bool {
+        matches!(self, Self::Reduce(_) | Self::Aggregate(_) | Self::Process(_))
+    }
+
+    /// The script, if the operator has one (`script:` wins over `script_file:` here; having
+    /// both is a validation error).
+    pub fn script(&self) -> Option<ScriptRef<'_>> {
+        let (script, file) = match self {
+            Self::Map(s) => (&s.script, &s.script_file),
+            Self::Filter(s) => (&s.script, &s.script_file),
+            Self::FlatMap(s) => (&s.script, &s.script_file),
+            Self::KeyBy(s) => (&s.script, &s.script_file),
+            Self::Reduce(s) => (&s.script, &s.script_file),
+            Self::Aggregate(s) => (&s.script, &s.script_file),
+            Self::Process(s) => (&s.script, &s.script_file),
+            Self::Union(_) => return None,
+        };
+        match (script, file) {
+            (Some(s), _) => Some(ScriptRef::Inline(s)),
+            (None, Some(f)) => Some(ScriptRef::File(f)),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether both `script` and `script_file` are set.
+    pub fn has_both_script_forms(&self) -> bool {
+        match self {
+            Self::Map(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Filter(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::FlatMap(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::KeyBy(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Reduce(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Aggregate(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Process(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Union(_) => false,
+        }
+    }
+
+    /// The Rhai functions the script must define, as `(name, parameter count)`, and the
+    /// optional ones. Empty when the operator runs without a script.
+    pub fn required_functions(&self) -> &'static [(&'static str, usize)] {
+        match self {
+            Self::Map(_) => &[("map", 1)],
+            Self::Filter(_) => &[("filter", 1)],
+            Self::FlatMap(_) => &[("flat_map", 1)],
+            Self::KeyBy(k) if k.field.is_none() => &[("key", 1)],
+            Self::KeyBy(_) => &[],
+            Self::Reduce(_) => &[("reduce", 2)],
+            Self::Aggregate(a) if a.aggregations.is_empty() => &[("init", 0), ("add", 2)],
+            Self::Aggregate(_) => &[],
+            Self::Process(_) => &[("process", 1)],
+            Self::Union(_) => &[],
+        }
+    }
+
+    /// Whether this kind needs a script unless a built-in alternative is configured.
+    pub fn needs_script(&self) -> bool {
+        !self.required_functions().is_empty()
+    }
+}
+
+impl SinkSpec {
+    /// The sink's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::File(s) => &s.id,
+            Self::Stdout(s) => &s.id,
+        }
+    }
+
+    /// The `type:` name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::File(_) => "file",
+            Self::Stdout(_) => "stdout",
+        }
+    }
+
+    /// `input:` and `inputs:`.
+    pub fn wiring(&self) -> Wiring<'_> {
+        match self {
+            Self::File(s) => Wiring { input: s.input.as_deref(), inputs: &s.inputs },
+            Self::Stdout(s) => Wiring { input: s.input.as_deref(), inputs: &s.inputs },
+        }
+    }
+
+    /// The declared exchange from the inputs, if any (`stdout` has one writer).
+    pub fn partitioning(&self) -> Option<PartitioningSpec> {
+        match self {
+            Self::File(s) => s.partitioning,
+            Self::Stdout(_) => None,
+        }
+    }
+
+    /// Whether the sink can commit output transactionally (needed for exactly-once).
+    pub fn is_transactional(&self) -> bool {
+        matches!(self, Self::File(_))
+    }
+
+    /// The declared parallelism override. `stdout` is always 1.
+    pub fn parallelism(&self) -> Option<u32> {
+        match self {
+            Self::File(s) => s.parallelism,
+            Self::Stdout(_) => Some(1),
+        }
+    }
+}
+
+/// An element's declared inputs: `input: x` and/or `inputs: [y, z]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Wiring<'a> {
+    /// `input:`
+    pub input: Option<&'a str>,
+    /// `inputs:`
+    pub inputs: &'a [String],
+}
+
+impl<'a> Wiring<'a> {
+    /// Every input name with the YAML path suffix that locates it (`["input"]` or
+    /// `["inputs", i]`).
+    pub fn names(&self) -> Vec<(&'a str, crate::span::PathSuffix)> {
+        let mut out = Vec::new();
+        if let Some(i) = self.input {
+            out.push((i, crate::span::PathSuffix::Key("input")));
+        }
+        for (n, i) in self.inputs.iter().enumerate() {
+            out.push((i.as_str(), crate::span::PathSuffix::Index("inputs", n)));
+        }
+        out
+    }
+}

@@ -1,0 +1,858 @@
+//! Semantic validation: the rules a schema cannot express, checked over the typed spec with
+//! every finding located through the span index.
+//!
+//! Rules run independently and all of them run: ids, wiring, cycles, reachability, keyed
+//! operators, parallelism, delivery guarantees, durations and strategy parameters, operator
+//! options. Script compilation is not here (the engine owns Rhai); this module only checks
+//! that an operator that needs a script has exactly one.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
+use crate::model::{
+    AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec, OperatorSpec,
+    PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
+};
+use crate::registry::Section;
+use crate::span::{SourceFile, SpanIndex, YamlPath};
+use crate::units::DurationSpec;
+
+/// Runs every semantic rule over a loaded spec.
+///
+/// `base_dir` is the pipeline file's directory (relative paths resolve against it).
+pub fn validate(spec: &FileSpec, spans: &SpanIndex, file: &Arc<SourceFile>, base_dir: &Path) -> Diagnostics {
+    let _ = base_dir;
+    let mut cx = Cx { spans, file, out: Diagnostics::new() };
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (pi, p) in spec.pipelines.iter().enumerate() {
+        let path = YamlPath::root().join("pipelines").join(pi).join("id");
+        if let Some(first) = seen.insert(&p.id, pi) {
+            let first_span = spans.span(&YamlPath::root().join("pipelines").join(first).join("id"));
+            cx.error(codes::DUPLICATE_ID, &path, format!("pipeline id `{}` is used twice", p.id), "duplicate pipeline id")
+                .help("pipeline ids name checkpoint directories and API entries; give each pipeline its own")
+                .related(first_span, "first used here")
+                .push(&mut cx.out);
+        }
+        PipelineCheck::new(&mut cx, pi, p).run();
+    }
+    cx.out
+}
+
+struct Cx<'a> {
+    spans: &'a SpanIndex,
+    file: &'a Arc<SourceFile>,
+    out: Diagnostics,
+}
+
+/// A diagnostic under construction (so `push` reads last).
+struct Pending(Diagnostic);
+
+impl Pending {
+    fn help(self, h: impl Into<String>) -> Self {
+        Self(self.0.help(h))
+    }
+    fn related(self, span: std::ops::Range<usize>, l: impl Into<String>) -> Self {
+        Self(self.0.related(span, l))
+    }
+    fn push(self, out: &mut Diagnostics) {
+        out.push(self.0);
+    }
+}
+
+impl Cx<'_> {
+    fn make(&self, d: Diagnostic, path: &YamlPath, label: impl Into<String>) -> Pending {
+        Pending(d.at(self.file, self.spans.span(path)).label(label).with_path(path.clone()))
+    }
+    fn error(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+        self.make(Diagnostic::error(code, msg), path, label)
+    }
+    fn warning(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+        self.make(Diagnostic::warning(code, msg), path, label)
+    }
+    /// The span of a key (for fields whose presence, not value, is the problem).
+    fn key_error(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+        Pending(
+            Diagnostic::error(code, msg)
+                .at(self.file, self.spans.key_span(path))
+                .label(label)
+                .with_path(path.clone()),
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Elem {
+    section: Section,
+    index: usize,
+}
+
+struct PipelineCheck<'a, 'c> {
+    cx: &'c mut Cx<'a>,
+    p: &'a PipelineSpec,
+    base: YamlPath,
+    ids: HashMap<&'a str, Elem>,
+}
+
+const ID_HELP: &str = "use letters, digits, `_` and `-`, starting with a letter or `_`";
+
+fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl<'a, 'c> PipelineCheck<'a, 'c> {
+    fn new(cx: &'c mut Cx<'a>, pi: usize, p: &'a PipelineSpec) -> Self {
+        Self { cx, p, base: YamlPath::root().join("pipelines").join(pi), ids: HashMap::new() }
+    }
+
+    fn elem_path(&self, e: Elem) -> YamlPath {
+        self.base.join(e.section.key()).join(e.index)
+    }
+
+    fn elem_id(&self, e: Elem) -> &'a str {
+        match e.section {
+            Section::Sources => self.p.sources[e.index].id(),
+            Section::Operators => self.p.operators[e.index].id(),
+            Section::Sinks => self.p.sinks[e.index].id(),
+        }
+    }
+
+    fn elements(&self) -> Vec<Elem> {
+        let s = (0..self.p.sources.len()).map(|index| Elem { section: Section::Sources, index });
+        let o = (0..self.p.operators.len()).map(|index| Elem { section: Section::Operators, index });
+        let k = (0..self.p.sinks.len()).map(|index| Elem { section: Section::Sinks, index });
+        s.chain(o).chain(k).collect()
+    }
+
+    fn run(mut self) {
+        self.check_ids();
+        let dead_letter_targets = self.check_dead_letters();
+        let edges = self.check_wiring(&dead_letter_targets);
+        let cyclic = self.check_cycles(&edges);
+        if !cyclic {
+            self.check_reachability(&edges, &dead_letter_targets);
+        }
+        self.check_keyed();
+        self.check_operator_options();
+        self.check_sources();
+        self.check_parallelism();
+        self.check_delivery();
+        self.check_checkpoints();
+        self.check_restart();
+        self.check_state();
+    }
+
+    fn check_ids(&mut self) {
+        for e in self.elements() {
+            let id = self.elem_id(e);
+            let path = self.elem_path(e).join("id");
+            if !valid_id(id) {
+                self.cx
+                    .error(codes::INVALID_ID, &path, format!("`{id}` is not a valid id"), "invalid id")
+                    .help(ID_HELP)
+                    .push(&mut self.cx.out);
+            }
+            if let Some(first) = self.ids.get(id) {
+                let first_span = self.cx.spans.span(&self.elem_path(*first).join("id"));
+                self.cx
+                    .error(
+                        codes::DUPLICATE_ID,
+                        &path,
+                        format!("id `{id}` is used twice in pipeline `{}`", self.p.id),
+                        "duplicate id",
+                    )
+                    .help("ids name state in checkpoints and savepoints, so sources, operators and sinks each need their own; rename one")
+                    .related(first_span, "first used here")
+                    .push(&mut self.cx.out);
+            } else {
+                self.ids.insert(id, e);
+            }
+        }
+    }
+
+    /// Checks `on_error: {dead_letter: X}` targets; returns the sinks used as targets.
+    fn check_dead_letters(&mut self) -> HashSet<usize> {
+        let mut targets = HashSet::new();
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            let OnErrorSpec::DeadLetter(target) = op.on_error() else { continue };
+            let path = self.base.join("operators").join(oi).join("on_error").join("dead_letter");
+            match self.ids.get(target.as_str()) {
+                Some(Elem { section: Section::Sinks, index }) => {
+                    targets.insert(*index);
+                    let sink = &self.p.sinks[*index];
+                    let w = sink.wiring();
+                    if w.input.is_some() || !w.inputs.is_empty() {
+                        self.cx
+                            .error(
+                                codes::DEAD_LETTER,
+                                &path,
+                                format!("dead-letter sink `{target}` also has an input"),
+                                "this sink also receives regular records",
+                            )
+                            .help(format!("give dead letters a sink of their own: remove `input` from `{target}` or add a new sink without `input`"))
+                            .push(&mut self.cx.out);
+                    }
+                }
+                Some(_) => {
+                    self.cx
+                        .error(codes::DEAD_LETTER, &path, format!("dead-letter target `{target}` is not a sink"), "not a sink")
+                        .help("dead letters go to a sink declared under `sinks:` without an `input`")
+                        .push(&mut self.cx.out);
+                }
+                None => {
+                    let sinks: Vec<&str> = self.p.sinks.iter().map(SinkSpec::id).collect();
+                    let help = match did_you_mean(target, sinks.iter().copied()) {
+                        Some(s) => format!("did you mean `{s}`?"),
+                        None => "declare a sink without `input` under `sinks:` and name it here".to_owned(),
+                    };
+                    self.cx
+                        .error(codes::DEAD_LETTER, &path, format!("dead-letter sink `{target}` does not exist"), "no sink with this id")
+                        .help(help)
+                        .push(&mut self.cx.out);
+                }
+            }
+        }
+        targets
+    }
+
+    /// Resolves inputs; returns edges (from, to) between elements that exist.
+    fn check_wiring(&mut self, dead_letter_targets: &HashSet<usize>) -> Vec<(Elem, Elem)> {
+        let mut edges = Vec::new();
+        let upstream_ids: Vec<&str> = self
+            .elements()
+            .into_iter()
+            .filter(|e| e.section != Section::Sinks)
+            .map(|e| self.elem_id(e))
+            .collect();
+        let wirings: Vec<(Elem, crate::registry::Wiring<'a>, &'static str)> = self
+            .p
+            .operators
+            .iter()
+            .enumerate()
+            .map(|(index, o)| (Elem { section: Section::Operators, index }, o.wiring(), o.type_name()))
+            .chain(
+                self.p
+                    .sinks
+                    .iter()
+                    .enumerate()
+                    .map(|(index, s)| (Elem { section: Section::Sinks, index }, s.wiring(), "sink")),
+            )
+            .collect();
+        for (e, wiring, kind) in wirings {
+            let path = self.elem_path(e);
+            let id = self.elem_id(e);
+            if wiring.input.is_some() && !wiring.inputs.is_empty() {
+                self.cx
+                    .key_error(codes::BAD_WIRING, &path.join("inputs"), format!("`{id}` has both `input` and `inputs`"), "second way to name inputs")
+                    .help("use `input: x` for one upstream or `inputs: [x, y]` for several, not both")
+                    .push(&mut self.cx.out);
+            }
+            let names = wiring.names();
+            if names.is_empty() {
+                let is_dl = e.section == Section::Sinks && dead_letter_targets.contains(&e.index);
+                if !is_dl {
+                    let help = if e.section == Section::Sinks {
+                        "add `input: <operator id>`; a sink without input is only valid as a dead-letter target (`on_error: {dead_letter: <sink id>}`)"
+                    } else {
+                        "add `input: <source or operator id>`"
+                    };
+                    self.cx
+                        .key_error(codes::BAD_WIRING, &path.join("id"), format!("`{id}` has no input"), "nothing feeds this")
+                        .help(help)
+                        .push(&mut self.cx.out);
+                }
+                continue;
+            }
+            if kind == "union" && names.len() < 2 {
+                self.cx
+                    .key_error(codes::BAD_WIRING, &path.join("id"), format!("union `{id}` has a single input"), "union of one stream")
+                    .help("a union merges two or more streams: list them under `inputs: [a, b]`, or remove the union")
+                    .push(&mut self.cx.out);
+            } else if e.section == Section::Operators && kind != "union" && names.len() > 1 {
+                self.cx
+                    .key_error(codes::BAD_WIRING, &path.join("inputs"), format!("`{kind}` operator `{id}` takes one input, not {}", names.len()), "several inputs")
+                    .help("merge the streams first with a `union` operator, then feed the union to this operator")
+                    .push(&mut self.cx.out);
+            }
+            for (name, suffix) in names {
+                let ipath = path.with(suffix);
+                match self.ids.get(name) {
+                    Some(up) if up.section == Section::Sinks => {
+                        self.cx
+                            .error(codes::UNKNOWN_INPUT, &ipath, format!("`{id}` reads from sink `{name}`, which produces no records"), "a sink")
+                            .help("read from the operator that feeds the sink instead")
+                            .push(&mut self.cx.out);
+                    }
+                    Some(up) => edges.push((*up, e)),
+                    None => {
+                        let help = match did_you_mean(name, upstream_ids.iter().copied()) {
+                            Some(s) => format!("did you mean `{s}`?"),
+                            None => format!("known sources and operators in `{}`: {}", self.p.id, upstream_ids.join(", ")),
+                        };
+                        self.cx
+                            .error(codes::UNKNOWN_INPUT, &ipath, format!("`{id}` reads from `{name}`, which does not exist"), "no source or operator with this id")
+                            .help(help)
+                            .push(&mut self.cx.out);
+                    }
+                }
+            }
+        }
+        edges
+    }
+
+    /// Reports each cycle once, at the input that closes it. Returns whether any exists.
+    fn check_cycles(&mut self, edges: &[(Elem, Elem)]) -> bool {
+        let ops = self.p.operators.len();
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); ops];
+        for (from, to) in edges {
+            if from.section == Section::Operators && to.section == Section::Operators {
+                adj[from.index].push(to.index);
+            }
+        }
+        // Iterative DFS with colours; a back edge u -> v closes a cycle.
+        let mut colour = vec![0u8; ops];
+        let mut found = false;
+        for start in 0..ops {
+            if colour[start] != 0 {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            colour[start] = 1;
+            while let Some((u, next)) = stack.last_mut() {
+                let u = *u;
+                if let Some(&v) = adj[u].get(*next) {
+                    *next += 1;
+                    match colour[v] {
+                        0 => {
+                            colour[v] = 1;
+                            stack.push((v, 0));
+                        }
+                        1 => {
+                            found = true;
+                            let pos = stack.iter().position(|(n, _)| *n == v).unwrap_or(0);
+                            let mut names: Vec<&str> = stack[pos..].iter().map(|(n, _)| self.p.operators[*n].id()).collect();
+                            names.push(self.p.operators[v].id());
+                            self.report_cycle(u, v, &names);
+                        }
+                        _ => {}
+                    }
+                } else {
+                    colour[u] = 2;
+                    stack.pop();
+                }
+            }
+        }
+        found
+    }
+
+    fn report_cycle(&mut self, from: usize, to: usize, names: &[&str]) {
+        let op = &self.p.operators[to];
+        let from_id = self.p.operators[from].id();
+        let suffix = op.wiring().names().into_iter().find(|(n, _)| *n == from_id).map(|(_, s)| s);
+        let opath = self.base.join("operators").join(to);
+        let path = suffix.map_or_else(|| opath.join("id"), |s| opath.with(s));
+        self.cx
+            .error(codes::CYCLE, &path, format!("the operators form a cycle: {}", names.join(" → ")), "this input closes the cycle")
+            .help("a pipeline is a directed acyclic graph; remove one of these inputs")
+            .push(&mut self.cx.out);
+    }
+
+    fn check_reachability(&mut self, edges: &[(Elem, Elem)], dead_letter_targets: &HashSet<usize>) {
+        let mut down: HashMap<Elem, Vec<Elem>> = HashMap::new();
+        let mut up: HashMap<Elem, Vec<Elem>> = HashMap::new();
+        for (a, b) in edges {
+            down.entry(*a).or_default().push(*b);
+            up.entry(*b).or_default().push(*a);
+        }
+        // Dead-letter edges count for reachability.
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            if let OnErrorSpec::DeadLetter(t) = op.on_error() {
+                if let Some(sink @ Elem { section: Section::Sinks, .. }) = self.ids.get(t.as_str()) {
+                    let from = Elem { section: Section::Operators, index: oi };
+                    down.entry(from).or_default().push(*sink);
+                    up.entry(*sink).or_default().push(from);
+                }
+            }
+        }
+        let walk = |starts: Vec<Elem>, graph: &HashMap<Elem, Vec<Elem>>| {
+            let mut seen: HashSet<Elem> = starts.iter().copied().collect();
+            let mut stack = starts;
+            while let Some(n) = stack.pop() {
+                for m in graph.get(&n).into_iter().flatten() {
+                    if seen.insert(*m) {
+                        stack.push(*m);
+                    }
+                }
+            }
+            seen
+        };
+        let sources: Vec<Elem> = (0..self.p.sources.len()).map(|index| Elem { section: Section::Sources, index }).collect();
+        let sinks: Vec<Elem> = (0..self.p.sinks.len()).map(|index| Elem { section: Section::Sinks, index }).collect();
+        let from_sources = walk(sources.clone(), &down);
+        let to_sinks = walk(sinks.clone(), &up);
+        for s in sinks {
+            let has_input = !self.p.sinks[s.index].wiring().names().is_empty();
+            if !from_sources.contains(&s) && (has_input || dead_letter_targets.contains(&s.index)) {
+                let id = self.elem_id(s);
+                self.cx
+                    .error(codes::UNREACHABLE_SINK, &self.elem_path(s).join("id"), format!("no source reaches sink `{id}`"), "never receives records")
+                    .help("follow its `input` back: some operator on the way reads from nothing; connect it to a source")
+                    .push(&mut self.cx.out);
+            }
+        }
+        for e in sources.into_iter().chain((0..self.p.operators.len()).map(|index| Elem { section: Section::Operators, index })) {
+            if to_sinks.contains(&e) {
+                continue;
+            }
+            let id = self.elem_id(e);
+            let what = if e.section == Section::Sources { "source" } else { "operator" };
+            self.cx
+                .warning(codes::DEAD_END, &self.elem_path(e).join("id"), format!("{what} `{id}` reaches no sink; its records are dropped"), "output goes nowhere")
+                .help(format!("add a sink with `input: {id}` (or one downstream of it), or remove it"))
+                .push(&mut self.cx.out);
+        }
+    }
+
+    fn check_keyed(&mut self) {
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            if !op.is_keyed() {
+                continue;
+            }
+            let names = op.wiring().names();
+            let path = self.base.join("operators").join(oi);
+            for (name, suffix) in names {
+                let Some(up) = self.ids.get(name) else { continue };
+                let is_key_by = up.section == Section::Operators && matches!(self.p.operators[up.index], OperatorSpec::KeyBy(_));
+                if !is_key_by {
+                    self.cx
+                        .error(
+                            codes::KEYED_WITHOUT_KEY_BY,
+                            &path.with(suffix),
+                            format!("keyed `{}` operator `{}` reads from `{name}`, which is not a `key_by`", op.type_name(), op.id()),
+                            "not keyed",
+                        )
+                        .help(format!("insert `- {{id: by_key, type: key_by, input: {name}, field: <field>}}` and read from it"))
+                        .push(&mut self.cx.out);
+                }
+            }
+        }
+    }
+
+    fn check_operator_options(&mut self) {
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            let path = self.base.join("operators").join(oi);
+            if op.has_both_script_forms() {
+                self.cx
+                    .key_error(codes::SCRIPT_MISSING, &path.join("script_file"), format!("`{}` has both `script` and `script_file`", op.id()), "second script")
+                    .help("keep one: an inline `script: |` block or a `script_file:` path")
+                    .push(&mut self.cx.out);
+            }
+            match op {
+                OperatorSpec::KeyBy(k) => {
+                    let has_script = k.script.is_some() || k.script_file.is_some();
+                    if k.field.is_some() == has_script {
+                        let msg = if has_script { "has both `field` and a script" } else { "needs `field` or a script" };
+                        self.cx
+                            .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "field" } else { "id" }), format!("key_by `{}` {msg}", k.id), "how to key?")
+                            .help("give `field: <path>` (such as `user` or `customer.id`), or a script defining `fn key(r)`")
+                            .push(&mut self.cx.out);
+                    }
+                    if let Some(f) = &k.field {
+                        self.check_field_path(f, &path.join("field"));
+                    }
+                }
+                OperatorSpec::Aggregate(a) => self.check_aggregate(a, &path),
+                OperatorSpec::Union(_) => {}
+                _ if op.needs_script() && op.script().is_none() => {
+                    let (name, arity) = op.required_functions()[0];
+                    let params = ["", "r", "acc, r"][arity.min(2)];
+                    self.cx
+                        .key_error(codes::SCRIPT_MISSING, &path.join("id"), format!("`{}` operator `{}` has no script", op.type_name(), op.id()), "no script")
+                        .help(format!("add `script: |` with `fn {name}({params}) {{ ... }}`, or `script_file: <path>.rhai`"))
+                        .push(&mut self.cx.out);
+                }
+                _ => {}
+            }
+            if let OperatorSpec::Reduce(r) = op {
+                self.check_field_path(&r.key_field, &path.join("key_field"));
+            }
+        }
+    }
+
+    fn check_field_path(&mut self, f: &str, path: &YamlPath) {
+        if f.is_empty() || f.split('.').any(str::is_empty) {
+            self.cx
+                .error(codes::OPERATOR_OPTION, path, format!("`{f}` is not a field path"), "empty path segment")
+                .help("write field names joined by dots, such as `user` or `customer.id`")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    fn check_aggregate(&mut self, a: &AggregateSpec, path: &YamlPath) {
+        let has_script = a.script.is_some() || a.script_file.is_some();
+        if a.aggregations.is_empty() == !has_script {
+            let msg = if has_script { "has both `aggregations` and a script" } else { "needs `aggregations` or a script" };
+            self.cx
+                .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "aggregations" } else { "id" }), format!("aggregate `{}` {msg}", a.id), "how to aggregate?")
+                .help("list built-ins such as `aggregations: [{fn: sum, field: amount, as: total}]`, or give a script defining `fn init()` and `fn add(acc, r)`")
+                .push(&mut self.cx.out);
+        }
+        let mut names: HashMap<String, usize> = HashMap::new();
+        for (i, agg) in a.aggregations.iter().enumerate() {
+            let apath = path.join("aggregations").join(i);
+            if agg.function.needs_field() && agg.field.is_none() {
+                let f = agg.output_name();
+                self.cx
+                    .key_error(codes::OPERATOR_OPTION, &apath.join("fn"), format!("`{f}` needs a `field`"), "over which field?")
+                    .help(format!("add `field: <path>` to this aggregation, such as `{{fn: {f}, field: amount}}`"))
+                    .push(&mut self.cx.out);
+            }
+            if let Some(f) = &agg.field {
+                self.check_field_path(f, &apath.join("field"));
+            }
+            let out = agg.output_name();
+            if out == a.key_field {
+                self.cx
+                    .error(codes::OPERATOR_OPTION, &apath, format!("aggregation output `{out}` collides with the key field"), "same name as the key")
+                    .help("rename it with `as:`, or change `key_field`")
+                    .push(&mut self.cx.out);
+            } else if let Some(first) = names.insert(out.clone(), i) {
+                let first_span = self.cx.spans.span(&path.join("aggregations").join(first));
+                self.cx
+                    .error(codes::OPERATOR_OPTION, &apath, format!("two aggregations write `{out}`"), "same output name")
+                    .help("give each aggregation its own name with `as:`")
+                    .related(first_span, "first here")
+                    .push(&mut self.cx.out);
+            }
+        }
+    }
+
+    fn check_sources(&mut self) {
+        for (si, s) in self.p.sources.iter().enumerate() {
+            let path = self.base.join("sources").join(si);
+            let csv = match s {
+                SourceSpec::File(f) => f.csv.as_ref(),
+                SourceSpec::Stdin(f) => f.csv.as_ref(),
+                SourceSpec::Generator(g) => {
+                    for (name, field) in &g.fields {
+                        let fpath = path.join("fields").join(name.as_str());
+                        let bad = match field {
+                            GeneratorFieldSpec::Int { min, max } => min > max,
+                            GeneratorFieldSpec::Float { min, max } => min >= max || !min.is_finite() || !max.is_finite(),
+                            _ => false,
+                        };
+                        if bad {
+                            self.cx
+                                .error(codes::INVALID_VALUE, &fpath, format!("generator field `{name}` has `min` above `max`"), "empty range")
+                                .help("make `min` ≤ `max` (for floats, `min` < `max`)")
+                                .push(&mut self.cx.out);
+                        }
+                    }
+                    None
+                }
+            };
+            if let Some(csv) = csv {
+                if csv.delimiter.len() != 1 || !csv.delimiter.is_ascii() {
+                    self.cx
+                        .error(codes::INVALID_VALUE, &path.join("csv").join("delimiter"), format!("`{}` is not a single ASCII character", csv.delimiter), "one character")
+                        .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
+                        .push(&mut self.cx.out);
+                }
+            }
+        }
+    }
+
+    fn check_parallelism(&mut self) {
+        let max = self.p.effective_max_parallelism();
+        let explicit = self.p.max_parallelism.is_some();
+        let help = if explicit {
+            format!("lower the parallelism or raise `max_parallelism` (it is {max}; it cannot change once state exists)")
+        } else {
+            format!("lower the parallelism, or set `max_parallelism` above it (the default here is {max})")
+        };
+        if self.p.parallelism > max {
+            self.cx
+                .error(codes::PARALLELISM, &self.base.join("parallelism"), format!("parallelism {} is above max_parallelism {max}", self.p.parallelism), "too high")
+                .help(help.clone())
+                .push(&mut self.cx.out);
+        }
+        let mut par: HashMap<&str, u32> = HashMap::new();
+        for e in self.elements() {
+            let declared = match e.section {
+                Section::Sources => match &self.p.sources[e.index] {
+                    SourceSpec::Stdin(_) => None,
+                    s => s.parallelism(),
+                },
+                Section::Operators => self.p.operators[e.index].parallelism(),
+                Section::Sinks => match &self.p.sinks[e.index] {
+                    SinkSpec::Stdout(_) => None,
+                    s => s.parallelism(),
+                },
+            };
+            let effective = match e.section {
+                Section::Sources => self.p.sources[e.index].parallelism(),
+                Section::Operators => self.p.operators[e.index].parallelism(),
+                Section::Sinks => self.p.sinks[e.index].parallelism(),
+            }
+            .unwrap_or(self.p.parallelism);
+            par.insert(self.elem_id(e), effective);
+            if let Some(n) = declared.filter(|n| *n > max) {
+                self.cx
+                    .error(codes::PARALLELISM, &self.elem_path(e).join("parallelism"), format!("parallelism {n} is above max_parallelism {max}"), "too high")
+                    .help(help.clone())
+                    .push(&mut self.cx.out);
+            }
+        }
+        // Forward exchanges need equal parallelism.
+        let forwards: Vec<(YamlPath, &'a str, crate::registry::Wiring<'a>)> = self
+            .p
+            .operators
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.partitioning() == Some(PartitioningSpec::Forward))
+            .map(|(i, o)| (self.base.join("operators").join(i), o.id(), o.wiring()))
+            .chain(
+                self.p
+                    .sinks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.partitioning() == Some(PartitioningSpec::Forward))
+                    .map(|(i, s)| (self.base.join("sinks").join(i), s.id(), s.wiring())),
+            )
+            .collect();
+        for (path, id, wiring) in forwards {
+            let mine = par.get(id).copied().unwrap_or(self.p.parallelism);
+            for (name, _) in wiring.names() {
+                if let Some(theirs) = par.get(name).filter(|t| **t != mine) {
+                    self.cx
+                        .error(
+                            codes::PARALLELISM,
+                            &path.join("partitioning"),
+                            format!("`forward` from `{name}` (parallelism {theirs}) to `{id}` (parallelism {mine})"),
+                            "forward needs equal parallelism",
+                        )
+                        .help("use `partitioning: rebalance`, or give both the same parallelism")
+                        .push(&mut self.cx.out);
+                }
+            }
+        }
+    }
+
+    fn exactly_once(&self) -> bool {
+        self.p.checkpoints.enabled && self.p.checkpoints.mode == CheckpointMode::ExactlyOnce
+    }
+
+    fn check_delivery(&mut self) {
+        if !self.exactly_once() {
+            return;
+        }
+        let mode_path = self.base.join("checkpoints").join("mode");
+        let mode_span = self.cx.spans.exists(&mode_path).then(|| self.cx.spans.span(&mode_path));
+        for (si, s) in self.p.sources.iter().enumerate() {
+            if s.is_replayable() {
+                continue;
+            }
+            let path = self.base.join("sources").join(si).join("type");
+            let mut d = self
+                .cx
+                .error(
+                    codes::NOT_REPLAYABLE,
+                    &path,
+                    format!("source `{}` (`{}`) cannot replay, so this pipeline cannot be exactly-once", s.id(), s.type_name()),
+                    "not replayable",
+                )
+                .help("after a failure it cannot rewind to the checkpoint. Choose at-least-once with `checkpoints: {mode: at_least_once}` (or remove `checkpoints:`), or read from a `file` source");
+            if let Some(span) = mode_span.clone() {
+                d = d.related(span, "exactly-once chosen here");
+            }
+            d.push(&mut self.cx.out);
+        }
+        for (si, s) in self.p.sinks.iter().enumerate() {
+            if s.is_transactional() {
+                continue;
+            }
+            let path = self.base.join("sinks").join(si).join("type");
+            let mut d = self
+                .cx
+                .error(
+                    codes::NOT_TRANSACTIONAL,
+                    &path,
+                    format!("sink `{}` (`{}`) cannot commit transactionally, so this pipeline cannot be exactly-once", s.id(), s.type_name()),
+                    "not transactional",
+                )
+                .help("output written before a failure would be repeated after recovery. Choose at-least-once with `checkpoints: {mode: at_least_once}` (or remove `checkpoints:`), or write to a `file` sink");
+            if let Some(span) = mode_span.clone() {
+                d = d.related(span, "exactly-once chosen here");
+            }
+            d.push(&mut self.cx.out);
+        }
+    }
+
+    fn positive(&mut self, d: DurationSpec, path: YamlPath, what: &str) {
+        if d.get().is_zero() {
+            self.cx
+                .error(codes::INVALID_DURATION, &path, format!("{what} must be positive"), "zero")
+                .help("write a positive duration such as `500ms` or `1s`")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    fn check_checkpoints(&mut self) {
+        let c = &self.p.checkpoints;
+        let base = self.base.join("checkpoints");
+        if !self.cx.spans.exists(&base) {
+            return;
+        }
+        self.positive(c.interval, base.join("interval"), "the checkpoint interval");
+        self.positive(c.timeout, base.join("timeout"), "the checkpoint timeout");
+        if !c.interval.get().is_zero() && c.interval.get() < Duration::from_millis(10) {
+            self.cx
+                .error(codes::BAD_PARAMETER, &base.join("interval"), format!("a checkpoint interval of {} is too short", c.interval), "below 10ms")
+                .help("checkpoints need at least `10ms` between them; `1s` to `1m` is usual")
+                .push(&mut self.cx.out);
+        }
+        if c.unaligned && c.mode == CheckpointMode::AtLeastOnce {
+            self.cx
+                .error(codes::BAD_PARAMETER, &base.join("unaligned"), "unaligned checkpoints need `mode: exactly_once`", "needs exactly_once")
+                .help("at-least-once never aligns barriers, so there is nothing to unalign: remove `unaligned`, or use `mode: exactly_once`")
+                .push(&mut self.cx.out);
+        }
+        if !c.aligned_timeout.get().is_zero() && !c.unaligned {
+            self.cx
+                .warning(codes::BAD_PARAMETER, &base.join("aligned_timeout"), "`aligned_timeout` has no effect without `unaligned: true`", "ignored")
+                .help("set `unaligned: true`, or remove `aligned_timeout`")
+                .push(&mut self.cx.out);
+        }
+        let storage = c.storage.trim();
+        if let Some((scheme, _)) = storage.split_once("://") {
+            if scheme != "file" {
+                self.cx
+                    .error(codes::UNSUPPORTED_STORAGE, &base.join("storage"), format!("`{scheme}://` checkpoint storage is not supported yet"), "unsupported scheme")
+                    .help("use a local directory (or `file://` path); object stores are planned")
+                    .push(&mut self.cx.out);
+            }
+        } else if storage.is_empty() {
+            self.cx
+                .error(codes::INVALID_VALUE, &base.join("storage"), "checkpoint storage is empty", "empty")
+                .help("name a directory, such as `.weir/checkpoints`")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    fn check_restart(&mut self) {
+        let base = self.base.join("restart");
+        match &self.p.restart {
+            Some(RestartSpec::FailureRate(f)) => {
+                self.positive(f.interval, base.join("interval"), "the failure-rate interval");
+            }
+            Some(RestartSpec::ExponentialDelay(e)) => {
+                self.positive(e.initial, base.join("initial"), "the initial delay");
+                self.positive(e.reset_after, base.join("reset_after"), "`reset_after`");
+                if e.max < e.initial {
+                    self.cx
+                        .error(codes::BAD_PARAMETER, &base.join("max"), format!("`max` ({}) is below `initial` ({})", e.max, e.initial), "below initial")
+                        .help("make `max` at least `initial`")
+                        .push(&mut self.cx.out);
+                }
+                if !(e.multiplier.is_finite() && e.multiplier >= 1.0) {
+                    self.cx
+                        .error(codes::BAD_PARAMETER, &base.join("multiplier"), format!("multiplier {} would not grow the delay", e.multiplier), "must be ≥ 1")
+                        .help("use a factor of 1 or more, such as `1.5` (Flink's default) or `2`")
+                        .push(&mut self.cx.out);
+                }
+                if !(0.0..=1.0).contains(&e.jitter) {
+                    self.cx
+                        .error(codes::BAD_PARAMETER, &base.join("jitter"), format!("jitter {} is outside [0, 1]", e.jitter), "out of range")
+                        .help("jitter is a fraction of the delay: `0` for none, `0.1` (default) for ±10 %")
+                        .push(&mut self.cx.out);
+                }
+            }
+            _ => {}
+        }
+        if self.p.failover == FailoverSpec::Individual {
+            let extra = if self.exactly_once() { " This breaks the pipeline's exactly-once guarantee." } else { "" };
+            self.cx
+                .warning(
+                    codes::LOSSY_FAILOVER,
+                    &self.base.join("failover"),
+                    format!("`failover: individual` can lose or duplicate in-flight records when a subtask restarts.{extra}"),
+                    "approximate recovery",
+                )
+                .help("use `failover: region` (the default) or `full` for exact recovery; keep `individual` only if approximate results are acceptable")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    fn check_state(&mut self) {
+        if !(self.exactly_once() && self.p.state == StateSpec::Memory) {
+            return;
+        }
+        if !self.p.sinks.iter().any(SinkSpec::is_transactional) {
+            return;
+        }
+        let state = self.base.join("state");
+        let path = if self.cx.spans.exists(&state) { state.join("backend") } else { self.base.join("checkpoints").join("mode") };
+        self.cx
+            .warning(
+                codes::VOLATILE_STATE,
+                &path,
+                "`memory` state keeps checkpoints in this process only: exactly-once output survives task failures but not a crash of `weir`",
+                "checkpoints lost on crash",
+            )
+            .help("use `state: {backend: fs}` or `state: {backend: rocksdb}` to recover exactly-once after a crash")
+            .push(&mut self.cx.out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::load_str;
+
+    fn codes_of(text: &str) -> Vec<&'static str> {
+        let loaded = load_str("t.yaml", text);
+        let mut all: Vec<&'static str> = loaded.diagnostics.iter().map(|d| d.code).collect();
+        if let (Some(spec), Some(spans)) = (&loaded.spec, &loaded.spans) {
+            all.extend(validate(spec, spans, &loaded.source, Path::new(".")).iter().map(|d| d.code));
+        }
+        all
+    }
+
+    const OK: &str = "version: 1\npipelines:\n  - id: p\n    sources:\n      - {id: src, type: file, path: in.jsonl}\n    operators:\n      - {id: by, type: key_by, input: src, field: user}\n      - id: total\n        type: aggregate\n        input: by\n        aggregations: [{fn: sum, field: amount}]\n    sinks:\n      - {id: out, type: file, input: total, path: out}\n";
+
+    #[test]
+    fn valid_file_has_no_findings() {
+        assert_eq!(codes_of(OK), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn dangling_input_is_reported_with_suggestion() {
+        let text = OK.replace("input: total", "input: totl");
+        let loaded = load_str("t.yaml", &text);
+        let d = validate(loaded.spec.as_ref().unwrap_or_else(|| panic!("{:?}", loaded.diagnostics)), loaded.spans.as_ref().expect("spans"), &loaded.source, Path::new("."));
+        let unknown = d.iter().find(|d| d.code == codes::UNKNOWN_INPUT).expect("unknown input");
+        assert_eq!(&text[unknown.span.clone().expect("span")], "totl");
+        assert!(unknown.help.as_deref().unwrap_or("").contains("`total`"));
+    }
+
+    #[test]
+    fn cycle_and_keyed_rules() {
+        let text = OK.replace("input: src, field", "input: total, field");
+        assert!(codes_of(&text).contains(&codes::CYCLE));
+        let text = OK.replace("input: by\n", "input: src\n");
+        assert!(codes_of(&text).contains(&codes::KEYED_WITHOUT_KEY_BY));
+    }
+
+    #[test]
+    fn exactly_once_rejects_stdin() {
+        let text = OK.replace("{id: src, type: file, path: in.jsonl}", "{id: src, type: stdin}").replace(
+            "    sources:",
+            "    checkpoints: {interval: 1s}\n    state: {backend: fs}\n    sources:",
+        );
+        assert_eq!(codes_of(&text), vec![codes::NOT_REPLAYABLE]);
+    }
+}
