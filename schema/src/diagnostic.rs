@@ -266,7 +266,9 @@ impl miette::Diagnostic for Diagnostic {
     }
 
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
-        self.help.as_ref().map(|h| Box::new(h) as Box<dyn fmt::Display>)
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
     }
 
     fn source_code(&self) -> Option<&dyn SourceCode> {
@@ -294,16 +296,21 @@ impl SourceCode for SourceFile {
         context_lines_before: usize,
         context_lines_after: usize,
     ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
-        let inner = self.text.as_ref().read_span(span, context_lines_before, context_lines_after)?;
-        Ok(Box::new(miette::MietteSpanContents::new_named(
-            self.name.clone(),
-            inner.data(),
-            *inner.span(),
-            inner.line(),
-            inner.column(),
-            inner.line_count(),
-        )
-        .with_language("yaml")))
+        let inner =
+            self.text
+                .as_ref()
+                .read_span(span, context_lines_before, context_lines_after)?;
+        Ok(Box::new(
+            miette::MietteSpanContents::new_named(
+                self.name.clone(),
+                inner.data(),
+                *inner.span(),
+                inner.line(),
+                inner.column(),
+                inner.line_count(),
+            )
+            .with_language("yaml"),
+        ))
     }
 }
 
@@ -350,7 +357,11 @@ impl Diagnostics {
     /// Sorts by file position (errors and warnings interleaved as they appear in the file).
     pub fn sort(&mut self) {
         self.0.sort_by_key(|d| {
-            (d.file.as_ref().map(|f| f.name.clone()), d.span.as_ref().map_or(0, |s| s.start), d.severity)
+            (
+                d.file.as_ref().map(|f| f.name.clone()),
+                d.span.as_ref().map_or(0, |s| s.start),
+                d.severity,
+            )
         });
     }
 
@@ -370,7 +381,10 @@ impl IntoIterator for Diagnostics {
 }
 
 /// Suggests the closest candidate to `word` (Jaro-Winkler ≥ 0.8), for "did you mean" help.
-pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|c| (strsim::jaro_winkler(word, c), c))

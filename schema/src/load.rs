@@ -45,7 +45,12 @@ pub fn load_file(path: &Path) -> LoadedFile {
                 Diagnostic::error(codes::IO, format!("cannot read `{name}`: {e}"))
                     .help("check the path and that the file is readable"),
             );
-            LoadedFile { source, spans: None, spec: None, diagnostics }
+            LoadedFile {
+                source,
+                spans: None,
+                spec: None,
+                diagnostics,
+            }
         }
     }
 }
@@ -59,8 +64,15 @@ pub fn load_str(name: &str, text: &str) -> LoadedFile {
 pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
     let mut diagnostics = Diagnostics::new();
     let spans = parse_yaml(&source, &mut diagnostics);
-    let mut loaded = LoadedFile { source, spans, spec: None, diagnostics };
-    let Some(spans) = &loaded.spans else { return loaded };
+    let mut loaded = LoadedFile {
+        source,
+        spans,
+        spec: None,
+        diagnostics,
+    };
+    let Some(spans) = &loaded.spans else {
+        return loaded;
+    };
     if loaded.diagnostics.has_errors() {
         return loaded;
     }
@@ -74,8 +86,13 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
     match serde_path_to_error::deserialize::<_, FileSpec>(value) {
         Ok(spec) => loaded.spec = Some(spec),
         Err(e) => {
-            let path = serde_path(e.path());
             let message = e.inner().to_string();
+            // Inside a tagged enum serde loses the path below the element; find the offending
+            // value (quoted in the message) among the element's scalars.
+            let path = serde_path(e.path());
+            let path = offending_value(&message)
+                .and_then(|v| find_scalar(spans, &path, v))
+                .unwrap_or(path);
             let code = if message.contains("duration") {
                 codes::INVALID_DURATION
             } else if message.contains("size") {
@@ -85,7 +102,10 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
             };
             let (headline, help) = match message.split_once("; ") {
                 Some((a, b)) => (a.to_owned(), b.to_owned()),
-                None => (message.clone(), "see `weir schema` for the allowed values".to_owned()),
+                None => (
+                    message.clone(),
+                    "see `weir schema` for the allowed values".to_owned(),
+                ),
             };
             loaded.diagnostics.push(
                 Diagnostic::error(code, format!("{path}: {headline}"))
@@ -97,6 +117,31 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
         }
     }
     loaded
+}
+
+/// The first backquoted value in a message, such as `10 parsecs`.
+fn offending_value(message: &str) -> Option<&str> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(&message[start..start + len])
+}
+
+/// The path of the first scalar below `at` whose text is `value`.
+fn find_scalar(spans: &SpanIndex, at: &YamlPath, value: &str) -> Option<YamlPath> {
+    fn walk(node: &Node, path: &YamlPath, value: &str) -> Option<YamlPath> {
+        match &node.value {
+            NodeValue::Scalar(serde_json::Value::String(s)) if s == value => Some(path.clone()),
+            NodeValue::Scalar(_) => None,
+            NodeValue::Seq(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, n)| walk(n, &path.join(i), value)),
+            NodeValue::Map(entries) => entries
+                .iter()
+                .find_map(|(k, _, n)| walk(n, &path.join(k.as_str()), value)),
+        }
+    }
+    walk(spans.node(at)?, at, value)
 }
 
 fn serde_path(p: &serde_path_to_error::Path) -> YamlPath {
@@ -119,13 +164,25 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
         Ok(docs) => docs,
         Err(e) => {
             let offsets = CharOffsets::new(text);
-            let at = offsets.byte(e.marker().index());
+            let mut at = offsets.byte(e.marker().index());
+            // saphyr marks where it started scanning the token; point at the tab itself.
+            if e.info().contains("tab")
+                && let Some(tab) = text[at..]
+                    .find('\t')
+                    .map(|i| at + i)
+                    .or_else(|| text.find('\t'))
+                {
+                    at = tab;
+                }
             let end = next_char_end(text, at);
             diagnostics.push(
-                Diagnostic::error(codes::YAML_SYNTAX, format!("YAML syntax error: {}", e.info()))
-                    .at(source, at..end)
-                    .label(e.info().to_owned())
-                    .help(syntax_help(e.info())),
+                Diagnostic::error(
+                    codes::YAML_SYNTAX,
+                    format!("YAML syntax error: {}", e.info()),
+                )
+                .at(source, at..end)
+                .label(e.info().to_owned())
+                .help(syntax_help(e.info())),
             );
             return None;
         }
@@ -144,10 +201,13 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
             let offsets = CharOffsets::new(text);
             let second = offsets.byte(docs[1].span.start.index());
             diagnostics.push(
-                Diagnostic::error(codes::YAML_DOCUMENT, format!("the file holds {n} YAML documents; Weir reads one"))
-                    .at(source, second..next_char_end(text, second))
-                    .label("a second document starts here")
-                    .help("put every pipeline under one `pipelines:` list, or split the file"),
+                Diagnostic::error(
+                    codes::YAML_DOCUMENT,
+                    format!("the file holds {n} YAML documents; Weir reads one"),
+                )
+                .at(source, second..next_char_end(text, second))
+                .label("a second document starts here")
+                .help("put every pipeline under one `pipelines:` list, or split the file"),
             );
             return None;
         }
@@ -156,10 +216,13 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
     let root = convert(&docs[0], &offsets, source, diagnostics);
     if !matches!(root.value, NodeValue::Map(_)) {
         diagnostics.push(
-            Diagnostic::error(codes::YAML_DOCUMENT, "the file must be a mapping with `version` and `pipelines`")
-                .at(source, root.span.clone())
-                .label("expected a mapping")
-                .help("start with `version: 1` and a `pipelines:` list"),
+            Diagnostic::error(
+                codes::YAML_DOCUMENT,
+                "the file must be a mapping with `version` and `pipelines`",
+            )
+            .at(source, root.span.clone())
+            .label("expected a mapping")
+            .help("start with `version: 1` and a `pipelines:` list"),
         );
     }
     Some(SpanIndex::new(root))
@@ -170,15 +233,23 @@ fn syntax_help(info: &str) -> String {
         "YAML indents with spaces only; replace the tab characters".to_owned()
     } else if info.contains("duplicated key") {
         "each key may appear once per mapping; remove or rename one of them".to_owned()
-    } else if info.contains("':'") || info.contains("indentation") || info.contains("mapping values") {
-        "check the indentation and that every `[`, `{` and quote opened before this point is closed".to_owned()
+    } else if info.contains("':'")
+        || info.contains("indentation")
+        || info.contains("mapping values")
+    {
+        "check the indentation and that every `[`, `{` and quote opened before this point is closed"
+            .to_owned()
     } else {
-        "fix the YAML syntax at this point; `weir validate` checks the rest once it parses".to_owned()
+        "fix the YAML syntax at this point; `weir validate` checks the rest once it parses"
+            .to_owned()
     }
 }
 
 fn next_char_end(text: &str, at: usize) -> usize {
-    text[at.min(text.len())..].chars().next().map_or(at, |c| at + c.len_utf8())
+    text[at.min(text.len())..]
+        .chars()
+        .next()
+        .map_or(at, |c| at + c.len_utf8())
 }
 
 /// Maps saphyr's character indices to byte offsets.
@@ -194,18 +265,31 @@ impl CharOffsets {
     }
 
     fn byte(&self, char_index: usize) -> usize {
-        self.bytes.get(char_index).copied().unwrap_or_else(|| self.bytes.last().copied().unwrap_or(0))
+        self.bytes
+            .get(char_index)
+            .copied()
+            .unwrap_or_else(|| self.bytes.last().copied().unwrap_or(0))
     }
 }
 
-fn convert(node: &MarkedYaml<'_>, offsets: &CharOffsets, source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Node {
+fn convert(
+    node: &MarkedYaml<'_>,
+    offsets: &CharOffsets,
+    source: &Arc<SourceFile>,
+    diagnostics: &mut Diagnostics,
+) -> Node {
     let mut span = offsets.byte(node.span.start.index())..offsets.byte(node.span.end.index());
     let value = match &node.data {
         YamlData::Value(s) => NodeValue::Scalar(scalar_to_json(s)),
-        YamlData::Representation(text, _, _) => NodeValue::Scalar(serde_json::Value::String(text.to_string())),
-        YamlData::Sequence(items) => {
-            NodeValue::Seq(items.iter().map(|i| convert(i, offsets, source, diagnostics)).collect())
+        YamlData::Representation(text, _, _) => {
+            NodeValue::Scalar(serde_json::Value::String(text.to_string()))
         }
+        YamlData::Sequence(items) => NodeValue::Seq(
+            items
+                .iter()
+                .map(|i| convert(i, offsets, source, diagnostics))
+                .collect(),
+        ),
         YamlData::Mapping(map) => {
             let mut entries = Vec::with_capacity(map.len());
             for (k, v) in map.iter() {
@@ -221,10 +305,13 @@ fn convert(node: &MarkedYaml<'_>, offsets: &CharOffsets, source: &Arc<SourceFile
                     }
                     _ => {
                         diagnostics.push(
-                            Diagnostic::error(codes::YAML_KEY, "mapping keys must be plain strings")
-                                .at(source, key_span.clone())
-                                .label("complex key")
-                                .help("write the key as a plain word, such as `id:`"),
+                            Diagnostic::error(
+                                codes::YAML_KEY,
+                                "mapping keys must be plain strings",
+                            )
+                            .at(source, key_span.clone())
+                            .label("complex key")
+                            .help("write the key as a plain word, such as `id:`"),
                         );
                         continue;
                     }
@@ -249,7 +336,12 @@ fn convert(node: &MarkedYaml<'_>, offsets: &CharOffsets, source: &Arc<SourceFile
     }
     // Trim trailing whitespace and newlines so labels sit on the text, not on the next line.
     let text = &source.text;
-    while span.end > span.start && text.as_bytes().get(span.end - 1).is_some_and(|b| b.is_ascii_whitespace()) {
+    while span.end > span.start
+        && text
+            .as_bytes()
+            .get(span.end - 1)
+            .is_some_and(|b| b.is_ascii_whitespace())
+    {
         span.end -= 1;
     }
     Node { span, value }
@@ -260,9 +352,8 @@ fn scalar_to_json(s: &Scalar<'_>) -> serde_json::Value {
         Scalar::Null => serde_json::Value::Null,
         Scalar::Boolean(b) => serde_json::Value::Bool(*b),
         Scalar::Integer(i) => serde_json::Value::from(*i),
-        Scalar::FloatingPoint(f) => {
-            serde_json::Number::from_f64(f.into_inner()).map_or(serde_json::Value::Null, serde_json::Value::Number)
-        }
+        Scalar::FloatingPoint(f) => serde_json::Number::from_f64(f.into_inner())
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
         Scalar::String(s) => serde_json::Value::String(s.to_string()),
     }
 }
@@ -278,7 +369,10 @@ mod tests {
         let spans = loaded.spans.expect("parses");
         let path = YamlPath::root().join("pipelines").join(0).join("id");
         assert_eq!(&text[spans.span(&path)], "p");
-        assert_eq!(&text[spans.key_span(&YamlPath::root().join("version"))], "version");
+        assert_eq!(
+            &text[spans.key_span(&YamlPath::root().join("version"))],
+            "version"
+        );
     }
 
     #[test]

@@ -11,10 +11,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use crate::registry::{
-    AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, FilterSpec,
-    FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec, KeyBySpec, MapSpec, OnErrorSpec,
-    OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat, ReduceSpec, SinkFormat, SinkSpec, SourceOnError,
-    SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec, FileSinkSpec, FileSourceSpec,
+    AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, FileSinkSpec,
+    FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec, KeyBySpec,
+    MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat, ReduceSpec,
+    SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec,
     UnionSpec,
 };
 use crate::units::{DurationSpec, SizeSpec};
@@ -59,7 +59,11 @@ pub struct ApiSpec {
 
 impl Default for ApiSpec {
     fn default() -> Self {
-        Self { enabled: true, port: default_api_port(), token_env: None }
+        Self {
+            enabled: true,
+            port: default_api_port(),
+            token_env: None,
+        }
     }
 }
 
@@ -123,14 +127,17 @@ pub struct PipelineSpec {
 impl PipelineSpec {
     /// The number of key groups, with Flink's default rule applied when unset.
     pub fn effective_max_parallelism(&self) -> u32 {
-        self.max_parallelism.unwrap_or_else(|| default_max_parallelism(self.parallelism))
+        self.max_parallelism
+            .unwrap_or_else(|| default_max_parallelism(self.parallelism))
     }
 
     /// The restart strategy in force: the declared one, or Flink 1.19+'s default.
     pub fn effective_restart(&self) -> RestartSpec {
         match &self.restart {
             Some(r) => r.clone(),
-            None if self.checkpoints.enabled => RestartSpec::ExponentialDelay(ExponentialDelaySpec::default()),
+            None if self.checkpoints.enabled => {
+                RestartSpec::ExponentialDelay(ExponentialDelaySpec::default())
+            }
             None => RestartSpec::None,
         }
     }
@@ -147,10 +154,12 @@ pub fn default_max_parallelism(parallelism: u32) -> u32 {
 /// The state backend: where keyed operator state lives while the pipeline runs.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
+#[derive(Default)]
 pub enum StateSpec {
     /// State on the heap; checkpoints are kept in this process's memory. They survive a task
     /// failure but not a crash of the `weir` process: use `fs` or `rocksdb` to recover from
     /// crashes.
+    #[default]
     Memory,
     /// State on the heap; every checkpoint writes a full snapshot into checkpoint storage.
     /// Fast, limited by memory, survives process crashes.
@@ -160,11 +169,6 @@ pub enum StateSpec {
     Rocksdb(RocksdbSpec),
 }
 
-impl Default for StateSpec {
-    fn default() -> Self {
-        Self::Memory
-    }
-}
 
 /// Options of the RocksDB state backend.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -295,7 +299,9 @@ pub struct SavepointSpec {
 
 impl Default for SavepointSpec {
     fn default() -> Self {
-        Self { dir: default_savepoint_dir() }
+        Self {
+            dir: default_savepoint_dir(),
+        }
     }
 }
 

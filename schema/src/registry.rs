@@ -70,7 +70,10 @@ pub struct CsvOptions {
 
 impl Default for CsvOptions {
     fn default() -> Self {
-        Self { header: true, delimiter: default_delimiter() }
+        Self {
+            header: true,
+            delimiter: default_delimiter(),
+        }
     }
 }
 
@@ -653,10 +656,20 @@ impl SourceSpec {
     }
 }
 
+/// The fields every operator kind has (see `operator_spec!`).
+struct Common<'a> {
+    id: &'a str,
+    input: Option<&'a str>,
+    inputs: &'a [String],
+    parallelism: Option<u32>,
+    on_error: &'a OnErrorSpec,
+    partitioning: Option<PartitioningSpec>,
+}
+
 impl OperatorSpec {
     /// The operator's id.
     pub fn id(&self) -> &str {
-        &self.common().0
+        self.common().id
     }
 
     /// The `type:` name.
@@ -673,10 +686,17 @@ impl OperatorSpec {
         }
     }
 
-    fn common(&self) -> (&String, &Option<String>, &Vec<String>, Option<u32>, &OnErrorSpec, Option<PartitioningSpec>) {
+    fn common(&self) -> Common<'_> {
         macro_rules! c {
             ($s:expr) => {
-                (&$s.id, &$s.input, &$s.inputs, $s.parallelism, &$s.on_error, $s.partitioning)
+                Common {
+                    id: &$s.id,
+                    input: $s.input.as_deref(),
+                    inputs: &$s.inputs,
+                    parallelism: $s.parallelism,
+                    on_error: &$s.on_error,
+                    partitioning: $s.partitioning,
+                }
             };
         }
         match self {
@@ -693,28 +713,34 @@ impl OperatorSpec {
 
     /// `input:` and `inputs:`, each with its YAML key and index for diagnostics.
     pub fn wiring(&self) -> Wiring<'_> {
-        let (_, input, inputs, _, _, _) = self.common();
-        Wiring { input: input.as_deref(), inputs }
+        let c = self.common();
+        Wiring {
+            input: c.input,
+            inputs: c.inputs,
+        }
     }
 
     /// The declared parallelism override.
     pub fn parallelism(&self) -> Option<u32> {
-        self.common().3
+        self.common().parallelism
     }
 
     /// The error policy.
     pub fn on_error(&self) -> &OnErrorSpec {
-        self.common().4
+        self.common().on_error
     }
 
     /// The declared exchange from the inputs, if any.
     pub fn partitioning(&self) -> Option<PartitioningSpec> {
-        self.common().5
+        self.common().partitioning
     }
 
     /// Whether the operator reads keyed state and so must follow a `key_by`.
     pub fn is_keyed(&self) -> bool {
-        matches!(self, Self::Reduce(_) | Self::Aggregate(_) | Self::Process(_))
+        matches!(
+            self,
+            Self::Reduce(_) | Self::Aggregate(_) | Self::Process(_)
+        )
     }
 
     /// The script, if the operator has one (`script:` wins over `script_file:` here; having
@@ -794,8 +820,14 @@ impl SinkSpec {
     /// `input:` and `inputs:`.
     pub fn wiring(&self) -> Wiring<'_> {
         match self {
-            Self::File(s) => Wiring { input: s.input.as_deref(), inputs: &s.inputs },
-            Self::Stdout(s) => Wiring { input: s.input.as_deref(), inputs: &s.inputs },
+            Self::File(s) => Wiring {
+                input: s.input.as_deref(),
+                inputs: &s.inputs,
+            },
+            Self::Stdout(s) => Wiring {
+                input: s.input.as_deref(),
+                inputs: &s.inputs,
+            },
         }
     }
 

@@ -46,7 +46,9 @@ pub fn json_schema_string() -> String {
 
 fn validator() -> Option<&'static jsonschema::Validator> {
     static VALIDATOR: OnceLock<Option<jsonschema::Validator>> = OnceLock::new();
-    VALIDATOR.get_or_init(|| jsonschema::validator_for(json_schema()).ok()).as_ref()
+    VALIDATOR
+        .get_or_init(|| jsonschema::validator_for(json_schema()).ok())
+        .as_ref()
 }
 
 struct Failure {
@@ -62,14 +64,21 @@ const DISCRIMINATORS: [&str; 4] = ["type", "backend", "strategy", "kind"];
 pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagnostics {
     let mut out = Diagnostics::new();
     let Some(validator) = validator() else {
-        out.push(Diagnostic::error(codes::INVALID_VALUE, "internal error: the built-in JSON Schema does not compile"));
+        out.push(Diagnostic::error(
+            codes::INVALID_VALUE,
+            "internal error: the built-in JSON Schema does not compile",
+        ));
         return out;
     };
     let evaluation = validator.evaluate(value);
     let failures: Vec<Failure> = evaluation
         .iter_errors()
         .map(|e| Failure {
-            schema_loc: e.schema_location.rsplit_once('#').map_or(e.schema_location, |(_, frag)| frag).to_owned(),
+            schema_loc: e
+                .schema_location
+                .rsplit_once('#')
+                .map_or(e.schema_location, |(_, frag)| frag)
+                .to_owned(),
             instance: YamlPath::from_json_pointer(e.instance_location.as_str()),
             keyword: e.error.keyword().to_owned(),
             message: e.error.message().to_owned(),
@@ -77,7 +86,10 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         .collect();
     if std::env::var_os("WEIR_DEBUG_SCHEMA").is_some() {
         for f in &failures {
-            eprintln!("{} | {} | {} | {}", f.schema_loc, f.instance, f.keyword, f.message);
+            eprintln!(
+                "{} | {} | {} | {}",
+                f.schema_loc, f.instance, f.keyword, f.message
+            );
         }
     }
 
@@ -86,25 +98,41 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         .iter()
         .filter_map(|f| {
             let disc = DISCRIMINATORS.iter().find(|d| {
-                (f.keyword == "const" || f.keyword == "enum") && f.schema_loc.ends_with(&format!("/properties/{d}/{}", f.keyword))
+                (f.keyword == "const" || f.keyword == "enum")
+                    && f.schema_loc
+                        .ends_with(&format!("/properties/{d}/{}", f.keyword))
                     || f.keyword == "required" && f.message.starts_with(&format!("\"{d}\""))
             })?;
-            let cut = f.schema_loc.find(&format!("/properties/{disc}/")).or_else(|| f.schema_loc.rfind("/required"))?;
+            let cut = f
+                .schema_loc
+                .find(&format!("/properties/{disc}/"))
+                .or_else(|| f.schema_loc.rfind("/required"))?;
             let prefix = &f.schema_loc[..cut];
-            prefix.rsplit('/').nth(1).filter(|s| *s == "oneOf" || *s == "anyOf")?;
-            let object = if f.keyword == "required" { f.instance.clone() } else { f.instance.parent() };
+            prefix
+                .rsplit('/')
+                .nth(1)
+                .filter(|s| *s == "oneOf" || *s == "anyOf")?;
+            let object = if f.keyword == "required" {
+                f.instance.clone()
+            } else {
+                f.instance.parent()
+            };
             Some((prefix.to_owned(), object))
         })
         .collect();
     let is_dead = |f: &Failure| {
-        dead.iter().any(|(p, o)| f.schema_loc.starts_with(&format!("{p}/")) && f.instance.0.starts_with(&o.0))
+        dead.iter().any(|(p, o)| {
+            f.schema_loc.starts_with(&format!("{p}/")) && f.instance.0.starts_with(&o.0)
+        })
     };
 
     let mut seen = HashSet::new();
     // Objects for which every branch's discriminator failed: an unknown `type:`.
     let mut groups: Vec<(String, YamlPath, HashSet<String>)> = Vec::new();
     for (prefix, object) in &dead {
-        let Some((of, n)) = prefix.rsplit_once('/') else { continue };
+        let Some((of, n)) = prefix.rsplit_once('/') else {
+            continue;
+        };
         match groups.iter_mut().find(|(g, o, _)| g == of && o == object) {
             Some((_, _, ns)) => {
                 ns.insert(n.to_owned());
@@ -113,30 +141,55 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         }
     }
     for (of, object, branches) in &groups {
-        let total = resolve(json_schema(), of).and_then(Value::as_array).map_or(usize::MAX, Vec::len);
+        let total = resolve(json_schema(), of)
+            .and_then(Value::as_array)
+            .map_or(usize::MAX, Vec::len);
         if branches.len() >= total {
-            let f = Failure { schema_loc: of.clone(), instance: object.clone(), keyword: "oneOf".into(), message: String::new() };
-            push_unique(&mut out, &mut seen, no_branch_matched(&f, value, spans, file));
+            let f = Failure {
+                schema_loc: of.clone(),
+                instance: object.clone(),
+                keyword: "oneOf".into(),
+                message: String::new(),
+            };
+            push_unique(
+                &mut out,
+                &mut seen,
+                no_branch_matched(&f, value, spans, file),
+            );
         }
     }
 
     // Failures of several branches of a non-discriminated oneOf at one node: one diagnostic.
     let live: Vec<&Failure> = failures.iter().filter(|f| !is_dead(f)).collect();
     let branch_of = |f: &Failure| -> Option<(String, String)> {
-        let i = f.schema_loc.rfind("/oneOf/").or_else(|| f.schema_loc.rfind("/anyOf/"))?;
+        let i = f
+            .schema_loc
+            .rfind("/oneOf/")
+            .or_else(|| f.schema_loc.rfind("/anyOf/"))?;
         let rest = &f.schema_loc[i + 7..];
         let n = rest.split('/').next()?;
         Some((f.schema_loc[..i + 6].to_owned(), n.to_owned()))
     };
     let mut collapsed: HashSet<(String, YamlPath)> = HashSet::new();
     for f in &live {
-        let Some((of, n)) = branch_of(f) else { continue };
+        let Some((of, n)) = branch_of(f) else {
+            continue;
+        };
         let other_branch = live.iter().any(|g| {
             g.instance == f.instance && branch_of(g).is_some_and(|(gof, gn)| gof == of && gn != n)
         });
         if other_branch && collapsed.insert((of.clone(), f.instance.clone())) {
-            let g = Failure { schema_loc: of, instance: f.instance.clone(), keyword: "oneOf".into(), message: String::new() };
-            push_unique(&mut out, &mut seen, no_branch_matched(&g, value, spans, file));
+            let g = Failure {
+                schema_loc: of,
+                instance: f.instance.clone(),
+                keyword: "oneOf".into(),
+                message: String::new(),
+            };
+            push_unique(
+                &mut out,
+                &mut seen,
+                no_branch_matched(&g, value, spans, file),
+            );
         }
     }
     for f in &live {
@@ -180,7 +233,11 @@ fn resolve<'a>(root: &'a Value, schema_loc: &str) -> Option<&'a Value> {
 
 fn description_of(node: Option<&Value>) -> Option<String> {
     let text = node?.get("description")?.as_str()?.replace('\n', " ");
-    let first = text.split(". ").next().unwrap_or(&text).trim_end_matches('.');
+    let first = text
+        .split(". ")
+        .next()
+        .unwrap_or(&text)
+        .trim_end_matches('.');
     Some(format!("{first}."))
 }
 
@@ -198,7 +255,12 @@ fn quoted(message: &str) -> Option<&str> {
     Some(&message[start..start + len])
 }
 
-fn no_branch_matched(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagnostic {
+fn no_branch_matched(
+    f: &Failure,
+    value: &Value,
+    spans: &SpanIndex,
+    file: &Arc<SourceFile>,
+) -> Diagnostic {
     let schema = json_schema();
     let branches = resolve(schema, &f.schema_loc).and_then(Value::as_array);
     let obj = instance_value(value, &f.instance);
@@ -208,14 +270,23 @@ fn no_branch_matched(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<S
             let allowed: Vec<&str> = branches
                 .iter()
                 .filter_map(|b| {
-                    let b = b.get("$ref").and_then(Value::as_str).and_then(|r| schema.pointer(r.strip_prefix('#')?)).unwrap_or(b);
-                    b.pointer(&format!("/properties/{disc}/const")).and_then(Value::as_str)
+                    let b = b
+                        .get("$ref")
+                        .and_then(Value::as_str)
+                        .and_then(|r| schema.pointer(r.strip_prefix('#')?))
+                        .unwrap_or(b);
+                    b.pointer(&format!("/properties/{disc}/const"))
+                        .and_then(Value::as_str)
                 })
                 .collect();
             if allowed.is_empty() {
                 continue;
             }
-            let list = allowed.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
+            let list = allowed
+                .iter()
+                .map(|a| format!("`{a}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
             let path = f.instance.join(disc);
             return match fields.get(disc) {
                 Some(Value::String(given)) => {
@@ -223,33 +294,46 @@ fn no_branch_matched(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<S
                         Some(s) => format!("did you mean `{s}`? The known values are {list}"),
                         None => format!("the known values are {list}"),
                     };
-                    Diagnostic::error(codes::UNKNOWN_TYPE, format!("{path}: unknown {disc} `{given}`"))
-                        .at(file, spans.span(&path))
-                        .label(format!("unknown {disc}"))
-                        .help(help)
-                        .with_path(path)
-                }
-                Some(_) => Diagnostic::error(codes::INVALID_VALUE, format!("{path}: `{disc}` must be a string"))
+                    Diagnostic::error(
+                        codes::UNKNOWN_TYPE,
+                        format!("{path}: unknown {disc} `{given}`"),
+                    )
                     .at(file, spans.span(&path))
-                    .label("expected a string")
-                    .help(format!("write one of {list}"))
-                    .with_path(path),
-                None => Diagnostic::error(codes::MISSING_FIELD, format!("{}: missing `{disc}`", f.instance))
-                    .at(file, head_span(spans, &f.instance))
-                    .label(format!("no `{disc}` here"))
-                    .help(format!("add `{disc}:` with one of {list}"))
-                    .with_path(f.instance.clone()),
+                    .label(format!("unknown {disc}"))
+                    .help(help)
+                    .with_path(path)
+                }
+                Some(_) => Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    format!("{path}: `{disc}` must be a string"),
+                )
+                .at(file, spans.span(&path))
+                .label("expected a string")
+                .help(format!("write one of {list}"))
+                .with_path(path),
+                None => Diagnostic::error(
+                    codes::MISSING_FIELD,
+                    format!("{}: missing `{disc}`", f.instance),
+                )
+                .at(file, head_span(spans, &f.instance))
+                .label(format!("no `{disc}` here"))
+                .help(format!("add `{disc}:` with one of {list}"))
+                .with_path(f.instance.clone()),
             };
         }
     }
     let parent = resolve(schema, f.schema_loc.rsplit_once('/').map_or("", |(p, _)| p));
-    let help = description_of(parent).unwrap_or_else(|| "see `weir schema` for the allowed forms".to_owned());
+    let help = description_of(parent)
+        .unwrap_or_else(|| "see `weir schema` for the allowed forms".to_owned());
     let shown = obj.map(short_json).unwrap_or_default();
-    Diagnostic::error(codes::INVALID_VALUE, format!("{}: {shown} is not a valid value here", f.instance))
-        .at(file, spans.span(&f.instance))
-        .label("invalid value")
-        .help(help)
-        .with_path(f.instance.clone())
+    Diagnostic::error(
+        codes::INVALID_VALUE,
+        format!("{}: {shown} is not a valid value here", f.instance),
+    )
+    .at(file, spans.span(&f.instance))
+    .label("invalid value")
+    .help(help)
+    .with_path(f.instance.clone())
 }
 
 /// The span to underline for a whole mapping: its key in the parent if it has one, otherwise
@@ -259,17 +343,20 @@ fn head_span(spans: &SpanIndex, path: &YamlPath) -> std::ops::Range<usize> {
         return spans.key_span(path);
     }
     let span = spans.span(path);
-    if let Some(crate::span::NodeValue::Map(entries)) = spans.node(path).map(|n| &n.value) {
-        if let Some((_, k, v)) = entries.first() {
+    if let Some(crate::span::NodeValue::Map(entries)) = spans.node(path).map(|n| &n.value)
+        && let Some((_, k, v)) = entries.first() {
             return k.start..v.span.end;
         }
-    }
     span
 }
 
 fn short_json(v: &Value) -> String {
     let s = v.to_string();
-    if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s }
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s
+    }
 }
 
 /// Fields users put at the wrong level, with where they belong.
@@ -278,19 +365,24 @@ fn misplaced(key: &str, at: &YamlPath) -> Option<&'static str> {
     let top = at.0.is_empty();
     if in_pipeline || top {
         return match key {
-            "interval" | "mode" | "storage" | "timeout" | "min_pause" | "max_concurrent" | "tolerable_failures"
-            | "retain" | "unaligned" | "aligned_timeout" | "checkpoint_interval" | "exactly_once" => {
-                Some("move this under `checkpoints:`")
-            }
-            "backend" | "incremental" | "block_cache_size" | "write_buffer_size" | "state_backend" => {
-                Some("move this under `state:`")
-            }
-            "attempts" | "delay" | "strategy" | "max_failures" | "multiplier" | "jitter" | "restart_strategy" => {
-                Some("move this under `restart:`")
-            }
-            "max_operations" | "max_call_levels" | "max_string_size" | "max_array_size" | "max_map_size" => {
-                Some("move this under `limits:`")
-            }
+            "interval"
+            | "mode"
+            | "storage"
+            | "timeout"
+            | "min_pause"
+            | "max_concurrent"
+            | "tolerable_failures"
+            | "retain"
+            | "unaligned"
+            | "aligned_timeout"
+            | "checkpoint_interval"
+            | "exactly_once" => Some("move this under `checkpoints:`"),
+            "backend" | "incremental" | "block_cache_size" | "write_buffer_size"
+            | "state_backend" => Some("move this under `state:`"),
+            "attempts" | "delay" | "strategy" | "max_failures" | "multiplier" | "jitter"
+            | "restart_strategy" => Some("move this under `restart:`"),
+            "max_operations" | "max_call_levels" | "max_string_size" | "max_array_size"
+            | "max_map_size" => Some("move this under `limits:`"),
             "id" | "sources" | "operators" | "sinks" | "parallelism" if top => {
                 Some("pipelines are listed under `pipelines:`; put this inside a `- id: ...` entry")
             }
@@ -300,7 +392,12 @@ fn misplaced(key: &str, at: &YamlPath) -> Option<&'static str> {
     None
 }
 
-fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Vec<Diagnostic> {
+fn translate(
+    f: &Failure,
+    value: &Value,
+    spans: &SpanIndex,
+    file: &Arc<SourceFile>,
+) -> Vec<Diagnostic> {
     let schema = json_schema();
     let path = &f.instance;
     let keyword_parent = f.schema_loc.rsplit_once('/').map_or("", |(p, _)| p);
@@ -313,7 +410,9 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
                 .and_then(Value::as_object)
                 .map(|m| m.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let Some(Value::Object(fields)) = instance_value(value, path) else { return Vec::new() };
+            let Some(Value::Object(fields)) = instance_value(value, path) else {
+                return Vec::new();
+            };
             fields
                 .keys()
                 .filter(|k| !allowed.contains(&k.as_str()))
@@ -321,11 +420,17 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
                     let key_path = path.join(k.as_str());
                     let help = misplaced(k, path)
                         .map(str::to_owned)
-                        .or_else(|| did_you_mean(k, allowed.iter().copied()).map(|s| format!("did you mean `{s}`?")))
+                        .or_else(|| {
+                            did_you_mean(k, allowed.iter().copied())
+                                .map(|s| format!("did you mean `{s}`?"))
+                        })
                         .unwrap_or_else(|| {
                             let mut known = allowed.clone();
                             known.sort_unstable();
-                            format!("remove it; the fields allowed here are: {}", known.join(", "))
+                            format!(
+                                "remove it; the fields allowed here are: {}",
+                                known.join(", ")
+                            )
                         });
                     Diagnostic::error(codes::UNKNOWN_FIELD, format!("{path}: unknown field `{k}`"))
                         .at(file, spans.key_span(&key_path))
@@ -339,26 +444,50 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
             let field = quoted(&f.message).unwrap_or("?").to_owned();
             let field_schema = node_schema.and_then(|s| s.pointer(&format!("/properties/{field}")));
             let help = description_of(field_schema.and_then(|s| {
-                s.get("$ref").and_then(Value::as_str).and_then(|r| schema.pointer(r.strip_prefix('#')?)).or(Some(s))
+                s.get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(|r| schema.pointer(r.strip_prefix('#')?))
+                    .or(Some(s))
             }))
-            .map_or_else(|| format!("add `{field}:`"), |d| format!("add `{field}:`: {d}"));
+            .map_or_else(
+                || format!("add `{field}:`"),
+                |d| format!("add `{field}:`: {d}"),
+            );
             vec![
-                Diagnostic::error(codes::MISSING_FIELD, format!("{path}: missing required field `{field}`"))
-                    .at(file, head_span(spans, path))
-                    .label(format!("`{field}` is missing here"))
-                    .help(help)
-                    .with_path(path.clone()),
+                Diagnostic::error(
+                    codes::MISSING_FIELD,
+                    format!("{path}: missing required field `{field}`"),
+                )
+                .at(file, head_span(spans, path))
+                .label(format!("`{field}` is missing here"))
+                .help(help)
+                .with_path(path.clone()),
             ]
         }
         "pattern" => {
-            let (code, what, help) = if f.schema_loc.contains("Duration") || is_ref_to(node_schema, "Duration") {
-                (codes::INVALID_DURATION, "a duration", "write a number with a unit, such as `500ms`, `1s` or `10m`")
-            } else if f.schema_loc.contains("Size") || is_ref_to(node_schema, "Size") {
-                (codes::INVALID_SIZE, "a size", "write a number with a unit, such as `64MiB`, `512KiB` or `1GB`")
-            } else {
-                (codes::INVALID_ID, "a valid id", "use letters, digits, `_` and `-`, starting with a letter or `_`")
-            };
-            let shown = instance_value(value, path).map(short_json).unwrap_or_default();
+            let (code, what, help) =
+                if f.schema_loc.contains("Duration") || is_ref_to(node_schema, "Duration") {
+                    (
+                        codes::INVALID_DURATION,
+                        "a duration",
+                        "write a number with a unit, such as `500ms`, `1s` or `10m`",
+                    )
+                } else if f.schema_loc.contains("Size") || is_ref_to(node_schema, "Size") {
+                    (
+                        codes::INVALID_SIZE,
+                        "a size",
+                        "write a number with a unit, such as `64MiB`, `512KiB` or `1GB`",
+                    )
+                } else {
+                    (
+                        codes::INVALID_ID,
+                        "a valid id",
+                        "use letters, digits, `_` and `-`, starting with a letter or `_`",
+                    )
+                };
+            let shown = instance_value(value, path)
+                .map(short_json)
+                .unwrap_or_default();
             vec![
                 Diagnostic::error(code, format!("{path}: {shown} is not {what}"))
                     .at(file, span)
@@ -367,26 +496,48 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
                     .with_path(path.clone()),
             ]
         }
-        "type" if node_schema.and_then(|s| s.get("pattern")).is_some() && is_duration_schema(node_schema) => {
-            let shown = instance_value(value, path).map(short_json).unwrap_or_default();
+        "type"
+            if node_schema.and_then(|s| s.get("pattern")).is_some()
+                && is_duration_schema(node_schema) =>
+        {
+            let shown = instance_value(value, path)
+                .map(short_json)
+                .unwrap_or_default();
             vec![
-                Diagnostic::error(codes::INVALID_DURATION, format!("{path}: {shown} is not a duration"))
-                    .at(file, span)
-                    .label("needs a unit")
-                    .help(format!("durations need a unit: write `{shown}ms` or `{shown}s`"))
-                    .with_path(path.clone()),
+                Diagnostic::error(
+                    codes::INVALID_DURATION,
+                    format!("{path}: {shown} is not a duration"),
+                )
+                .at(file, span)
+                .label("needs a unit")
+                .help(format!(
+                    "durations need a unit: write `{shown}ms` or `{shown}s`"
+                ))
+                .with_path(path.clone()),
             ]
         }
         "enum" | "const" => {
             let allowed: Vec<String> = node_schema
-                .and_then(|s| s.get("enum").and_then(Value::as_array).cloned().or_else(|| s.get("const").map(|c| vec![c.clone()])))
+                .and_then(|s| {
+                    s.get("enum")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .or_else(|| s.get("const").map(|c| vec![c.clone()]))
+                })
                 .unwrap_or_default()
                 .iter()
                 .filter_map(|v| v.as_str().map(str::to_owned))
                 .collect();
             let given = instance_value(value, path);
-            let list = allowed.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
-            let help = match given.and_then(Value::as_str).and_then(|g| did_you_mean(g, allowed.iter().map(String::as_str))) {
+            let list = allowed
+                .iter()
+                .map(|a| format!("`{a}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let help = match given
+                .and_then(Value::as_str)
+                .and_then(|g| did_you_mean(g, allowed.iter().map(String::as_str)))
+            {
                 Some(s) => format!("did you mean `{s}`? Allowed: {list}"),
                 None if list.is_empty() => "see `weir schema` for the allowed values".to_owned(),
                 None => format!("allowed: {list}"),
@@ -394,7 +545,10 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
             vec![
                 Diagnostic::error(
                     codes::INVALID_VALUE,
-                    format!("{path}: {} is not an allowed value", given.map(short_json).unwrap_or_default()),
+                    format!(
+                        "{path}: {} is not an allowed value",
+                        given.map(short_json).unwrap_or_default()
+                    ),
                 )
                 .at(file, span)
                 .label("not allowed here")
@@ -403,7 +557,11 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
             ]
         }
         "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" => {
-            let code = if path.0 == [PathSeg::Key("version".into())] { codes::UNSUPPORTED_VERSION } else { codes::INVALID_VALUE };
+            let code = if path.0 == [PathSeg::Key("version".into())] {
+                codes::UNSUPPORTED_VERSION
+            } else {
+                codes::INVALID_VALUE
+            };
             let help = if code == codes::UNSUPPORTED_VERSION {
                 "this build reads `version: 1`".to_owned()
             } else {
@@ -418,18 +576,23 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
             ]
         }
         "minItems" | "minProperties" => vec![
-            Diagnostic::error(codes::MISSING_FIELD, format!("{path}: needs at least one entry"))
-                .at(file, head_or_span(spans, path))
-                .label("empty")
-                .help(description_of(node_schema).unwrap_or_else(|| "add an entry".to_owned()))
-                .with_path(path.clone()),
+            Diagnostic::error(
+                codes::MISSING_FIELD,
+                format!("{path}: needs at least one entry"),
+            )
+            .at(file, head_or_span(spans, path))
+            .label("empty")
+            .help(description_of(node_schema).unwrap_or_else(|| "add an entry".to_owned()))
+            .with_path(path.clone()),
         ],
         _ => {
             let expected = node_schema.and_then(|s| s.get("type")).map(|t| match t {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             });
-            let shown = instance_value(value, path).map(short_json).unwrap_or_default();
+            let shown = instance_value(value, path)
+                .map(short_json)
+                .unwrap_or_default();
             let message = match (&*f.keyword, expected) {
                 ("type", Some(t)) => format!("{path}: expected {}, found {shown}", article(&t)),
                 ("type", None) => format!("{path}: {shown} has the wrong type"),
@@ -439,7 +602,10 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
                 Diagnostic::error(codes::INVALID_VALUE, message)
                     .at(file, span)
                     .label("invalid value")
-                    .help(description_of(node_schema).unwrap_or_else(|| "see `weir schema`".to_owned()))
+                    .help(
+                        description_of(node_schema)
+                            .unwrap_or_else(|| "see `weir schema`".to_owned()),
+                    )
                     .with_path(path.clone()),
             ]
         }
@@ -448,15 +614,23 @@ fn translate(f: &Failure, value: &Value, spans: &SpanIndex, file: &Arc<SourceFil
 
 fn head_or_span(spans: &SpanIndex, path: &YamlPath) -> std::ops::Range<usize> {
     let s = spans.span(path);
-    if s.is_empty() { spans.key_span(path) } else { s }
+    if s.is_empty() {
+        spans.key_span(path)
+    } else {
+        s
+    }
 }
 
 fn is_ref_to(node: Option<&Value>, name: &str) -> bool {
-    node.and_then(|n| n.get("$ref")).and_then(Value::as_str).is_some_and(|r| r.ends_with(name))
+    node.and_then(|n| n.get("$ref"))
+        .and_then(Value::as_str)
+        .is_some_and(|r| r.ends_with(name))
 }
 
 fn is_duration_schema(node: Option<&Value>) -> bool {
-    node.and_then(|n| n.get("description")).and_then(Value::as_str).is_some_and(|d| d.starts_with("A duration"))
+    node.and_then(|n| n.get("description"))
+        .and_then(Value::as_str)
+        .is_some_and(|d| d.starts_with("A duration"))
 }
 
 fn article(t: &str) -> String {

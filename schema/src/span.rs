@@ -27,7 +27,11 @@ pub struct SourceFile {
 impl SourceFile {
     /// A source file from a name and text.
     pub fn new(name: impl Into<String>, text: impl Into<Arc<str>>) -> Self {
-        Self { name: name.into(), path: None, text: text.into() }
+        Self {
+            name: name.into(),
+            path: None,
+            text: text.into(),
+        }
     }
 
     /// A miette source for labels.
@@ -196,9 +200,14 @@ impl Node {
     pub fn to_json(&self) -> serde_json::Value {
         match &self.value {
             NodeValue::Scalar(v) => v.clone(),
-            NodeValue::Seq(items) => serde_json::Value::Array(items.iter().map(Node::to_json).collect()),
+            NodeValue::Seq(items) => {
+                serde_json::Value::Array(items.iter().map(Node::to_json).collect())
+            }
             NodeValue::Map(entries) => serde_json::Value::Object(
-                entries.iter().map(|(k, _, v)| (k.clone(), v.to_json())).collect(),
+                entries
+                    .iter()
+                    .map(|(k, _, v)| (k.clone(), v.to_json()))
+                    .collect(),
             ),
         }
     }
@@ -206,7 +215,9 @@ impl Node {
     /// The child at one path segment.
     pub fn child(&self, seg: &PathSeg) -> Option<&Node> {
         match (&self.value, seg) {
-            (NodeValue::Map(entries), PathSeg::Key(k)) => entries.iter().find(|(ek, _, _)| ek == k).map(|(_, _, v)| v),
+            (NodeValue::Map(entries), PathSeg::Key(k)) => {
+                entries.iter().find(|(ek, _, _)| ek == k).map(|(_, _, v)| v)
+            }
             (NodeValue::Seq(items), PathSeg::Index(i)) => items.get(*i),
             _ => None,
         }
@@ -255,13 +266,11 @@ impl SpanIndex {
     /// The span of a mapping key at `path` (its last segment must be a key); falls back to the
     /// value's or the nearest ancestor's span.
     pub fn key_span(&self, path: &YamlPath) -> Range<usize> {
-        if let (Some(PathSeg::Key(k)), Some(parent)) = (path.last(), self.node(&path.parent())) {
-            if let NodeValue::Map(entries) = &parent.value {
-                if let Some((_, ks, _)) = entries.iter().find(|(ek, _, _)| ek == k) {
+        if let (Some(PathSeg::Key(k)), Some(parent)) = (path.last(), self.node(&path.parent()))
+            && let NodeValue::Map(entries) = &parent.value
+                && let Some((_, ks, _)) = entries.iter().find(|(ek, _, _)| ek == k) {
                     return ks.clone();
                 }
-            }
-        }
         self.span(path)
     }
 }

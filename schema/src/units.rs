@@ -145,9 +145,18 @@ mod tests {
 
     #[test]
     fn durations_parse_with_units() {
-        assert_eq!("500ms".parse::<DurationSpec>().ok(), Some(DurationSpec::from_millis(500)));
-        assert_eq!("1s".parse::<DurationSpec>().ok(), Some(DurationSpec::from_secs(1)));
-        assert_eq!("10m".parse::<DurationSpec>().ok(), Some(DurationSpec::from_secs(600)));
+        assert_eq!(
+            "500ms".parse::<DurationSpec>().ok(),
+            Some(DurationSpec::from_millis(500))
+        );
+        assert_eq!(
+            "1s".parse::<DurationSpec>().ok(),
+            Some(DurationSpec::from_secs(1))
+        );
+        assert_eq!(
+            "10m".parse::<DurationSpec>().ok(),
+            Some(DurationSpec::from_secs(600))
+        );
         assert!("10".parse::<DurationSpec>().is_err());
         assert!("ten seconds".parse::<DurationSpec>().is_err());
     }

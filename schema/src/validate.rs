@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::model::{
-    AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec, OperatorSpec,
-    PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
+    AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec,
+    OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
 };
 use crate::registry::Section;
 use crate::span::{SourceFile, SpanIndex, YamlPath};
@@ -23,9 +23,18 @@ use crate::units::DurationSpec;
 /// Runs every semantic rule over a loaded spec.
 ///
 /// `base_dir` is the pipeline file's directory (relative paths resolve against it).
-pub fn validate(spec: &FileSpec, spans: &SpanIndex, file: &Arc<SourceFile>, base_dir: &Path) -> Diagnostics {
+pub fn validate(
+    spec: &FileSpec,
+    spans: &SpanIndex,
+    file: &Arc<SourceFile>,
+    base_dir: &Path,
+) -> Diagnostics {
     let _ = base_dir;
-    let mut cx = Cx { spans, file, out: Diagnostics::new() };
+    let mut cx = Cx {
+        spans,
+        file,
+        out: Diagnostics::new(),
+    };
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (pi, p) in spec.pipelines.iter().enumerate() {
         let path = YamlPath::root().join("pipelines").join(pi).join("id");
@@ -64,16 +73,38 @@ impl Pending {
 
 impl Cx<'_> {
     fn make(&self, d: Diagnostic, path: &YamlPath, label: impl Into<String>) -> Pending {
-        Pending(d.at(self.file, self.spans.span(path)).label(label).with_path(path.clone()))
+        Pending(
+            d.at(self.file, self.spans.span(path))
+                .label(label)
+                .with_path(path.clone()),
+        )
     }
-    fn error(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+    fn error(
+        &self,
+        code: &'static str,
+        path: &YamlPath,
+        msg: impl Into<String>,
+        label: impl Into<String>,
+    ) -> Pending {
         self.make(Diagnostic::error(code, msg), path, label)
     }
-    fn warning(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+    fn warning(
+        &self,
+        code: &'static str,
+        path: &YamlPath,
+        msg: impl Into<String>,
+        label: impl Into<String>,
+    ) -> Pending {
         self.make(Diagnostic::warning(code, msg), path, label)
     }
     /// The span of a key (for fields whose presence, not value, is the problem).
-    fn key_error(&self, code: &'static str, path: &YamlPath, msg: impl Into<String>, label: impl Into<String>) -> Pending {
+    fn key_error(
+        &self,
+        code: &'static str,
+        path: &YamlPath,
+        msg: impl Into<String>,
+        label: impl Into<String>,
+    ) -> Pending {
         Pending(
             Diagnostic::error(code, msg)
                 .at(self.file, self.spans.key_span(path))
@@ -100,13 +131,20 @@ const ID_HELP: &str = "use letters, digits, `_` and `-`, starting with a letter 
 
 fn valid_id(id: &str) -> bool {
     let mut chars = id.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 impl<'a, 'c> PipelineCheck<'a, 'c> {
     fn new(cx: &'c mut Cx<'a>, pi: usize, p: &'a PipelineSpec) -> Self {
-        Self { cx, p, base: YamlPath::root().join("pipelines").join(pi), ids: HashMap::new() }
+        Self {
+            cx,
+            p,
+            base: YamlPath::root().join("pipelines").join(pi),
+            ids: HashMap::new(),
+        }
     }
 
     fn elem_path(&self, e: Elem) -> YamlPath {
@@ -122,9 +160,18 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     }
 
     fn elements(&self) -> Vec<Elem> {
-        let s = (0..self.p.sources.len()).map(|index| Elem { section: Section::Sources, index });
-        let o = (0..self.p.operators.len()).map(|index| Elem { section: Section::Operators, index });
-        let k = (0..self.p.sinks.len()).map(|index| Elem { section: Section::Sinks, index });
+        let s = (0..self.p.sources.len()).map(|index| Elem {
+            section: Section::Sources,
+            index,
+        });
+        let o = (0..self.p.operators.len()).map(|index| Elem {
+            section: Section::Operators,
+            index,
+        });
+        let k = (0..self.p.sinks.len()).map(|index| Elem {
+            section: Section::Sinks,
+            index,
+        });
         s.chain(o).chain(k).collect()
     }
 
@@ -132,10 +179,8 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_ids();
         let dead_letter_targets = self.check_dead_letters();
         let edges = self.check_wiring(&dead_letter_targets);
-        let cyclic = self.check_cycles(&edges);
-        if !cyclic {
-            self.check_reachability(&edges, &dead_letter_targets);
-        }
+        self.check_cycles(&edges);
+        self.check_reachability(&edges, &dead_letter_targets);
         self.check_keyed();
         self.check_operator_options();
         self.check_sources();
@@ -152,7 +197,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let path = self.elem_path(e).join("id");
             if !valid_id(id) {
                 self.cx
-                    .error(codes::INVALID_ID, &path, format!("`{id}` is not a valid id"), "invalid id")
+                    .error(
+                        codes::INVALID_ID,
+                        &path,
+                        format!("`{id}` is not a valid id"),
+                        "invalid id",
+                    )
                     .help(ID_HELP)
                     .push(&mut self.cx.out);
             }
@@ -178,10 +228,20 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     fn check_dead_letters(&mut self) -> HashSet<usize> {
         let mut targets = HashSet::new();
         for (oi, op) in self.p.operators.iter().enumerate() {
-            let OnErrorSpec::DeadLetter(target) = op.on_error() else { continue };
-            let path = self.base.join("operators").join(oi).join("on_error").join("dead_letter");
+            let OnErrorSpec::DeadLetter(target) = op.on_error() else {
+                continue;
+            };
+            let path = self
+                .base
+                .join("operators")
+                .join(oi)
+                .join("on_error")
+                .join("dead_letter");
             match self.ids.get(target.as_str()) {
-                Some(Elem { section: Section::Sinks, index }) => {
+                Some(Elem {
+                    section: Section::Sinks,
+                    index,
+                }) => {
                     targets.insert(*index);
                     let sink = &self.p.sinks[*index];
                     let w = sink.wiring();
@@ -199,18 +259,31 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 }
                 Some(_) => {
                     self.cx
-                        .error(codes::DEAD_LETTER, &path, format!("dead-letter target `{target}` is not a sink"), "not a sink")
-                        .help("dead letters go to a sink declared under `sinks:` without an `input`")
+                        .error(
+                            codes::DEAD_LETTER,
+                            &path,
+                            format!("dead-letter target `{target}` is not a sink"),
+                            "not a sink",
+                        )
+                        .help(
+                            "dead letters go to a sink declared under `sinks:` without an `input`",
+                        )
                         .push(&mut self.cx.out);
                 }
                 None => {
                     let sinks: Vec<&str> = self.p.sinks.iter().map(SinkSpec::id).collect();
                     let help = match did_you_mean(target, sinks.iter().copied()) {
                         Some(s) => format!("did you mean `{s}`?"),
-                        None => "declare a sink without `input` under `sinks:` and name it here".to_owned(),
+                        None => "declare a sink without `input` under `sinks:` and name it here"
+                            .to_owned(),
                     };
                     self.cx
-                        .error(codes::DEAD_LETTER, &path, format!("dead-letter sink `{target}` does not exist"), "no sink with this id")
+                        .error(
+                            codes::DEAD_LETTER,
+                            &path,
+                            format!("dead-letter sink `{target}` does not exist"),
+                            "no sink with this id",
+                        )
                         .help(help)
                         .push(&mut self.cx.out);
                 }
@@ -233,22 +306,41 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             .operators
             .iter()
             .enumerate()
-            .map(|(index, o)| (Elem { section: Section::Operators, index }, o.wiring(), o.type_name()))
-            .chain(
-                self.p
-                    .sinks
-                    .iter()
-                    .enumerate()
-                    .map(|(index, s)| (Elem { section: Section::Sinks, index }, s.wiring(), "sink")),
-            )
+            .map(|(index, o)| {
+                (
+                    Elem {
+                        section: Section::Operators,
+                        index,
+                    },
+                    o.wiring(),
+                    o.type_name(),
+                )
+            })
+            .chain(self.p.sinks.iter().enumerate().map(|(index, s)| {
+                (
+                    Elem {
+                        section: Section::Sinks,
+                        index,
+                    },
+                    s.wiring(),
+                    "sink",
+                )
+            }))
             .collect();
         for (e, wiring, kind) in wirings {
             let path = self.elem_path(e);
             let id = self.elem_id(e);
             if wiring.input.is_some() && !wiring.inputs.is_empty() {
                 self.cx
-                    .key_error(codes::BAD_WIRING, &path.join("inputs"), format!("`{id}` has both `input` and `inputs`"), "second way to name inputs")
-                    .help("use `input: x` for one upstream or `inputs: [x, y]` for several, not both")
+                    .key_error(
+                        codes::BAD_WIRING,
+                        &path.join("inputs"),
+                        format!("`{id}` has both `input` and `inputs`"),
+                        "second way to name inputs",
+                    )
+                    .help(
+                        "use `input: x` for one upstream or `inputs: [x, y]` for several, not both",
+                    )
                     .push(&mut self.cx.out);
             }
             let names = wiring.names();
@@ -261,7 +353,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                         "add `input: <source or operator id>`"
                     };
                     self.cx
-                        .key_error(codes::BAD_WIRING, &path.join("id"), format!("`{id}` has no input"), "nothing feeds this")
+                        .key_error(
+                            codes::BAD_WIRING,
+                            &path.join("id"),
+                            format!("`{id}` has no input"),
+                            "nothing feeds this",
+                        )
                         .help(help)
                         .push(&mut self.cx.out);
                 }
@@ -278,12 +375,27 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .help("merge the streams first with a `union` operator, then feed the union to this operator")
                     .push(&mut self.cx.out);
             }
+            let mut listed = HashSet::new();
             for (name, suffix) in names {
                 let ipath = path.with(suffix);
+                if !listed.insert(name) {
+                    self.cx
+                        .error(codes::BAD_WIRING, &ipath, format!("`{id}` lists input `{name}` twice"), "repeated input")
+                        .help("each input is read once; remove the repetition (every record of it would arrive twice)")
+                        .push(&mut self.cx.out);
+                    continue;
+                }
                 match self.ids.get(name) {
                     Some(up) if up.section == Section::Sinks => {
                         self.cx
-                            .error(codes::UNKNOWN_INPUT, &ipath, format!("`{id}` reads from sink `{name}`, which produces no records"), "a sink")
+                            .error(
+                                codes::UNKNOWN_INPUT,
+                                &ipath,
+                                format!(
+                                    "`{id}` reads from sink `{name}`, which produces no records"
+                                ),
+                                "a sink",
+                            )
                             .help("read from the operator that feeds the sink instead")
                             .push(&mut self.cx.out);
                     }
@@ -291,10 +403,19 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     None => {
                         let help = match did_you_mean(name, upstream_ids.iter().copied()) {
                             Some(s) => format!("did you mean `{s}`?"),
-                            None => format!("known sources and operators in `{}`: {}", self.p.id, upstream_ids.join(", ")),
+                            None => format!(
+                                "known sources and operators in `{}`: {}",
+                                self.p.id,
+                                upstream_ids.join(", ")
+                            ),
                         };
                         self.cx
-                            .error(codes::UNKNOWN_INPUT, &ipath, format!("`{id}` reads from `{name}`, which does not exist"), "no source or operator with this id")
+                            .error(
+                                codes::UNKNOWN_INPUT,
+                                &ipath,
+                                format!("`{id}` reads from `{name}`, which does not exist"),
+                                "no source or operator with this id",
+                            )
                             .help(help)
                             .push(&mut self.cx.out);
                     }
@@ -304,8 +425,8 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         edges
     }
 
-    /// Reports each cycle once, at the input that closes it. Returns whether any exists.
-    fn check_cycles(&mut self, edges: &[(Elem, Elem)]) -> bool {
+    /// Reports each cycle once, at the input that closes it.
+    fn check_cycles(&mut self, edges: &[(Elem, Elem)]) {
         let ops = self.p.operators.len();
         let mut adj: Vec<Vec<usize>> = vec![Vec::new(); ops];
         for (from, to) in edges {
@@ -315,7 +436,6 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         }
         // Iterative DFS with colours; a back edge u -> v closes a cycle.
         let mut colour = vec![0u8; ops];
-        let mut found = false;
         for start in 0..ops {
             if colour[start] != 0 {
                 continue;
@@ -332,9 +452,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                             stack.push((v, 0));
                         }
                         1 => {
-                            found = true;
                             let pos = stack.iter().position(|(n, _)| *n == v).unwrap_or(0);
-                            let mut names: Vec<&str> = stack[pos..].iter().map(|(n, _)| self.p.operators[*n].id()).collect();
+                            let mut names: Vec<&str> = stack[pos..]
+                                .iter()
+                                .map(|(n, _)| self.p.operators[*n].id())
+                                .collect();
                             names.push(self.p.operators[v].id());
                             self.report_cycle(u, v, &names);
                         }
@@ -346,17 +468,26 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 }
             }
         }
-        found
     }
 
     fn report_cycle(&mut self, from: usize, to: usize, names: &[&str]) {
         let op = &self.p.operators[to];
         let from_id = self.p.operators[from].id();
-        let suffix = op.wiring().names().into_iter().find(|(n, _)| *n == from_id).map(|(_, s)| s);
+        let suffix = op
+            .wiring()
+            .names()
+            .into_iter()
+            .find(|(n, _)| *n == from_id)
+            .map(|(_, s)| s);
         let opath = self.base.join("operators").join(to);
         let path = suffix.map_or_else(|| opath.join("id"), |s| opath.with(s));
         self.cx
-            .error(codes::CYCLE, &path, format!("the operators form a cycle: {}", names.join(" → ")), "this input closes the cycle")
+            .error(
+                codes::CYCLE,
+                &path,
+                format!("the operators form a cycle: {}", names.join(" → ")),
+                "this input closes the cycle",
+            )
             .help("a pipeline is a directed acyclic graph; remove one of these inputs")
             .push(&mut self.cx.out);
     }
@@ -370,13 +501,21 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         }
         // Dead-letter edges count for reachability.
         for (oi, op) in self.p.operators.iter().enumerate() {
-            if let OnErrorSpec::DeadLetter(t) = op.on_error() {
-                if let Some(sink @ Elem { section: Section::Sinks, .. }) = self.ids.get(t.as_str()) {
-                    let from = Elem { section: Section::Operators, index: oi };
+            if let OnErrorSpec::DeadLetter(t) = op.on_error()
+                && let Some(
+                    sink @ Elem {
+                        section: Section::Sinks,
+                        ..
+                    },
+                ) = self.ids.get(t.as_str())
+                {
+                    let from = Elem {
+                        section: Section::Operators,
+                        index: oi,
+                    };
                     down.entry(from).or_default().push(*sink);
                     up.entry(*sink).or_default().push(from);
                 }
-            }
         }
         let walk = |starts: Vec<Elem>, graph: &HashMap<Elem, Vec<Elem>>| {
             let mut seen: HashSet<Elem> = starts.iter().copied().collect();
@@ -390,8 +529,18 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             }
             seen
         };
-        let sources: Vec<Elem> = (0..self.p.sources.len()).map(|index| Elem { section: Section::Sources, index }).collect();
-        let sinks: Vec<Elem> = (0..self.p.sinks.len()).map(|index| Elem { section: Section::Sinks, index }).collect();
+        let sources: Vec<Elem> = (0..self.p.sources.len())
+            .map(|index| Elem {
+                section: Section::Sources,
+                index,
+            })
+            .collect();
+        let sinks: Vec<Elem> = (0..self.p.sinks.len())
+            .map(|index| Elem {
+                section: Section::Sinks,
+                index,
+            })
+            .collect();
         let from_sources = walk(sources.clone(), &down);
         let to_sinks = walk(sinks.clone(), &up);
         for s in sinks {
@@ -404,15 +553,32 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .push(&mut self.cx.out);
             }
         }
-        for e in sources.into_iter().chain((0..self.p.operators.len()).map(|index| Elem { section: Section::Operators, index })) {
+        for e in sources
+            .into_iter()
+            .chain((0..self.p.operators.len()).map(|index| Elem {
+                section: Section::Operators,
+                index,
+            }))
+        {
             if to_sinks.contains(&e) {
                 continue;
             }
             let id = self.elem_id(e);
-            let what = if e.section == Section::Sources { "source" } else { "operator" };
+            let what = if e.section == Section::Sources {
+                "source"
+            } else {
+                "operator"
+            };
             self.cx
-                .warning(codes::DEAD_END, &self.elem_path(e).join("id"), format!("{what} `{id}` reaches no sink; its records are dropped"), "output goes nowhere")
-                .help(format!("add a sink with `input: {id}` (or one downstream of it), or remove it"))
+                .warning(
+                    codes::DEAD_END,
+                    &self.elem_path(e).join("id"),
+                    format!("{what} `{id}` reaches no sink; its records are dropped"),
+                    "output goes nowhere",
+                )
+                .help(format!(
+                    "add a sink with `input: {id}` (or one downstream of it), or remove it"
+                ))
                 .push(&mut self.cx.out);
         }
     }
@@ -425,8 +591,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let names = op.wiring().names();
             let path = self.base.join("operators").join(oi);
             for (name, suffix) in names {
-                let Some(up) = self.ids.get(name) else { continue };
-                let is_key_by = up.section == Section::Operators && matches!(self.p.operators[up.index], OperatorSpec::KeyBy(_));
+                let Some(up) = self.ids.get(name) else {
+                    continue;
+                };
+                let is_key_by = up.section == Section::Operators
+                    && matches!(self.p.operators[up.index], OperatorSpec::KeyBy(_));
                 if !is_key_by {
                     self.cx
                         .error(
@@ -447,7 +616,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let path = self.base.join("operators").join(oi);
             if op.has_both_script_forms() {
                 self.cx
-                    .key_error(codes::SCRIPT_MISSING, &path.join("script_file"), format!("`{}` has both `script` and `script_file`", op.id()), "second script")
+                    .key_error(
+                        codes::SCRIPT_MISSING,
+                        &path.join("script_file"),
+                        format!("`{}` has both `script` and `script_file`", op.id()),
+                        "second script",
+                    )
                     .help("keep one: an inline `script: |` block or a `script_file:` path")
                     .push(&mut self.cx.out);
             }
@@ -455,7 +629,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 OperatorSpec::KeyBy(k) => {
                     let has_script = k.script.is_some() || k.script_file.is_some();
                     if k.field.is_some() == has_script {
-                        let msg = if has_script { "has both `field` and a script" } else { "needs `field` or a script" };
+                        let msg = if has_script {
+                            "has both `field` and a script"
+                        } else {
+                            "needs `field` or a script"
+                        };
                         self.cx
                             .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "field" } else { "id" }), format!("key_by `{}` {msg}", k.id), "how to key?")
                             .help("give `field: <path>` (such as `user` or `customer.id`), or a script defining `fn key(r)`")
@@ -486,7 +664,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     fn check_field_path(&mut self, f: &str, path: &YamlPath) {
         if f.is_empty() || f.split('.').any(str::is_empty) {
             self.cx
-                .error(codes::OPERATOR_OPTION, path, format!("`{f}` is not a field path"), "empty path segment")
+                .error(
+                    codes::OPERATOR_OPTION,
+                    path,
+                    format!("`{f}` is not a field path"),
+                    "empty path segment",
+                )
                 .help("write field names joined by dots, such as `user` or `customer.id`")
                 .push(&mut self.cx.out);
         }
@@ -494,8 +677,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
 
     fn check_aggregate(&mut self, a: &AggregateSpec, path: &YamlPath) {
         let has_script = a.script.is_some() || a.script_file.is_some();
-        if a.aggregations.is_empty() == !has_script {
-            let msg = if has_script { "has both `aggregations` and a script" } else { "needs `aggregations` or a script" };
+        if a.aggregations.is_empty() != has_script {
+            let msg = if has_script {
+                "has both `aggregations` and a script"
+            } else {
+                "needs `aggregations` or a script"
+            };
             self.cx
                 .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "aggregations" } else { "id" }), format!("aggregate `{}` {msg}", a.id), "how to aggregate?")
                 .help("list built-ins such as `aggregations: [{fn: sum, field: amount, as: total}]`, or give a script defining `fn init()` and `fn add(acc, r)`")
@@ -517,13 +704,23 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let out = agg.output_name();
             if out == a.key_field {
                 self.cx
-                    .error(codes::OPERATOR_OPTION, &apath, format!("aggregation output `{out}` collides with the key field"), "same name as the key")
+                    .error(
+                        codes::OPERATOR_OPTION,
+                        &apath,
+                        format!("aggregation output `{out}` collides with the key field"),
+                        "same name as the key",
+                    )
                     .help("rename it with `as:`, or change `key_field`")
                     .push(&mut self.cx.out);
             } else if let Some(first) = names.insert(out.clone(), i) {
                 let first_span = self.cx.spans.span(&path.join("aggregations").join(first));
                 self.cx
-                    .error(codes::OPERATOR_OPTION, &apath, format!("two aggregations write `{out}`"), "same output name")
+                    .error(
+                        codes::OPERATOR_OPTION,
+                        &apath,
+                        format!("two aggregations write `{out}`"),
+                        "same output name",
+                    )
                     .help("give each aggregation its own name with `as:`")
                     .related(first_span, "first here")
                     .push(&mut self.cx.out);
@@ -542,12 +739,19 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                         let fpath = path.join("fields").join(name.as_str());
                         let bad = match field {
                             GeneratorFieldSpec::Int { min, max } => min > max,
-                            GeneratorFieldSpec::Float { min, max } => min >= max || !min.is_finite() || !max.is_finite(),
+                            GeneratorFieldSpec::Float { min, max } => {
+                                min >= max || !min.is_finite() || !max.is_finite()
+                            }
                             _ => false,
                         };
                         if bad {
                             self.cx
-                                .error(codes::INVALID_VALUE, &fpath, format!("generator field `{name}` has `min` above `max`"), "empty range")
+                                .error(
+                                    codes::INVALID_VALUE,
+                                    &fpath,
+                                    format!("generator field `{name}` has `min` above `max`"),
+                                    "empty range",
+                                )
                                 .help("make `min` ≤ `max` (for floats, `min` < `max`)")
                                 .push(&mut self.cx.out);
                         }
@@ -555,14 +759,18 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     None
                 }
             };
-            if let Some(csv) = csv {
-                if csv.delimiter.len() != 1 || !csv.delimiter.is_ascii() {
+            if let Some(csv) = csv
+                && (csv.delimiter.len() != 1 || !csv.delimiter.is_ascii()) {
                     self.cx
-                        .error(codes::INVALID_VALUE, &path.join("csv").join("delimiter"), format!("`{}` is not a single ASCII character", csv.delimiter), "one character")
+                        .error(
+                            codes::INVALID_VALUE,
+                            &path.join("csv").join("delimiter"),
+                            format!("`{}` is not a single ASCII character", csv.delimiter),
+                            "one character",
+                        )
                         .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
                         .push(&mut self.cx.out);
                 }
-            }
         }
     }
 
@@ -570,13 +778,25 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         let max = self.p.effective_max_parallelism();
         let explicit = self.p.max_parallelism.is_some();
         let help = if explicit {
-            format!("lower the parallelism or raise `max_parallelism` (it is {max}; it cannot change once state exists)")
+            format!(
+                "lower the parallelism or raise `max_parallelism` (it is {max}; it cannot change once state exists)"
+            )
         } else {
-            format!("lower the parallelism, or set `max_parallelism` above it (the default here is {max})")
+            format!(
+                "lower the parallelism, or set `max_parallelism` above it (the default here is {max})"
+            )
         };
         if self.p.parallelism > max {
             self.cx
-                .error(codes::PARALLELISM, &self.base.join("parallelism"), format!("parallelism {} is above max_parallelism {max}", self.p.parallelism), "too high")
+                .error(
+                    codes::PARALLELISM,
+                    &self.base.join("parallelism"),
+                    format!(
+                        "parallelism {} is above max_parallelism {max}",
+                        self.p.parallelism
+                    ),
+                    "too high",
+                )
                 .help(help.clone())
                 .push(&mut self.cx.out);
         }
@@ -602,7 +822,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             par.insert(self.elem_id(e), effective);
             if let Some(n) = declared.filter(|n| *n > max) {
                 self.cx
-                    .error(codes::PARALLELISM, &self.elem_path(e).join("parallelism"), format!("parallelism {n} is above max_parallelism {max}"), "too high")
+                    .error(
+                        codes::PARALLELISM,
+                        &self.elem_path(e).join("parallelism"),
+                        format!("parallelism {n} is above max_parallelism {max}"),
+                        "too high",
+                    )
                     .help(help.clone())
                     .push(&mut self.cx.out);
             }
@@ -651,7 +876,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             return;
         }
         let mode_path = self.base.join("checkpoints").join("mode");
-        let mode_span = self.cx.spans.exists(&mode_path).then(|| self.cx.spans.span(&mode_path));
+        let mode_span = self
+            .cx
+            .spans
+            .exists(&mode_path)
+            .then(|| self.cx.spans.span(&mode_path));
         for (si, s) in self.p.sources.iter().enumerate() {
             if s.is_replayable() {
                 continue;
@@ -695,7 +924,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     fn positive(&mut self, d: DurationSpec, path: YamlPath, what: &str) {
         if d.get().is_zero() {
             self.cx
-                .error(codes::INVALID_DURATION, &path, format!("{what} must be positive"), "zero")
+                .error(
+                    codes::INVALID_DURATION,
+                    &path,
+                    format!("{what} must be positive"),
+                    "zero",
+                )
                 .help("write a positive duration such as `500ms` or `1s`")
                 .push(&mut self.cx.out);
         }
@@ -711,7 +945,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.positive(c.timeout, base.join("timeout"), "the checkpoint timeout");
         if !c.interval.get().is_zero() && c.interval.get() < Duration::from_millis(10) {
             self.cx
-                .error(codes::BAD_PARAMETER, &base.join("interval"), format!("a checkpoint interval of {} is too short", c.interval), "below 10ms")
+                .error(
+                    codes::BAD_PARAMETER,
+                    &base.join("interval"),
+                    format!("a checkpoint interval of {} is too short", c.interval),
+                    "below 10ms",
+                )
                 .help("checkpoints need at least `10ms` between them; `1s` to `1m` is usual")
                 .push(&mut self.cx.out);
         }
@@ -723,7 +962,12 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         }
         if !c.aligned_timeout.get().is_zero() && !c.unaligned {
             self.cx
-                .warning(codes::BAD_PARAMETER, &base.join("aligned_timeout"), "`aligned_timeout` has no effect without `unaligned: true`", "ignored")
+                .warning(
+                    codes::BAD_PARAMETER,
+                    &base.join("aligned_timeout"),
+                    "`aligned_timeout` has no effect without `unaligned: true`",
+                    "ignored",
+                )
                 .help("set `unaligned: true`, or remove `aligned_timeout`")
                 .push(&mut self.cx.out);
         }
@@ -731,13 +975,23 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         if let Some((scheme, _)) = storage.split_once("://") {
             if scheme != "file" {
                 self.cx
-                    .error(codes::UNSUPPORTED_STORAGE, &base.join("storage"), format!("`{scheme}://` checkpoint storage is not supported yet"), "unsupported scheme")
+                    .error(
+                        codes::UNSUPPORTED_STORAGE,
+                        &base.join("storage"),
+                        format!("`{scheme}://` checkpoint storage is not supported yet"),
+                        "unsupported scheme",
+                    )
                     .help("use a local directory (or `file://` path); object stores are planned")
                     .push(&mut self.cx.out);
             }
         } else if storage.is_empty() {
             self.cx
-                .error(codes::INVALID_VALUE, &base.join("storage"), "checkpoint storage is empty", "empty")
+                .error(
+                    codes::INVALID_VALUE,
+                    &base.join("storage"),
+                    "checkpoint storage is empty",
+                    "empty",
+                )
                 .help("name a directory, such as `.weir/checkpoints`")
                 .push(&mut self.cx.out);
         }
@@ -747,21 +1001,35 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         let base = self.base.join("restart");
         match &self.p.restart {
             Some(RestartSpec::FailureRate(f)) => {
-                self.positive(f.interval, base.join("interval"), "the failure-rate interval");
+                self.positive(
+                    f.interval,
+                    base.join("interval"),
+                    "the failure-rate interval",
+                );
             }
             Some(RestartSpec::ExponentialDelay(e)) => {
                 self.positive(e.initial, base.join("initial"), "the initial delay");
                 self.positive(e.reset_after, base.join("reset_after"), "`reset_after`");
                 if e.max < e.initial {
                     self.cx
-                        .error(codes::BAD_PARAMETER, &base.join("max"), format!("`max` ({}) is below `initial` ({})", e.max, e.initial), "below initial")
+                        .error(
+                            codes::BAD_PARAMETER,
+                            &base.join("max"),
+                            format!("`max` ({}) is below `initial` ({})", e.max, e.initial),
+                            "below initial",
+                        )
                         .help("make `max` at least `initial`")
                         .push(&mut self.cx.out);
                 }
-                if !(e.multiplier.is_finite() && e.multiplier >= 1.0) {
+                if !(e.multiplier.is_finite() && e.multiplier > 1.0) {
                     self.cx
-                        .error(codes::BAD_PARAMETER, &base.join("multiplier"), format!("multiplier {} would not grow the delay", e.multiplier), "must be ≥ 1")
-                        .help("use a factor of 1 or more, such as `1.5` (Flink's default) or `2`")
+                        .error(
+                            codes::BAD_PARAMETER,
+                            &base.join("multiplier"),
+                            format!("multiplier {} would not grow the delay", e.multiplier),
+                            "must be > 1",
+                        )
+                        .help("use a factor above 1, such as `1.5` (Flink's default) or `2`; for a constant delay use `strategy: fixed_delay`")
                         .push(&mut self.cx.out);
                 }
                 if !(0.0..=1.0).contains(&e.jitter) {
@@ -774,7 +1042,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             _ => {}
         }
         if self.p.failover == FailoverSpec::Individual {
-            let extra = if self.exactly_once() { " This breaks the pipeline's exactly-once guarantee." } else { "" };
+            let extra = if self.exactly_once() {
+                " This breaks the pipeline's exactly-once guarantee."
+            } else {
+                ""
+            };
             self.cx
                 .warning(
                     codes::LOSSY_FAILOVER,
@@ -795,7 +1067,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             return;
         }
         let state = self.base.join("state");
-        let path = if self.cx.spans.exists(&state) { state.join("backend") } else { self.base.join("checkpoints").join("mode") };
+        let path = if self.cx.spans.exists(&state) {
+            state.join("backend")
+        } else {
+            self.base.join("checkpoints").join("mode")
+        };
         self.cx
             .warning(
                 codes::VOLATILE_STATE,
@@ -817,7 +1093,11 @@ mod tests {
         let loaded = load_str("t.yaml", text);
         let mut all: Vec<&'static str> = loaded.diagnostics.iter().map(|d| d.code).collect();
         if let (Some(spec), Some(spans)) = (&loaded.spec, &loaded.spans) {
-            all.extend(validate(spec, spans, &loaded.source, Path::new(".")).iter().map(|d| d.code));
+            all.extend(
+                validate(spec, spans, &loaded.source, Path::new("."))
+                    .iter()
+                    .map(|d| d.code),
+            );
         }
         all
     }
@@ -833,8 +1113,19 @@ mod tests {
     fn dangling_input_is_reported_with_suggestion() {
         let text = OK.replace("input: total", "input: totl");
         let loaded = load_str("t.yaml", &text);
-        let d = validate(loaded.spec.as_ref().unwrap_or_else(|| panic!("{:?}", loaded.diagnostics)), loaded.spans.as_ref().expect("spans"), &loaded.source, Path::new("."));
-        let unknown = d.iter().find(|d| d.code == codes::UNKNOWN_INPUT).expect("unknown input");
+        let d = validate(
+            loaded
+                .spec
+                .as_ref()
+                .unwrap_or_else(|| panic!("{:?}", loaded.diagnostics)),
+            loaded.spans.as_ref().expect("spans"),
+            &loaded.source,
+            Path::new("."),
+        );
+        let unknown = d
+            .iter()
+            .find(|d| d.code == codes::UNKNOWN_INPUT)
+            .expect("unknown input");
         assert_eq!(&text[unknown.span.clone().expect("span")], "totl");
         assert!(unknown.help.as_deref().unwrap_or("").contains("`total`"));
     }
@@ -849,10 +1140,15 @@ mod tests {
 
     #[test]
     fn exactly_once_rejects_stdin() {
-        let text = OK.replace("{id: src, type: file, path: in.jsonl}", "{id: src, type: stdin}").replace(
-            "    sources:",
-            "    checkpoints: {interval: 1s}\n    state: {backend: fs}\n    sources:",
-        );
+        let text = OK
+            .replace(
+                "{id: src, type: file, path: in.jsonl}",
+                "{id: src, type: stdin}",
+            )
+            .replace(
+                "    sources:",
+                "    checkpoints: {interval: 1s}\n    state: {backend: fs}\n    sources:",
+            );
         assert_eq!(codes_of(&text), vec![codes::NOT_REPLAYABLE]);
     }
 }

@@ -34,7 +34,8 @@ fn undocumented(node: &Value, at: &str, out: &mut Vec<String>) {
             let documented = prop.get("description").is_some()
                 || prop.get("$ref").is_some() && prop.get("description").is_some()
                 || name == "type" && prop.get("const").is_some()
-                || ["backend", "strategy", "kind"].contains(&name.as_str()) && prop.get("const").is_some();
+                || ["backend", "strategy", "kind"].contains(&name.as_str())
+                    && prop.get("const").is_some();
             // An externally tagged variant (`{dead_letter: <sink>}`) is documented by its branch.
             let tagged_variant = props.len() == 1 && map.get("description").is_some();
             if !documented && !tagged_variant {
@@ -72,5 +73,8 @@ fn undocumented(node: &Value, at: &str, out: &mut Vec<String>) {
 fn every_field_and_variant_is_described() {
     let mut missing = Vec::new();
     undocumented(weir_schema::schema::json_schema(), "", &mut missing);
-    assert!(missing.is_empty(), "schema nodes without description: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "schema nodes without description: {missing:#?}"
+    );
 }

@@ -1,0 +1,220 @@
+//! Planning: a validated [`FileSpec`] becomes a [`FilePlan`], one [`PipelinePlan`] per
+//! pipeline: nodes (sources, operators, sinks) with resolved ids and parallelism, edges with
+//! their partitioning, and chains of forward-connected nodes that run in one task.
+//!
+//! The planner trusts validation (run `validate` first) but never panics on a bad spec: it
+//! returns an error instead. Rendering lives in `render`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use weir_schema::{FileSpec, OperatorSpec, PipelineSpec, SinkSpec, SourceSpec};
+
+pub mod compile;
+pub mod render;
+
+pub use compile::compile;
+
+/// Index of a node in [`PipelinePlan::nodes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub usize);
+
+/// A whole file, planned.
+#[derive(Clone, Debug)]
+pub struct FilePlan {
+    /// One plan per pipeline, in file order.
+    pub pipelines: Vec<PipelinePlan>,
+}
+
+/// One pipeline's operator graph.
+#[derive(Clone, Debug)]
+pub struct PipelinePlan {
+    /// The pipeline's id.
+    pub id: String,
+    /// The spec it was compiled from (state, checkpoints, restart, failover, limits).
+    pub spec: PipelineSpec,
+    /// Number of key groups.
+    pub max_parallelism: u32,
+    /// Directory that relative paths in the spec resolve against (the YAML file's).
+    pub base_dir: PathBuf,
+    /// Sources, operators and sinks, in topological order (every edge goes from a lower to a
+    /// higher index).
+    pub nodes: Vec<PlanNode>,
+    /// Data edges, plus dead-letter edges.
+    pub edges: Vec<PlanEdge>,
+    /// Forward-connected runs of nodes that execute in one task per subtask, in topological
+    /// order; every node is in exactly one chain.
+    pub chains: Vec<Chain>,
+}
+
+/// What a node is.
+#[derive(Clone, Debug)]
+pub enum NodeKind {
+    /// A source.
+    Source(SourceSpec),
+    /// An operator.
+    Operator(OperatorSpec),
+    /// A sink.
+    Sink(SinkSpec),
+}
+
+/// A node of the logical graph.
+#[derive(Clone, Debug)]
+pub struct PlanNode {
+    /// Its index.
+    pub index: NodeId,
+    /// The element's stable id from the YAML.
+    pub id: String,
+    /// The element's spec.
+    pub kind: NodeKind,
+    /// Resolved parallelism (override or pipeline default).
+    pub parallelism: u32,
+    /// The Rhai script text, loaded (inline or from `script_file`), if the node has one.
+    pub script: Option<Arc<str>>,
+}
+
+impl PlanNode {
+    /// The YAML `type:` of the node.
+    pub fn type_name(&self) -> &'static str {
+        match &self.kind {
+            NodeKind::Source(s) => s.type_name(),
+            NodeKind::Operator(o) => o.type_name(),
+            NodeKind::Sink(s) => s.type_name(),
+        }
+    }
+}
+
+/// How records travel along an edge between the subtasks of two nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Partitioning {
+    /// Subtask i feeds subtask i (equal parallelism).
+    Forward,
+    /// By key: key → stable hash → key group in `[0, max_parallelism)` → subtask
+    /// `kg * parallelism / max_parallelism`.
+    Hash,
+    /// Round-robin over all downstream subtasks.
+    Rebalance,
+    /// Every downstream subtask receives every record.
+    Broadcast,
+}
+
+impl Partitioning {
+    /// Lower-case name for output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Forward => "forward",
+            Self::Hash => "hash",
+            Self::Rebalance => "rebalance",
+            Self::Broadcast => "broadcast",
+        }
+    }
+}
+
+/// A directed edge of the logical graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanEdge {
+    /// Upstream node.
+    pub from: NodeId,
+    /// Downstream node.
+    pub to: NodeId,
+    /// How records are distributed.
+    pub partitioning: Partitioning,
+    /// Whether this edge carries dead letters (failed records) rather than data.
+    pub dead_letter: bool,
+}
+
+/// Nodes chained into one task: each consecutive pair is joined by a forward edge of equal
+/// parallelism, with no other edge into or out of the middle of the chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// The chained nodes, upstream first.
+    pub nodes: Vec<NodeId>,
+    /// Parallelism shared by every node of the chain.
+    pub parallelism: u32,
+}
+
+impl PipelinePlan {
+    /// The node with a given YAML id.
+    pub fn node_by_id(&self, id: &str) -> Option<&PlanNode> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Edges into a node.
+    pub fn inputs_of(&self, node: NodeId) -> impl Iterator<Item = &PlanEdge> {
+        self.edges.iter().filter(move |e| e.to == node)
+    }
+
+    /// Edges out of a node.
+    pub fn outputs_of(&self, node: NodeId) -> impl Iterator<Item = &PlanEdge> {
+        self.edges.iter().filter(move |e| e.from == node)
+    }
+
+    /// The chain holding a node.
+    pub fn chain_of(&self, node: NodeId) -> Option<usize> {
+        self.chains.iter().position(|c| c.nodes.contains(&node))
+    }
+
+    /// Resolves a path from the spec against the pipeline file's directory.
+    pub fn resolve_path(&self, p: impl AsRef<Path>) -> PathBuf {
+        let p = p.as_ref();
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+}
+
+/// Plans every pipeline of a spec (convenience wrapper over [`compile`] for a whole file).
+pub fn compile_file(spec: &FileSpec, base_dir: &Path) -> Result<FilePlan, PlanError> {
+    let pipelines = spec
+        .pipelines
+        .iter()
+        .map(|p| compile(p, base_dir))
+        .collect::<Result<_, _>>()?;
+    Ok(FilePlan { pipelines })
+}
+
+/// Why a spec could not be planned. Validation reports these as diagnostics first, so the
+/// planner meets them only when called on an unvalidated spec.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// An input names no element.
+    #[error("pipeline `{pipeline}`: `{element}` reads from `{input}`, which does not exist")]
+    UnknownInput {
+        /// Pipeline id.
+        pipeline: String,
+        /// Element id.
+        element: String,
+        /// The dangling name.
+        input: String,
+    },
+    /// The graph has a cycle.
+    #[error("pipeline `{pipeline}`: the operators form a cycle through `{element}`")]
+    Cycle {
+        /// Pipeline id.
+        pipeline: String,
+        /// An element on the cycle.
+        element: String,
+    },
+    /// A script file could not be read.
+    #[error("pipeline `{pipeline}`: cannot read script file `{path}` of `{element}`: {source}")]
+    ScriptFile {
+        /// Pipeline id.
+        pipeline: String,
+        /// Element id.
+        element: String,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Anything else validation should have caught.
+    #[error("pipeline `{pipeline}`: {message}")]
+    Invalid {
+        /// Pipeline id.
+        pipeline: String,
+        /// What is wrong.
+        message: String,
+    },
+}

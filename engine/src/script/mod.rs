@@ -1,0 +1,258 @@
+//! The Rhai scripting layer: one sandboxed engine configuration shared by validation and the
+//! runtime, compile-time checks of every script in a file, and mapping of Rhai positions back
+//! into the YAML block scalar (or the script file) for diagnostics.
+//!
+//! Scripts compile once, at plan time; the runtime holds only the compiled `AST`. The sandbox:
+//! no `eval`, no module imports (no file, network or process access exists in the engine at
+//! all), and the limits from the pipeline's `limits:` section.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rhai::{AST, Engine, ParseError};
+use weir_schema::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
+use weir_schema::registry::ScriptRef;
+use weir_schema::{FileSpec, OperatorSpec, ScriptLimitsSpec, SourceFile, SpanIndex, YamlPath};
+
+/// Builds the sandboxed Rhai engine used everywhere (validation and runtime).
+///
+/// Limits come from the pipeline's `limits:`; `eval` is disabled and no module resolver is
+/// installed, so `import` cannot load anything. The runtime registers its own functions
+/// (`emit`, state access) on the returned engine.
+pub fn build_engine(limits: &ScriptLimitsSpec) -> Engine {
+    let mut engine = Engine::new();
+    engine.set_max_operations(limits.max_operations);
+    engine.set_max_call_levels(usize::try_from(limits.max_call_levels).unwrap_or(usize::MAX));
+    let depth = usize::try_from(limits.max_expr_depth).unwrap_or(usize::MAX);
+    engine.set_max_expr_depths(depth, depth);
+    engine
+        .set_max_string_size(usize::try_from(limits.max_string_size.bytes()).unwrap_or(usize::MAX));
+    engine.set_max_array_size(usize::try_from(limits.max_array_size).unwrap_or(usize::MAX));
+    engine.set_max_map_size(usize::try_from(limits.max_map_size).unwrap_or(usize::MAX));
+    engine.set_max_modules(0);
+    engine.disable_symbol("eval");
+    engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
+    engine
+}
+
+/// Compiles a script. The error keeps Rhai's position (1-based line and column in the script).
+pub fn compile(engine: &Engine, text: &str) -> Result<AST, Box<ParseError>> {
+    engine.compile(text).map_err(Box::new)
+}
+
+/// Whether `ast` defines a function `name` with `arity` parameters.
+pub fn defines(ast: &AST, name: &str, arity: usize) -> bool {
+    ast.iter_functions()
+        .any(|f| f.name == name && f.params.len() == arity)
+}
+
+/// Where a script's text sits, for mapping Rhai positions to file offsets.
+struct ScriptLocation {
+    file: Arc<SourceFile>,
+    /// Byte offset of script line 1, column 1.
+    origin: usize,
+    /// For an inline block scalar: the YAML line and column (1-based) of script line 1 col 1,
+    /// so that script line n maps to YAML line `line + n - 1` at the same indentation.
+    block: Option<(usize, usize)>,
+}
+
+impl ScriptLocation {
+    fn offset(&self, line: usize, col: usize) -> usize {
+        match self.block {
+            Some((l0, c0)) => self
+                .file
+                .offset_of(l0 + line.saturating_sub(1), c0 + col.saturating_sub(1)),
+            None if line <= 1 => {
+                let rest = &self.file.text[self.origin.min(self.file.text.len())..];
+                self.origin
+                    + rest
+                        .char_indices()
+                        .nth(col.saturating_sub(1))
+                        .map_or(rest.len(), |(b, _)| b)
+            }
+            None => self.file.offset_of(line, col),
+        }
+    }
+}
+
+/// Compiles every script in the file and checks that each defines the functions its operator
+/// needs. Diagnostics point at the exact line and column inside the YAML block scalar, or in
+/// the script file.
+pub fn check_scripts(
+    spec: &FileSpec,
+    spans: &SpanIndex,
+    source: &Arc<SourceFile>,
+    base_dir: &Path,
+) -> Diagnostics {
+    let mut out = Diagnostics::new();
+    for (pi, pipeline) in spec.pipelines.iter().enumerate() {
+        let engine = build_engine(&pipeline.limits);
+        for (oi, op) in pipeline.operators.iter().enumerate() {
+            let at = YamlPath::root()
+                .join("pipelines")
+                .join(pi)
+                .join("operators")
+                .join(oi);
+            let Some(script) = op.script() else { continue };
+            let (text, location, key) = match script {
+                ScriptRef::Inline(text) => {
+                    let path = at.join("script");
+                    let Some(node) = spans.node(&path) else {
+                        continue;
+                    };
+                    let start = node.span.start;
+                    let is_block = {
+                        let key_end = spans.key_span(&path).end;
+                        source
+                            .text
+                            .get(key_end..start)
+                            .is_some_and(|between| between.contains(['|', '>']))
+                    };
+                    let quote = source.text[start..].starts_with(['"', '\'']);
+                    let origin = start + usize::from(quote);
+                    let block = is_block.then(|| source.line_col(start));
+                    (
+                        text.to_owned(),
+                        ScriptLocation {
+                            file: Arc::clone(source),
+                            origin,
+                            block,
+                        },
+                        path,
+                    )
+                }
+                ScriptRef::File(file) => {
+                    let full = if file.is_absolute() {
+                        file.to_path_buf()
+                    } else {
+                        base_dir.join(file)
+                    };
+                    let path = at.join("script_file");
+                    let text = match std::fs::read_to_string(&full) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            out.push(
+                                Diagnostic::error(
+                                    codes::SCRIPT_FILE,
+                                    format!("{path}: cannot read script file `{}`: {e}", full.display()),
+                                )
+                                .at(source, spans.span(&path))
+                                .label("script file not readable")
+                                .help("script files are relative to the pipeline file; check the path")
+                                .with_path(path),
+                            );
+                            continue;
+                        }
+                    };
+                    let mut f = SourceFile::new(full.display().to_string(), text.clone());
+                    f.path = Some(full);
+                    (
+                        text,
+                        ScriptLocation {
+                            file: Arc::new(f),
+                            origin: 0,
+                            block: None,
+                        },
+                        path,
+                    )
+                }
+            };
+            match compile(&engine, &text) {
+                Err(e) => {
+                    let pos = e.1;
+                    let (line, col) = (pos.line().unwrap_or(1), pos.position().unwrap_or(1));
+                    let offset = location.offset(line, col);
+                    let end = location.file.text[offset..]
+                        .chars()
+                        .next()
+                        .map_or(offset, |c| offset + c.len_utf8());
+                    out.push(
+                        Diagnostic::error(
+                            codes::SCRIPT_SYNTAX,
+                            format!("script of `{}` does not compile: {}", op.id(), e.0),
+                        )
+                        .at(&location.file, offset..end)
+                        .label(e.0.to_string())
+                        .help(syntax_help(&e))
+                        .with_path(key.clone()),
+                    );
+                }
+                Ok(ast) => check_functions(op, &ast, spans, source, &key, &mut out),
+            }
+        }
+    }
+    out
+}
+
+fn syntax_help(e: &ParseError) -> String {
+    let text = e.0.to_string();
+    if text.contains("eval") {
+        "`eval` is disabled in Weir's sandbox; write the logic directly".to_owned()
+    } else if text.contains("Expecting ')'")
+        || text.contains("Expecting '}'")
+        || text.contains("Expecting ']'")
+    {
+        "a bracket opened earlier is not closed".to_owned()
+    } else {
+        "fix the Rhai syntax at this point (Rhai reference: https://rhai.rs/book/)".to_owned()
+    }
+}
+
+fn check_functions(
+    op: &OperatorSpec,
+    ast: &AST,
+    spans: &SpanIndex,
+    source: &Arc<SourceFile>,
+    key: &YamlPath,
+    out: &mut Diagnostics,
+) {
+    for &(name, arity) in op.required_functions() {
+        if defines(ast, name, arity) {
+            continue;
+        }
+        let params = match arity {
+            0 => String::new(),
+            1 => "r".to_owned(),
+            _ => "acc, r".to_owned(),
+        };
+        let found: Vec<String> = ast
+            .iter_functions()
+            .map(|f| format!("{}({})", f.name, f.params.join(", ")))
+            .collect();
+        let same_name = ast.iter_functions().find(|f| f.name == name);
+        let help = if let Some(f) = same_name {
+            format!(
+                "`fn {name}` takes {} parameter(s) here; `{}` calls it with {arity}: `fn {name}({params})`",
+                f.params.len(),
+                op.type_name()
+            )
+        } else if let Some(close) = did_you_mean(name, ast.iter_functions().map(|f| f.name)) {
+            format!("did you mean to name `fn {close}` `fn {name}({params})`?")
+        } else if found.is_empty() {
+            format!("define it: `fn {name}({params}) {{ ... }}`")
+        } else {
+            format!(
+                "define `fn {name}({params}) {{ ... }}`; the script defines: {}",
+                found.join(", ")
+            )
+        };
+        let span_key = spans.key_span(key);
+        out.push(
+            Diagnostic::error(
+                codes::SCRIPT_MISSING_FUNCTION,
+                format!(
+                    "`{}` operator `{}` needs `fn {name}({params})` in its script",
+                    op.type_name(),
+                    op.id()
+                ),
+            )
+            .at(source, span_key)
+            .label(format!(
+                "no `fn {name}` with {arity} parameter(s) in this script"
+            ))
+            .help(help)
+            .with_path(key.clone()),
+        );
+    }
+}
+pub mod runtime;

@@ -1,0 +1,82 @@
+//! Validation of a whole pipeline file: YAML and schema (from `weir-schema`), the semantic
+//! rules over the spec, and the Rhai scripts (compiled here, with errors mapped back into the
+//! YAML block scalar or the script file). Every stage runs that can; all diagnostics come back
+//! in one list, sorted by position.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use weir_schema::{Diagnostics, FileSpec, SourceFile, SpanIndex, load};
+
+use crate::plan::{FilePlan, PlanError, compile_file};
+
+/// The outcome of validating one file.
+#[derive(Debug)]
+pub struct Validation {
+    /// The file's text and name.
+    pub source: Arc<SourceFile>,
+    /// The typed spec, when the file loaded (it may still carry semantic errors).
+    pub spec: Option<FileSpec>,
+    /// Every node's span, when the YAML parsed.
+    pub spans: Option<SpanIndex>,
+    /// Every problem found.
+    pub diagnostics: Diagnostics,
+    /// Directory that relative paths resolve against.
+    pub base_dir: PathBuf,
+}
+
+impl Validation {
+    /// Whether the file can run: no errors, and no warnings when `deny_warnings`.
+    pub fn is_ok(&self, deny_warnings: bool) -> bool {
+        let warnings_fail = deny_warnings && self.diagnostics.warning_count() > 0;
+        !(self.diagnostics.has_errors() || warnings_fail)
+    }
+
+    /// Plans the validated spec. `None` when the file has errors.
+    pub fn plan(&self) -> Option<Result<FilePlan, PlanError>> {
+        if self.diagnostics.has_errors() {
+            return None;
+        }
+        self.spec.as_ref().map(|s| compile_file(s, &self.base_dir))
+    }
+}
+
+/// Validates a pipeline file on disk.
+pub fn validate_file(path: &Path) -> Validation {
+    let loaded = load::load_file(path);
+    let base_dir = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    finish(loaded, base_dir)
+}
+
+/// Validates pipeline text; relative paths resolve against `base_dir`.
+pub fn validate_str(name: &str, text: &str, base_dir: &Path) -> Validation {
+    finish(load::load_str(name, text), base_dir.to_path_buf())
+}
+
+fn finish(loaded: load::LoadedFile, base_dir: PathBuf) -> Validation {
+    let mut diagnostics = loaded.diagnostics;
+    if let (Some(spec), Some(spans)) = (&loaded.spec, &loaded.spans) {
+        diagnostics.extend(weir_schema::validate::validate(
+            spec,
+            spans,
+            &loaded.source,
+            &base_dir,
+        ));
+        diagnostics.extend(crate::script::check_scripts(
+            spec,
+            spans,
+            &loaded.source,
+            &base_dir,
+        ));
+    }
+    diagnostics.sort();
+    Validation {
+        source: loaded.source,
+        spec: loaded.spec,
+        spans: loaded.spans,
+        diagnostics,
+        base_dir,
+    }
+}

@@ -1,0 +1,38 @@
+//! `weir`: the command-line interface. Thin by design: argument parsing and output only; every
+//! behaviour lives in `weir-engine` and `weir-schema`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Weir: declarative, fault-tolerant stream processing.
+#[derive(Parser, Debug)]
+#[command(name = "weir", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check pipeline files: YAML, schema, wiring, semantics and Rhai scripts.
+    Validate(cmd::validate::ValidateArgs),
+    /// Print the JSON Schema of the pipeline file format.
+    Schema(cmd::schema::SchemaArgs),
+    /// Print the operator graph of a pipeline file (logical and physical).
+    Graph(cmd::graph::GraphArgs),
+    /// Run every pipeline of a file until its sources are exhausted or it is stopped.
+    Run(cmd::run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate(args) => cmd::validate::run(&args),
+        Command::Schema(args) => cmd::schema::run(&args),
+        Command::Graph(args) => cmd::graph::run(&args),
+        Command::Run(args) => cmd::run::run(&args),
+    }
+}
