@@ -1,0 +1,146 @@
+//! The `weir` binary end to end: exit codes, text and JSON diagnostics, `schema` and `graph`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn weir(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run weir")
+}
+
+fn reference_pipelines() -> Vec<String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("pipelines/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| {
+            format!(
+                "pipelines/{}",
+                p.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn write_temp(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+    f
+}
+
+const VALID: &str = "version: 1\npipelines:\n  - id: p\n    sources:\n      - {id: src, type: stdin}\n    operators:\n      - id: keep\n        type: filter\n        input: src\n        script: |\n          fn filter(r) { r.amount > 10 }\n    sinks:\n      - {id: out, type: stdout, input: keep}\n";
+
+#[test]
+fn reference_pipelines_are_valid_without_warnings() {
+    let files = reference_pipelines();
+    assert!(files.len() >= 5, "{files:?}");
+    let mut args = vec!["validate", "--deny-warnings"];
+    args.extend(files.iter().map(String::as_str));
+    let out = weir(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn invalid_file_exits_non_zero_with_located_report() {
+    let f = write_temp(&VALID.replace("input: keep", "input: kep"));
+    let path = f.path().to_str().expect("utf-8 path");
+    let out = weir(&["validate", path]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("weir::config::unknown_input"), "{stderr}");
+    assert!(stderr.contains(":13:"), "report names line 13: {stderr}");
+    assert!(stderr.contains("did you mean `keep`?"), "{stderr}");
+}
+
+#[test]
+fn json_format_is_machine_readable() {
+    let f = write_temp(&VALID.replace("r.amount > 10 }", "r.amount > }"));
+    let path = f.path().to_str().expect("utf-8 path");
+    let out = weir(&["validate", "--format", "json", path]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(doc["valid"], false);
+    let d = &doc["files"][0]["diagnostics"][0];
+    assert_eq!(d["code"], "weir::script::syntax");
+    assert_eq!(d["severity"], "error");
+    // `fn filter(r) { r.amount > }` is on YAML line 11; the error is at the `}`.
+    assert_eq!(d["line"], 11);
+    assert_eq!(d["column"], 37);
+}
+
+#[test]
+fn warnings_fail_only_when_denied() {
+    let text = VALID.replace("    sources:", "    failover: individual\n    sources:");
+    let f = write_temp(&text);
+    let path = f.path().to_str().expect("utf-8 path");
+    assert!(weir(&["validate", path]).status.success());
+    let denied = weir(&["validate", "--deny-warnings", path]);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("weir::config::lossy_failover"));
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let out = weir(&["validate", "does/not/exist.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("weir::io") && stderr.contains("does/not/exist.yaml"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn schema_command_prints_the_checked_in_schema() {
+    let out = weir(&["schema"]);
+    assert!(out.status.success());
+    let checked_in = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schema/weir.schema.json"),
+    )
+    .expect("schema file");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), checked_in);
+}
+
+#[test]
+fn graph_renders_in_every_format() {
+    let file = "pipelines/orders_totals.yaml";
+    let text = weir(&["graph", file]);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("hash"), "{text}");
+    let dot = weir(&["graph", "--format", "dot", file]);
+    assert!(
+        String::from_utf8_lossy(&dot.stdout)
+            .trim_start()
+            .starts_with("digraph")
+    );
+    let mermaid = weir(&["graph", "--format", "mermaid", file]);
+    assert!(String::from_utf8_lossy(&mermaid.stdout).contains("flowchart"));
+}
+
+#[test]
+fn graph_refuses_an_invalid_file() {
+    let f = write_temp(&VALID.replace("input: keep", "input: nowhere"));
+    let out = weir(&["graph", f.path().to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("weir::config::unknown_input"));
+}
