@@ -1,0 +1,351 @@
+//! Connectors: sources ([`Source`], a sibling of the operator trait) and sinks (operators that
+//! write and pass nothing on). File (jsonl/csv/lines over a file, directory or glob, optional
+//! follow), generator (seeded, count, rate), stdin; file and stdout sinks. Connectors turn
+//! bytes into records and back; they never see channels.
+
+use std::time::Duration;
+
+use rhai::{Dynamic, Map};
+use weir_schema::{CsvOptions, RecordFormat};
+
+use crate::runtime::error::Result;
+
+pub mod file;
+pub mod generator;
+pub mod stdin;
+pub mod stdout;
+
+/// What a poll produced besides the records it appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// More may be ready now.
+    Ready,
+    /// Nothing now; poll again after the delay (follow mode, rate limit).
+    Idle(Duration),
+    /// The source is exhausted.
+    Done,
+}
+
+/// The world of one source subtask.
+#[derive(Clone, Debug)]
+pub struct SourceContext {
+    /// Pipeline id.
+    pub pipeline: String,
+    /// The source's id.
+    pub source: String,
+    /// This subtask.
+    pub subtask: u32,
+    /// The source's parallelism.
+    pub parallelism: u32,
+    /// Malformed inputs skipped under `on_error: skip`.
+    pub skipped: u64,
+}
+
+/// One source subtask.
+///
+/// Call order: `open` → (`restore`) → `poll`* (with `snapshot` between polls) → `close`.
+pub trait Source: Send {
+    /// Opens files or connections.
+    ///
+    /// # Errors
+    /// When the input cannot be opened.
+    fn open(&mut self, _ctx: &mut SourceContext) -> Result<()> {
+        Ok(())
+    }
+
+    /// Appends up to about [`crate::runtime::BATCH_SIZE`] records to `out`.
+    ///
+    /// # Errors
+    /// A read failure, or a malformed input under `on_error: fail`.
+    fn poll(&mut self, out: &mut Vec<Dynamic>, ctx: &mut SourceContext) -> Result<Poll>;
+
+    /// The position to resume from (offsets), versioned bytes.
+    ///
+    /// # Errors
+    /// When the position cannot be encoded.
+    fn snapshot(&mut self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    /// Resumes from a snapshot; call before the first poll.
+    ///
+    /// # Errors
+    /// A malformed snapshot.
+    fn restore(&mut self, _snapshot: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Releases resources.
+    ///
+    /// # Errors
+    /// A failure to close.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Turns lines of one format into records.
+#[derive(Clone, Debug)]
+pub struct LineParser {
+    format: RecordFormat,
+    delimiter: u8,
+    header: bool,
+    columns: Vec<String>,
+}
+
+impl LineParser {
+    /// A parser for a format and its CSV options.
+    pub fn new(format: RecordFormat, csv: Option<&CsvOptions>) -> Self {
+        let csv = csv.cloned().unwrap_or_default();
+        Self {
+            format,
+            delimiter: csv.delimiter.bytes().next().unwrap_or(b','),
+            header: csv.header,
+            columns: Vec::new(),
+        }
+    }
+
+    /// Whether the first line of each file is a CSV header.
+    pub fn expects_header(&self) -> bool {
+        self.format == RecordFormat::Csv && self.header
+    }
+
+    /// Takes the CSV header line.
+    ///
+    /// # Errors
+    /// When the header is not valid UTF-8.
+    pub fn set_header(&mut self, line: &[u8]) -> std::result::Result<(), String> {
+        let text =
+            std::str::from_utf8(trim_eol(line)).map_err(|e| format!("header is not UTF-8: {e}"))?;
+        self.columns = split_csv(text, self.delimiter)?.into_iter().collect();
+        Ok(())
+    }
+
+    /// Parses one line (with or without its newline); `Ok(None)` for a blank line.
+    ///
+    /// # Errors
+    /// The parse error's text.
+    pub fn parse(&self, line: &[u8]) -> std::result::Result<Option<Dynamic>, String> {
+        let line = trim_eol(line);
+        match self.format {
+            RecordFormat::Jsonl => {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(None);
+                }
+                crate::record::parse_json(line)
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            }
+            RecordFormat::Lines => {
+                let text = String::from_utf8_lossy(line);
+                let mut m = Map::new();
+                m.insert("line".into(), Dynamic::from(text.into_owned()));
+                Ok(Some(Dynamic::from_map(m)))
+            }
+            RecordFormat::Csv => {
+                if line.is_empty() {
+                    return Ok(None);
+                }
+                let text = std::str::from_utf8(line).map_err(|e| format!("not UTF-8: {e}"))?;
+                let fields = split_csv(text, self.delimiter)?;
+                let mut m = Map::new();
+                for (i, f) in fields.into_iter().enumerate() {
+                    let name = match self.columns.get(i) {
+                        Some(c) => c.clone(),
+                        None if self.header => {
+                            return Err(format!(
+                                "{} fields, but the header names {}",
+                                i + 1,
+                                self.columns.len()
+                            ));
+                        }
+                        None => format!("c{i}").into(),
+                    };
+                    m.insert(name.as_str().into(), csv_value(f));
+                }
+                Ok(Some(Dynamic::from_map(m)))
+            }
+        }
+    }
+}
+
+fn trim_eol(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// A CSV field becomes an integer, a float or a string.
+fn csv_value(f: String) -> Dynamic {
+    if let Ok(i) = f.parse::<i64>() {
+        return Dynamic::from(i);
+    }
+    if !f.is_empty() && f.bytes().any(|b| b.is_ascii_digit()) {
+        if let Ok(x) = f.parse::<f64>() {
+            return Dynamic::from(x);
+        }
+    }
+    Dynamic::from(f)
+}
+
+/// Splits one CSV line (RFC 4180 quoting; no newlines inside quotes).
+fn split_csv(line: &str, delimiter: u8) -> std::result::Result<Vec<String>, String> {
+    let mut fields = Vec::new();
+    let mut cur = String::new();
+    let mut chars = line.chars().peekable();
+    let delim = char::from(delimiter);
+    let mut quoted = false;
+    let mut at_start = true;
+    while let Some(c) = chars.next() {
+        if quoted {
+            if c == '"' {
+                if chars.peek() == Some(&'"') {
+                    cur.push('"');
+                    chars.next();
+                } else {
+                    quoted = false;
+                }
+            } else {
+                cur.push(c);
+            }
+        } else if c == '"' && at_start {
+            quoted = true;
+            at_start = false;
+        } else if c == delim {
+            fields.push(std::mem::take(&mut cur));
+            at_start = true;
+        } else {
+            cur.push(c);
+            at_start = false;
+        }
+    }
+    if quoted {
+        return Err("unterminated quoted field".to_owned());
+    }
+    fields.push(cur);
+    Ok(fields)
+}
+
+/// Appends one CSV field, quoted when needed.
+pub fn write_csv_field(out: &mut Vec<u8>, text: &str, delimiter: u8) {
+    if text
+        .bytes()
+        .any(|b| b == delimiter || b == b'"' || b == b'\n' || b == b'\r')
+    {
+        out.push(b'"');
+        for b in text.bytes() {
+            if b == b'"' {
+                out.push(b'"');
+            }
+            out.push(b);
+        }
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+/// The text of a value in a CSV cell (strings bare, others as JSON).
+pub fn csv_cell(v: &Dynamic) -> String {
+    if let Ok(s) = v.as_immutable_string_ref() {
+        return s.to_string();
+    }
+    if v.is_unit() {
+        return String::new();
+    }
+    serde_json::to_string(v).unwrap_or_else(|_| v.to_string())
+}
+
+/// Serializes records as jsonl or csv into a buffer; the CSV header comes from the first
+/// record's fields.
+#[derive(Debug, Default)]
+pub struct RecordWriter {
+    csv: bool,
+    columns: Option<Vec<String>>,
+}
+
+impl RecordWriter {
+    /// A writer for `csv` (true) or jsonl (false).
+    pub fn new(csv: bool) -> Self {
+        Self { csv, columns: None }
+    }
+
+    /// Appends one record and its newline.
+    pub fn write(&mut self, out: &mut Vec<u8>, record: &Dynamic) {
+        if !self.csv {
+            if crate::record::write_json(out, record).is_err() {
+                out.extend_from_slice(format!("{:?}", record.to_string()).as_bytes());
+            }
+            out.push(b'\n');
+            return;
+        }
+        let map = record.as_map_ref().ok();
+        if self.columns.is_none() {
+            let cols: Vec<String> = match &map {
+                Some(m) => m.keys().map(|k| k.to_string()).collect(),
+                None => vec!["value".to_owned()],
+            };
+            for (i, c) in cols.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_csv_field(out, c, b',');
+            }
+            out.push(b'\n');
+            self.columns = Some(cols);
+        }
+        let cols = self.columns.as_deref().unwrap_or_default();
+        match &map {
+            Some(m) => {
+                for (i, c) in cols.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    if let Some(v) = m.get(c.as_str()) {
+                        write_csv_field(out, &csv_cell(v), b',');
+                    }
+                }
+            }
+            None => write_csv_field(out, &csv_cell(record), b','),
+        }
+        out.push(b'\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_lines_parse_with_quotes_and_types() {
+        let mut p = LineParser::new(RecordFormat::Csv, None);
+        p.set_header(b"name,qty,price,note\n").expect("header");
+        let r = p
+            .parse(b"\"a, b\",3,2.5,\"say \"\"hi\"\"\"\r\n")
+            .expect("parse")
+            .expect("record");
+        let m = r.as_map_ref().expect("map");
+        assert_eq!(m["name"].to_string(), "a, b");
+        assert_eq!(m["qty"].as_int(), Ok(3));
+        assert_eq!(m["price"].as_float(), Ok(2.5));
+        assert_eq!(m["note"].to_string(), "say \"hi\"");
+        assert!(p.parse(b"1,2,3,4,5").is_err());
+    }
+
+    #[test]
+    fn csv_writer_quotes_and_headers() {
+        let mut w = RecordWriter::new(true);
+        let mut out = Vec::new();
+        w.write(
+            &mut out,
+            &crate::record::parse_json(br#"{"a":"x,y","b":2}"#).expect("json"),
+        );
+        w.write(
+            &mut out,
+            &crate::record::parse_json(br#"{"a":"z"}"#).expect("json"),
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("utf8"),
+            "a,b\n\"x,y\",2\nz,\n"
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! `aggregate` (keyed): built-in `sum`/`count`/`min`/`max`/`avg` over field paths at native
+//! speed (the per-key accumulator is updated in place in the state backend), or a Rhai
+//! script with `fn init()`, `fn add(acc, r)` and optional `fn finish(acc)`. Emits
+//! `{<key_field>: key, <as>: value, ...}` per `emit`.
+
+use std::cmp::Ordering;
+
+use rhai::{Array, Dynamic, Map};
+use weir_schema::{AggregateFunction, AggregationSpec, EmitMode, StateKind};
+
+use super::reduce::{keyed_output, require_keys};
+use crate::operators::{Operator, OperatorContext};
+use crate::record::{FieldPath, Key};
+use crate::runtime::Batch;
+use crate::runtime::error::{Result, RunError};
+use crate::script::runtime::ScriptFn;
+use crate::state::StateId;
+
+/// One built-in aggregation.
+#[derive(Clone, Debug)]
+pub struct Aggregation {
+    function: AggregateFunction,
+    field: Option<FieldPath>,
+    output: String,
+}
+
+impl Aggregation {
+    /// From its spec.
+    pub fn from_spec(spec: &AggregationSpec) -> Self {
+        Self {
+            function: spec.function,
+            field: spec.field.as_deref().map(FieldPath::new),
+            output: spec.output_name(),
+        }
+    }
+
+    fn init(&self) -> Dynamic {
+        match self.function {
+            AggregateFunction::Sum | AggregateFunction::Count => Dynamic::from(0_i64),
+            AggregateFunction::Min | AggregateFunction::Max => Dynamic::UNIT,
+            AggregateFunction::Avg => {
+                Dynamic::from_array(vec![Dynamic::from(0.0_f64), Dynamic::from(0_i64)])
+            }
+        }
+    }
+
+    fn result(&self, acc: &Dynamic) -> Dynamic {
+        match self.function {
+            AggregateFunction::Avg => {
+                let Ok(pair) = acc.as_array_ref() else {
+                    return Dynamic::UNIT;
+                };
+                let (sum, n) = (
+                    pair[0].as_float().unwrap_or(0.0),
+                    pair[1].as_int().unwrap_or(0),
+                );
+                if n == 0 {
+                    Dynamic::UNIT
+                } else {
+                    Dynamic::from(sum / n as f64)
+                }
+            }
+            _ => acc.clone(),
+        }
+    }
+}
+
+fn number(v: &Dynamic) -> Option<f64> {
+    v.as_int().map(|i| i as f64).or_else(|_| v.as_float()).ok()
+}
+
+fn compare(a: &Dynamic, b: &Dynamic) -> Option<Ordering> {
+    if let (Some(x), Some(y)) = (number(a), number(b)) {
+        return x.partial_cmp(&y);
+    }
+    match (a.as_immutable_string_ref(), b.as_immutable_string_ref()) {
+        (Ok(x), Ok(y)) => Some(x.as_str().cmp(y.as_str())),
+        _ => None,
+    }
+}
+
+fn add_into(acc: &mut Dynamic, v: &Dynamic) {
+    match (acc.as_int(), v.as_int()) {
+        (Ok(a), Ok(b)) if a.checked_add(b).is_some() => *acc = Dynamic::from(a + b),
+        _ => *acc = Dynamic::from(number(acc).unwrap_or(0.0) + number(v).unwrap_or(0.0)),
+    }
+}
+
+/// The scripted form's functions.
+pub struct ScriptAggregate {
+    script: ScriptFn,
+    has_finish: bool,
+}
+
+enum Kind {
+    Builtin(Vec<Aggregation>),
+    Script(ScriptAggregate),
+}
+
+/// The `aggregate` operator.
+pub struct AggregateOperator {
+    kind: Kind,
+    emit: EmitMode,
+    key_field: String,
+    state: Option<StateId>,
+    values: Vec<Dynamic>,
+}
+
+impl AggregateOperator {
+    /// A built-in aggregate.
+    pub fn builtin(aggregations: Vec<Aggregation>, emit: EmitMode, key_field: String) -> Self {
+        Self {
+            kind: Kind::Builtin(aggregations),
+            emit,
+            key_field,
+            state: None,
+            values: Vec::new(),
+        }
+    }
+
+    /// A scripted aggregate.
+    pub fn scripted(script: ScriptFn, emit: EmitMode, key_field: String) -> Self {
+        let has_finish = script.defines("finish", 1);
+        Self {
+            kind: Kind::Script(ScriptAggregate { script, has_finish }),
+            emit,
+            key_field,
+            state: None,
+            values: Vec::new(),
+        }
+    }
+
+    fn output(
+        kind: &mut Kind,
+        key_field: &str,
+        key: &Key,
+        acc: &Dynamic,
+    ) -> std::result::Result<Dynamic, String> {
+        match kind {
+            Kind::Builtin(aggs) => {
+                let mut m = Map::new();
+                m.insert(key_field.into(), key.to_dynamic());
+                if let Ok(slots) = acc.as_array_ref() {
+                    for (a, s) in aggs.iter().zip(slots.iter()) {
+                        m.insert(a.output.as_str().into(), a.result(s));
+                    }
+                }
+                Ok(Dynamic::from_map(m))
+            }
+            Kind::Script(s) => {
+                let v = if s.has_finish {
+                    s.script.call("finish", (acc.clone(),))?
+                } else {
+                    acc.clone()
+                };
+                Ok(keyed_output(key_field, key, &v))
+            }
+        }
+    }
+
+    /// Reads and checks the aggregated fields of `r` into `values` (unit for count or a
+    /// missing field).
+    fn extract(
+        aggs: &[Aggregation],
+        r: &Dynamic,
+        values: &mut Vec<Dynamic>,
+    ) -> std::result::Result<(), String> {
+        values.clear();
+        for a in aggs {
+            let v = match &a.field {
+                Some(p) if a.function != AggregateFunction::Count => {
+                    p.get(r).unwrap_or(Dynamic::UNIT)
+                }
+                _ => Dynamic::UNIT,
+            };
+            let numeric = matches!(a.function, AggregateFunction::Sum | AggregateFunction::Avg);
+            if numeric && !v.is_unit() && number(&v).is_none() {
+                let field = a.field.as_ref().map_or("", FieldPath::as_str);
+                return Err(format!(
+                    "`{}` of field `{field}`: {} is not a number",
+                    a.output,
+                    v.type_name()
+                ));
+            }
+            values.push(v);
+        }
+        Ok(())
+    }
+}
+
+fn apply(aggs: &[Aggregation], values: &[Dynamic], slot: &mut Option<Dynamic>) {
+    if slot.is_none() {
+        *slot = Some(Dynamic::from_array(
+            aggs.iter().map(Aggregation::init).collect::<Array>(),
+        ));
+    }
+    let Some(acc) = slot.as_mut() else { return };
+    let Ok(mut slots) = acc.as_array_mut() else {
+        return;
+    };
+    for ((a, v), s) in aggs.iter().zip(values).zip(slots.iter_mut()) {
+        match a.function {
+            AggregateFunction::Count => *s = Dynamic::from(s.as_int().unwrap_or(0) + 1),
+            _ if v.is_unit() => {}
+            AggregateFunction::Sum => add_into(s, v),
+            AggregateFunction::Min | AggregateFunction::Max => {
+                let better = if a.function == AggregateFunction::Min {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                };
+                if s.is_unit() || compare(v, s) == Some(better) {
+                    *s = v.clone();
+                }
+            }
+            AggregateFunction::Avg => {
+                if let Ok(mut pair) = s.as_array_mut() {
+                    let sum = pair[0].as_float().unwrap_or(0.0) + number(v).unwrap_or(0.0);
+                    let n = pair[1].as_int().unwrap_or(0) + 1;
+                    pair[0] = Dynamic::from(sum);
+                    pair[1] = Dynamic::from(n);
+                }
+            }
+        }
+    }
+}
+
+impl Operator for AggregateOperator {
+    fn open(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        self.state = Some(ctx.state_mut()?.register("acc", StateKind::Value)?);
+        Ok(())
+    }
+
+    fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
+        require_keys(batch, ctx)?;
+        let id = self
+            .state
+            .ok_or_else(|| RunError::Internal("aggregate used before open".into()))?;
+        let updates = self.emit == EmitMode::Updates;
+        let records = std::mem::take(&mut batch.records);
+        let keys = std::mem::take(&mut batch.keys);
+        for (r, k) in records.into_iter().zip(keys) {
+            let mut failure = None;
+            match &mut self.kind {
+                Kind::Builtin(aggs) => {
+                    if let Err(e) = Self::extract(aggs, &r, &mut self.values) {
+                        ctx.record_failed(r, e)?;
+                        continue;
+                    }
+                    let values = &self.values;
+                    ctx.state_mut()?
+                        .update(id, &k, &mut |slot| apply(aggs, values, slot))?;
+                }
+                Kind::Script(s) => {
+                    let script = &mut s.script;
+                    let rec = r.clone();
+                    ctx.state_mut()?.update(id, &k, &mut |slot| {
+                        let acc = match slot.take() {
+                            Some(a) => a,
+                            None => match script.call("init", ()) {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    failure = Some(e);
+                                    return;
+                                }
+                            },
+                        };
+                        let backup = acc.clone();
+                        match script.call("add", (acc, rec.clone())) {
+                            Ok(new) => *slot = Some(new),
+                            Err(e) => {
+                                failure = Some(e);
+                                *slot = Some(backup);
+                            }
+                        }
+                    })?;
+                }
+            }
+            if let Some(e) = failure {
+                ctx.record_failed(r, e)?;
+                continue;
+            }
+            if updates {
+                let acc = ctx.state_mut()?.get(id, &k)?.unwrap_or(Dynamic::UNIT);
+                match Self::output(&mut self.kind, &self.key_field, &k, &acc) {
+                    Ok(o) => batch.records.push(o),
+                    Err(e) => ctx.record_failed(r, e)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_end(&mut self, out: &mut Vec<Dynamic>, ctx: &mut OperatorContext) -> Result<()> {
+        if self.emit != EmitMode::Final {
+            return Ok(());
+        }
+        let id = self
+            .state
+            .ok_or_else(|| RunError::Internal("aggregate used before open".into()))?;
+        let keys = ctx.state_mut()?.keys(id)?;
+        out.reserve(keys.len());
+        for k in keys {
+            let Some(acc) = ctx.state_mut()?.get(id, &k)? else {
+                continue;
+            };
+            match Self::output(&mut self.kind, &self.key_field, &k, &acc) {
+                Ok(o) => out.push(o),
+                Err(e) => {
+                    let rec = k.to_dynamic();
+                    ctx.record_failed(rec, e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,48 @@
+//! `filter`: keeps the records for which Rhai `fn filter(r)` returns `true`.
+
+use crate::operators::{Operator, OperatorContext};
+use crate::runtime::Batch;
+use crate::runtime::error::Result;
+use crate::script::runtime::ScriptFn;
+
+/// The `filter` operator.
+pub struct FilterOperator {
+    script: ScriptFn,
+}
+
+impl FilterOperator {
+    /// Wraps the compiled script.
+    pub fn new(script: ScriptFn) -> Self {
+        Self { script }
+    }
+}
+
+impl Operator for FilterOperator {
+    fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
+        let keyed = batch.is_keyed();
+        let keys = std::mem::take(&mut batch.keys);
+        let records = std::mem::take(&mut batch.records);
+        for (i, r) in records.into_iter().enumerate() {
+            let keep = match self.script.call("filter", (r.clone(),)) {
+                Ok(v) => match v.as_bool() {
+                    Ok(b) => b,
+                    Err(t) => {
+                        ctx.record_failed(r, format!("`fn filter` must return a bool, not {t}"))?;
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    ctx.record_failed(r, e)?;
+                    continue;
+                }
+            };
+            if keep {
+                batch.records.push(r);
+                if keyed {
+                    batch.keys.push(keys[i].clone());
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,40 @@
+//! `map`: Rhai `fn map(r)` returns the new record.
+
+use crate::operators::{Operator, OperatorContext};
+use crate::runtime::Batch;
+use crate::runtime::error::Result;
+use crate::script::runtime::ScriptFn;
+
+/// The `map` operator.
+pub struct MapOperator {
+    script: ScriptFn,
+}
+
+impl MapOperator {
+    /// Wraps the compiled script.
+    pub fn new(script: ScriptFn) -> Self {
+        Self { script }
+    }
+}
+
+impl Operator for MapOperator {
+    fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
+        let keyed = batch.is_keyed();
+        let keys = std::mem::take(&mut batch.keys);
+        let records = std::mem::take(&mut batch.records);
+        batch.records.reserve(records.len());
+        for (i, r) in records.into_iter().enumerate() {
+            let original = r.clone();
+            match self.script.call("map", (r,)) {
+                Ok(v) => {
+                    batch.records.push(v);
+                    if keyed {
+                        batch.keys.push(keys[i].clone());
+                    }
+                }
+                Err(e) => ctx.record_failed(original, e)?,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! Operators: the one [`Operator`] trait, the per-subtask [`OperatorContext`] (identity,
+//! error policy, keyed state), and the built-in and Rhai-backed operators, one file each.
+//! `registry` maps each spec kind to its builder. Operators never see channels, barriers or
+//! other tasks: the runtime hands them batches and collects what they leave behind.
+
+use std::sync::Arc;
+
+use rhai::{Dynamic, Map};
+use weir_schema::OnErrorSpec;
+
+use crate::record::{KeyGroupRange, excerpt};
+use crate::runtime::Batch;
+use crate::runtime::error::{Result, RunError};
+use crate::state::StateBackend;
+
+pub mod aggregate;
+pub mod filter;
+pub mod flat_map;
+pub mod key_by;
+pub mod map;
+pub mod process;
+pub mod reduce;
+pub mod registry;
+pub mod union;
+
+/// One operator subtask. Only [`process`](Self::process) is required.
+///
+/// Call order: `open` → (`restore`) → `process`* (with `snapshot` and
+/// `notify_checkpoint_complete` between batches) → `on_end` (bounded input finished) →
+/// `close`. `close` also runs when the task stops early; `on_end` does not.
+pub trait Operator: Send {
+    /// Prepares the subtask (register state, open files).
+    ///
+    /// # Errors
+    /// Any failure to start; the task fails.
+    fn open(&mut self, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+
+    /// Transforms a batch in place: drop, change or add records. What the batch holds
+    /// afterwards goes downstream. Failed records go through [`OperatorContext::record_failed`].
+    ///
+    /// # Errors
+    /// A failure under `on_error: fail`, or an I/O failure.
+    fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()>;
+
+    /// Takes a snapshot at an aligned barrier (state lives in `ctx.state`, which the runtime
+    /// snapshots itself; this is for operator-local buffers).
+    ///
+    /// # Errors
+    /// A failure aborts the checkpoint.
+    fn snapshot(&mut self, _checkpoint: u64, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+
+    /// The checkpoint `checkpoint` completed everywhere (second phase of two-phase commit).
+    ///
+    /// # Errors
+    /// A failure to commit.
+    fn notify_checkpoint_complete(
+        &mut self,
+        _checkpoint: u64,
+        _ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every input ended: emit final results into `out`.
+    ///
+    /// # Errors
+    /// As `process`.
+    fn on_end(&mut self, _out: &mut Vec<Dynamic>, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+
+    /// Releases resources (flush files). Runs once, last.
+    ///
+    /// # Errors
+    /// A failure to flush.
+    fn close(&mut self, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What a failed record does, from the operator's `on_error`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// Fail the task.
+    Fail,
+    /// Drop the record and count it.
+    Skip,
+    /// Send `{record, error, operator}` to the dead-letter output.
+    DeadLetter,
+}
+
+impl From<&OnErrorSpec> for ErrorPolicy {
+    fn from(s: &OnErrorSpec) -> Self {
+        match s {
+            OnErrorSpec::Fail => Self::Fail,
+            OnErrorSpec::Skip => Self::Skip,
+            OnErrorSpec::DeadLetter(_) => Self::DeadLetter,
+        }
+    }
+}
+
+/// The world of one operator subtask.
+pub struct OperatorContext {
+    /// Pipeline id.
+    pub pipeline: Arc<str>,
+    /// The operator's id.
+    pub operator: Arc<str>,
+    /// This subtask's index.
+    pub subtask: u32,
+    /// The operator's parallelism.
+    pub parallelism: u32,
+    /// Number of key groups.
+    pub max_parallelism: u32,
+    /// The key groups this subtask owns.
+    pub key_groups: KeyGroupRange,
+    /// The error policy.
+    pub on_error: ErrorPolicy,
+    /// Dead letters produced since the runtime last collected them.
+    pub dead_letters: Vec<Dynamic>,
+    /// Records failed (skipped or dead-lettered) so far.
+    pub errors: u64,
+    /// Keyed state, for keyed operators.
+    pub state: Option<Box<dyn StateBackend>>,
+}
+
+impl OperatorContext {
+    /// A context for tests and tools: subtask 0 of 1, fail on error, no state.
+    pub fn standalone(pipeline: &str, operator: &str, max_parallelism: u32) -> Self {
+        Self {
+            pipeline: pipeline.into(),
+            operator: operator.into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism,
+            key_groups: KeyGroupRange::all(max_parallelism),
+            on_error: ErrorPolicy::Fail,
+            dead_letters: Vec::new(),
+            errors: 0,
+            state: None,
+        }
+    }
+
+    /// The error for `message` on `record` under `on_error: fail`.
+    pub fn error(&self, record: &Dynamic, message: impl Into<String>) -> RunError {
+        RunError::Operator {
+            pipeline: self.pipeline.to_string(),
+            operator: self.operator.to_string(),
+            subtask: self.subtask,
+            message: message.into(),
+            record: excerpt(record),
+        }
+    }
+
+    /// Applies the error policy to a failed record: `Err` under `fail`; otherwise counts it
+    /// (and queues the dead letter) and returns `Ok` so processing goes on.
+    ///
+    /// # Errors
+    /// The operator error, under `on_error: fail`.
+    pub fn record_failed(&mut self, record: Dynamic, message: impl Into<String>) -> Result<()> {
+        let message = message.into();
+        match self.on_error {
+            ErrorPolicy::Fail => Err(self.error(&record, message)),
+            ErrorPolicy::Skip => {
+                self.errors += 1;
+                Ok(())
+            }
+            ErrorPolicy::DeadLetter => {
+                self.errors += 1;
+                let mut m = Map::new();
+                m.insert("record".into(), record);
+                m.insert("error".into(), Dynamic::from(message));
+                m.insert("operator".into(), Dynamic::from(self.operator.to_string()));
+                m.insert("pipeline".into(), Dynamic::from(self.pipeline.to_string()));
+                m.insert("subtask".into(), Dynamic::from(i64::from(self.subtask)));
+                self.dead_letters.push(Dynamic::from_map(m));
+                Ok(())
+            }
+        }
+    }
+
+    /// The keyed state backend.
+    ///
+    /// # Errors
+    /// When the operator is not keyed (a wiring bug).
+    pub fn state_mut(&mut self) -> Result<&mut Box<dyn StateBackend>> {
+        let op = self.operator.clone();
+        self.state
+            .as_mut()
+            .ok_or_else(|| RunError::Internal(format!("operator `{op}` has no keyed state")))
+    }
+}
+
+/// Drives one operator through batches without tasks or channels: the test harness.
+pub struct Harness {
+    /// The operator.
+    pub operator: Box<dyn Operator>,
+    /// Its context.
+    pub ctx: OperatorContext,
+}
+
+impl Harness {
+    /// Opens the operator.
+    ///
+    /// # Errors
+    /// As [`Operator::open`].
+    pub fn new(mut operator: Box<dyn Operator>, mut ctx: OperatorContext) -> Result<Self> {
+        operator.open(&mut ctx)?;
+        Ok(Self { operator, ctx })
+    }
+
+    /// Runs one batch and returns what came out.
+    ///
+    /// # Errors
+    /// As [`Operator::process`].
+    pub fn push(&mut self, batch: Batch) -> Result<Batch> {
+        let mut batch = batch;
+        self.operator.process(&mut batch, &mut self.ctx)?;
+        Ok(batch)
+    }
+
+    /// Ends the input and returns the final records.
+    ///
+    /// # Errors
+    /// As [`Operator::on_end`] and [`Operator::close`].
+    pub fn finish(&mut self) -> Result<Vec<Dynamic>> {
+        let mut out = Vec::new();
+        self.operator.on_end(&mut out, &mut self.ctx)?;
+        self.operator.close(&mut self.ctx)?;
+        Ok(out)
+    }
+}

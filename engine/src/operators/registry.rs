@@ -1,0 +1,257 @@
+//! The registry: every built-in `type:` (sources, operators, sinks) and its builder. A builder
+//! runs once per plan node (compiling its script once) and returns a factory that makes one
+//! instance per subtask. Construction returns `Result` and never panics.
+
+use std::sync::Arc;
+
+use rhai::{AST, Engine};
+use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
+
+use super::Operator;
+use super::aggregate::{AggregateOperator, Aggregation};
+use super::filter::FilterOperator;
+use super::flat_map::FlatMapOperator;
+use super::key_by::{KeyByOperator, KeySelector};
+use super::map::MapOperator;
+use super::process::ProcessOperator;
+use super::reduce::ReduceOperator;
+use super::union::UnionOperator;
+use crate::connectors::file::{FileSink, FileSource, prepare_sink_dir};
+use crate::connectors::generator::GeneratorSource;
+use crate::connectors::stdin::StdinSource;
+use crate::connectors::stdout::StdoutSink;
+use crate::connectors::{LineParser, Source};
+use crate::plan::{NodeKind, PipelinePlan, PlanNode};
+use crate::record::FieldPath;
+use crate::runtime::error::{Result, RunError};
+use crate::script::runtime::ScriptFn;
+
+/// Makes an operator (or sink) instance for a subtask `(subtask, parallelism)`.
+pub type OperatorFactory = Box<dyn Fn(u32, u32) -> Result<Box<dyn Operator>> + Send + Sync>;
+/// Makes a source instance for a subtask `(subtask, parallelism)`.
+pub type SourceFactory = Box<dyn Fn(u32, u32) -> Result<Box<dyn Source>> + Send + Sync>;
+
+/// What a node builds into.
+pub enum NodeBuilder {
+    /// A source.
+    Source(SourceFactory),
+    /// An operator; `keyed` ones get a state backend.
+    Operator {
+        /// The factory.
+        factory: OperatorFactory,
+        /// Whether it needs keyed state.
+        keyed: bool,
+    },
+    /// A sink (an operator that passes nothing on).
+    Sink(OperatorFactory),
+}
+
+/// What builders need from the pipeline.
+pub struct BuildContext<'a> {
+    /// The pipeline's plan.
+    pub plan: &'a PipelinePlan,
+    /// The pipeline's sandboxed engine with the runtime functions.
+    pub engine: Arc<Engine>,
+}
+
+impl BuildContext<'_> {
+    fn error(&self, node: &PlanNode, message: impl Into<String>) -> RunError {
+        RunError::Build {
+            pipeline: self.plan.id.clone(),
+            element: node.id.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn compile(&self, node: &PlanNode) -> Result<Arc<AST>> {
+        let text = node
+            .script
+            .as_deref()
+            .ok_or_else(|| self.error(node, "this operator needs a script"))?;
+        crate::script::compile(&self.engine, text)
+            .map(Arc::new)
+            .map_err(|e| self.error(node, format!("script does not compile: {e}")))
+    }
+
+    fn script_factory(
+        &self,
+        node: &PlanNode,
+    ) -> Result<impl Fn() -> ScriptFn + Send + Sync + use<>> {
+        let ast = self.compile(node)?;
+        let engine = Arc::clone(&self.engine);
+        Ok(move || ScriptFn::new(Arc::clone(&engine), Arc::clone(&ast)))
+    }
+}
+
+/// Builds a plan node.
+///
+/// # Errors
+/// A script that does not compile, or a spec the runtime cannot honour.
+pub fn build(node: &PlanNode, ctx: &BuildContext<'_>) -> Result<NodeBuilder> {
+    match &node.kind {
+        NodeKind::Source(s) => build_source(node, s, ctx).map(NodeBuilder::Source),
+        NodeKind::Operator(o) => build_operator(node, o, ctx),
+        NodeKind::Sink(s) => build_sink(node, s, ctx).map(NodeBuilder::Sink),
+    }
+}
+
+fn build_source(
+    node: &PlanNode,
+    spec: &SourceSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<SourceFactory> {
+    Ok(match spec {
+        SourceSpec::File(f) => {
+            let pattern = ctx.plan.resolve_path(&f.path);
+            let parser = LineParser::new(f.format, f.csv.as_ref());
+            let (on_error, follow) = (f.on_error, f.follow);
+            Box::new(move |s, p| {
+                Ok(Box::new(FileSource::new(
+                    pattern.clone(),
+                    parser.clone(),
+                    on_error,
+                    follow,
+                    s,
+                    p,
+                )) as Box<dyn Source>)
+            })
+        }
+        SourceSpec::Generator(g) => {
+            // Build once to surface bad values at build time.
+            GeneratorSource::new(g.seed, g.count, g.rate, &g.fields, 0, 1)
+                .map_err(|e| ctx.error(node, e))?;
+            let g = g.clone();
+            let (pipeline, id) = (ctx.plan.id.clone(), node.id.clone());
+            Box::new(move |s, p| {
+                GeneratorSource::new(g.seed, g.count, g.rate, &g.fields, s, p)
+                    .map(|x| Box::new(x) as Box<dyn Source>)
+                    .map_err(|message| RunError::Build {
+                        pipeline: pipeline.clone(),
+                        element: id.clone(),
+                        message,
+                    })
+            })
+        }
+        SourceSpec::Stdin(s) => {
+            let parser = LineParser::new(s.format, s.csv.as_ref());
+            let on_error = s.on_error;
+            Box::new(move |_, _| {
+                Ok(Box::new(StdinSource::new(parser.clone(), on_error)) as Box<dyn Source>)
+            })
+        }
+    })
+}
+
+fn build_operator(
+    node: &PlanNode,
+    spec: &OperatorSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<NodeBuilder> {
+    let keyed = spec.is_keyed();
+    let factory: OperatorFactory = match spec {
+        OperatorSpec::Map(_) => {
+            let f = ctx.script_factory(node)?;
+            Box::new(move |_, _| Ok(Box::new(MapOperator::new(f())) as Box<dyn Operator>))
+        }
+        OperatorSpec::Filter(_) => {
+            let f = ctx.script_factory(node)?;
+            Box::new(move |_, _| Ok(Box::new(FilterOperator::new(f())) as Box<dyn Operator>))
+        }
+        OperatorSpec::FlatMap(_) => {
+            let f = ctx.script_factory(node)?;
+            Box::new(move |_, _| Ok(Box::new(FlatMapOperator::new(f())) as Box<dyn Operator>))
+        }
+        OperatorSpec::KeyBy(k) => match &k.field {
+            Some(field) => {
+                let path = FieldPath::new(field);
+                Box::new(move |_, _| {
+                    Ok(
+                        Box::new(KeyByOperator::new(KeySelector::Field(path.clone())))
+                            as Box<dyn Operator>,
+                    )
+                })
+            }
+            None => {
+                let f = ctx.script_factory(node)?;
+                Box::new(move |_, _| {
+                    Ok(Box::new(KeyByOperator::new(KeySelector::Script(f()))) as Box<dyn Operator>)
+                })
+            }
+        },
+        OperatorSpec::Reduce(r) => {
+            let f = ctx.script_factory(node)?;
+            let (emit, key_field) = (r.emit, r.key_field.clone());
+            Box::new(move |_, _| {
+                Ok(Box::new(ReduceOperator::new(f(), emit, key_field.clone()))
+                    as Box<dyn Operator>)
+            })
+        }
+        OperatorSpec::Aggregate(a) => {
+            let (emit, key_field) = (a.emit, a.key_field.clone());
+            if a.aggregations.is_empty() {
+                let f = ctx.script_factory(node)?;
+                Box::new(move |_, _| {
+                    Ok(
+                        Box::new(AggregateOperator::scripted(f(), emit, key_field.clone()))
+                            as Box<dyn Operator>,
+                    )
+                })
+            } else {
+                for agg in &a.aggregations {
+                    if agg.function.needs_field() && agg.field.is_none() {
+                        return Err(
+                            ctx.error(node, format!("`{}` needs a `field`", agg.output_name()))
+                        );
+                    }
+                }
+                let aggs: Vec<Aggregation> =
+                    a.aggregations.iter().map(Aggregation::from_spec).collect();
+                Box::new(move |_, _| {
+                    Ok(Box::new(AggregateOperator::builtin(
+                        aggs.clone(),
+                        emit,
+                        key_field.clone(),
+                    )) as Box<dyn Operator>)
+                })
+            }
+        }
+        OperatorSpec::Process(p) => {
+            let f = ctx.script_factory(node)?;
+            let declared: Vec<_> = p.state.iter().map(|(n, k)| (n.clone(), *k)).collect();
+            Box::new(move |_, _| {
+                Ok(Box::new(ProcessOperator::new(f(), declared.clone())) as Box<dyn Operator>)
+            })
+        }
+        OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),
+    };
+    Ok(NodeBuilder::Operator { factory, keyed })
+}
+
+fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Result<OperatorFactory> {
+    Ok(match spec {
+        SinkSpec::File(f) => {
+            let dir = ctx.plan.resolve_path(&f.path);
+            let csv = f.format == SinkFormat::Csv;
+            let ext = if csv { "csv" } else { "jsonl" };
+            prepare_sink_dir(&dir, &f.prefix, ext).map_err(|source| RunError::Io {
+                pipeline: ctx.plan.id.clone(),
+                element: node.id.clone(),
+                what: "cannot prepare",
+                path: dir.clone(),
+                source,
+            })?;
+            let prefix = f.prefix.clone();
+            let max = f.max_part_size.map(|s| s.bytes());
+            Box::new(move |s, _| {
+                Ok(
+                    Box::new(FileSink::new(dir.clone(), prefix.clone(), csv, max, s))
+                        as Box<dyn Operator>,
+                )
+            })
+        }
+        SinkSpec::Stdout(s) => {
+            let csv = s.format == SinkFormat::Csv;
+            Box::new(move |_, _| Ok(Box::new(StdoutSink::new(csv)) as Box<dyn Operator>))
+        }
+    })
+}

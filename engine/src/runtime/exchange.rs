@@ -1,0 +1,128 @@
+//! Exchanges: how one upstream subtask sends batches along one plan edge to the downstream
+//! subtasks (forward, hash by key group, rebalance, broadcast).
+
+use tokio::sync::mpsc::Sender;
+
+use super::error::{Result, RunError};
+use super::{Batch, Envelope, Message};
+use crate::plan::Partitioning;
+use crate::record::subtask_for_key_group;
+
+/// One downstream subtask's channel and the input index it knows this sender by.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The channel.
+    pub sender: Sender<Envelope>,
+    /// Our input index at that receiver.
+    pub input: u32,
+}
+
+/// The sending side of one edge for one upstream subtask.
+pub struct Output {
+    partitioning: Partitioning,
+    targets: Vec<Target>,
+    max_parallelism: u32,
+    next: usize,
+    pipeline: std::sync::Arc<str>,
+    element: std::sync::Arc<str>,
+}
+
+impl Output {
+    /// An output over `targets` (all downstream subtasks, or the one forward partner).
+    pub fn new(
+        partitioning: Partitioning,
+        targets: Vec<Target>,
+        max_parallelism: u32,
+        pipeline: std::sync::Arc<str>,
+        element: std::sync::Arc<str>,
+    ) -> Self {
+        Self {
+            partitioning,
+            targets,
+            max_parallelism,
+            next: 0,
+            pipeline,
+            element,
+        }
+    }
+
+    async fn send_to(&self, t: usize, message: Message) -> Result<()> {
+        let target = &self.targets[t];
+        target
+            .sender
+            .send(Envelope {
+                input: target.input,
+                message,
+            })
+            .await
+            .map_err(|_| RunError::Disconnected {
+                pipeline: self.pipeline.to_string(),
+                element: self.element.to_string(),
+            })
+    }
+
+    /// Sends a batch, waiting while the receiving channel is full (backpressure).
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn send(&mut self, batch: Batch) -> Result<()> {
+        if batch.is_empty() || self.targets.is_empty() {
+            return Ok(());
+        }
+        let n = self.targets.len();
+        match self.partitioning {
+            _ if n == 1 => self.send_to(0, Message::Records(batch)).await,
+            Partitioning::Forward => self.send_to(0, Message::Records(batch)).await,
+            Partitioning::Rebalance => {
+                let t = self.next;
+                self.next = (self.next + 1) % n;
+                self.send_to(t, Message::Records(batch)).await
+            }
+            Partitioning::Broadcast => {
+                for t in 0..n - 1 {
+                    self.send_to(t, Message::Records(batch.clone())).await?;
+                }
+                self.send_to(n - 1, Message::Records(batch)).await
+            }
+            Partitioning::Hash if !batch.is_keyed() => {
+                // Not keyed (a wiring bug upstream): keep the stream flowing evenly.
+                let t = self.next;
+                self.next = (self.next + 1) % n;
+                self.send_to(t, Message::Records(batch)).await
+            }
+            Partitioning::Hash => {
+                let per = batch.len() / n + 16;
+                let mut parts: Vec<Batch> = (0..n)
+                    .map(|_| Batch {
+                        records: Vec::with_capacity(per),
+                        keys: Vec::with_capacity(per),
+                    })
+                    .collect();
+                let p = n as u32;
+                for (r, k) in batch.records.into_iter().zip(batch.keys) {
+                    let kg = k.key_group(self.max_parallelism);
+                    let t = subtask_for_key_group(kg, p, self.max_parallelism) as usize;
+                    parts[t].records.push(r);
+                    parts[t].keys.push(k);
+                }
+                for (t, part) in parts.into_iter().enumerate() {
+                    if !part.is_empty() {
+                        self.send_to(t, Message::Records(part)).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends end-of-stream to every target.
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn end(&mut self) -> Result<()> {
+        for t in 0..self.targets.len() {
+            self.send_to(t, Message::EndOfStream).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,145 @@
+//! The conformance suite for [`StateBackend`] implementations, as plain functions taking a
+//! backend factory `(max_parallelism, key-group range) -> backend`. Every backend's tests call
+//! each of them, so memory, fs and rocksdb are held to the same behaviour.
+//!
+//! The functions panic on a violation (they are test code).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use rhai::Dynamic;
+use weir_schema::StateKind;
+
+use super::StateBackend;
+use crate::record::{Key, KeyGroupRange};
+
+/// Makes a backend for a key-group range.
+pub type Factory<'a> = &'a dyn Fn(u32, KeyGroupRange) -> Box<dyn StateBackend>;
+
+fn key(i: i64) -> Key {
+    Key::from_str_value(format!("k{i}").into())
+}
+
+pub fn value_state(factory: Factory<'_>) {
+    let mut b = factory(16, KeyGroupRange::all(16));
+    let s = b.register("count", StateKind::Value).unwrap();
+    assert_eq!(b.register("count", StateKind::Value).unwrap(), s);
+    assert!(b.get(s, &key(1)).unwrap().is_none());
+    b.put(s, &key(1), Dynamic::from(5_i64)).unwrap();
+    b.update(s, &key(1), &mut |v| {
+        let n = v.as_ref().and_then(|d| d.as_int().ok()).unwrap_or(0);
+        *v = Some(Dynamic::from(n + 1));
+    })
+    .unwrap();
+    b.update(s, &key(2), &mut |v| {
+        assert!(v.is_none());
+        *v = Some(Dynamic::from(1_i64));
+    })
+    .unwrap();
+    assert_eq!(b.get(s, &key(1)).unwrap().unwrap().as_int(), Ok(6));
+    let mut keys: Vec<String> = b
+        .keys(s)
+        .unwrap()
+        .iter()
+        .map(|k| k.to_dynamic().to_string())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["k1", "k2"]);
+    b.clear(s, &key(1)).unwrap();
+    assert!(b.get(s, &key(1)).unwrap().is_none());
+    let other = b.register("other", StateKind::Value).unwrap();
+    assert!(
+        b.get(other, &key(2)).unwrap().is_none(),
+        "states are separate namespaces"
+    );
+}
+
+pub fn list_and_map_state(factory: Factory<'_>) {
+    let mut b = factory(8, KeyGroupRange::all(8));
+    let l = b.register("seen", StateKind::List).unwrap();
+    let m = b.register("by_day", StateKind::Map).unwrap();
+    for i in 0..3 {
+        b.list_push(l, &key(1), Dynamic::from(i as i64)).unwrap();
+    }
+    let list = b.get(l, &key(1)).unwrap().unwrap().into_array().unwrap();
+    assert_eq!(
+        list.iter().map(|d| d.as_int().unwrap()).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    b.map_put(m, &key(1), "mon", Dynamic::from(1_i64)).unwrap();
+    b.map_put(m, &key(1), "tue", Dynamic::from(2_i64)).unwrap();
+    assert_eq!(
+        b.map_get(m, &key(1), "tue").unwrap().unwrap().as_int(),
+        Ok(2)
+    );
+    b.map_remove(m, &key(1), "tue").unwrap();
+    assert!(b.map_get(m, &key(1), "tue").unwrap().is_none());
+    assert!(b.map_get(m, &key(2), "mon").unwrap().is_none());
+}
+
+pub fn kind_mismatch_is_an_error(factory: Factory<'_>) {
+    let mut b = factory(8, KeyGroupRange::all(8));
+    b.register("x", StateKind::Value).unwrap();
+    assert!(b.register("x", StateKind::List).is_err());
+}
+
+/// Fills one backend holding every key group, snapshots it in two halves, restores the halves
+/// into three backends of another split and checks every key landed in exactly one.
+pub fn snapshot_restore_rescale(factory: Factory<'_>) {
+    let m = 32;
+    let mut full = factory(m, KeyGroupRange::all(m));
+    let s = full.register("sum", StateKind::Value).unwrap();
+    let l = full.register("items", StateKind::List).unwrap();
+    for i in 0..200 {
+        full.put(s, &key(i), Dynamic::from(i)).unwrap();
+        full.list_push(l, &key(i), Dynamic::from("x")).unwrap();
+    }
+    let a = full.snapshot(KeyGroupRange { start: 0, end: 16 }).unwrap();
+    let b = full.snapshot(KeyGroupRange { start: 16, end: 32 }).unwrap();
+    let mut total = 0;
+    for sub in 0..3 {
+        let range = KeyGroupRange::for_subtask(m, 3, sub);
+        let mut back = factory(m, range);
+        back.restore(&[&a, &b]).unwrap();
+        let s2 = back.register("sum", StateKind::Value).unwrap();
+        let l2 = back.register("items", StateKind::List).unwrap();
+        for k in back.keys(s2).unwrap() {
+            assert!(range.contains(k.key_group(m)));
+            let v = back.get(s2, &k).unwrap().unwrap().as_int().unwrap();
+            assert_eq!(k.to_dynamic().to_string(), format!("k{v}"));
+            assert_eq!(
+                back.get(l2, &k)
+                    .unwrap()
+                    .unwrap()
+                    .into_array()
+                    .unwrap()
+                    .len(),
+                1
+            );
+            total += 1;
+        }
+    }
+    assert_eq!(total, 200);
+}
+
+pub fn snapshot_is_isolated_from_later_writes(factory: Factory<'_>) {
+    let mut b = factory(8, KeyGroupRange::all(8));
+    let s = b.register("v", StateKind::Value).unwrap();
+    b.put(s, &key(1), Dynamic::from(1_i64)).unwrap();
+    let snap = b.snapshot(KeyGroupRange::all(8)).unwrap();
+    b.put(s, &key(1), Dynamic::from(2_i64)).unwrap();
+    let mut c = factory(8, KeyGroupRange::all(8));
+    c.restore(&[&snap]).unwrap();
+    let s = c.register("v", StateKind::Value).unwrap();
+    assert_eq!(c.get(s, &key(1)).unwrap().unwrap().as_int(), Ok(1));
+}
+
+pub fn bad_snapshot_is_an_error(factory: Factory<'_>) {
+    let mut b = factory(8, KeyGroupRange::all(8));
+    assert!(b.restore(&[b"not a snapshot"]).is_err());
+    let other = factory(16, KeyGroupRange::all(16))
+        .snapshot(KeyGroupRange::all(16))
+        .unwrap();
+    assert!(
+        b.restore(&[&other]).is_err(),
+        "max_parallelism mismatch must be rejected"
+    );
+}

@@ -1,0 +1,266 @@
+//! The memory backend: one hash map per (state, key group) holding live values. Reads and
+//! updates touch the maps directly (no encoding); a snapshot encodes the requested key groups
+//! with MessagePack.
+
+use std::collections::HashMap;
+
+use rhai::Dynamic;
+use serde::{Deserialize, Serialize};
+use weir_schema::StateKind;
+
+use super::{SNAPSHOT_VERSION, StateBackend, StateId};
+use crate::record::{Key, KeyBuildHasher, KeyGroupRange, decode, encode};
+use crate::runtime::error::{Result, RunError};
+
+type Group = HashMap<Key, Dynamic, KeyBuildHasher>;
+
+struct Table {
+    name: String,
+    kind: StateKind,
+    /// One map per key group of the backend's range, indexed by `kg - range.start`.
+    groups: Vec<Group>,
+}
+
+/// Heap state for one subtask's key-group range.
+pub struct MemoryBackend {
+    max_parallelism: u32,
+    range: KeyGroupRange,
+    tables: Vec<Table>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    version: u32,
+    max_parallelism: u32,
+    states: Vec<StateSnapshot>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateSnapshot {
+    name: String,
+    kind: u8,
+    /// `(key group, key, value)`.
+    entries: Vec<(u32, Dynamic, Dynamic)>,
+}
+
+fn kind_code(kind: StateKind) -> u8 {
+    match kind {
+        StateKind::Value => 0,
+        StateKind::List => 1,
+        StateKind::Map => 2,
+    }
+}
+
+fn kind_of(code: u8) -> Option<StateKind> {
+    match code {
+        0 => Some(StateKind::Value),
+        1 => Some(StateKind::List),
+        2 => Some(StateKind::Map),
+        _ => None,
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend for `range` out of `max_parallelism` key groups.
+    pub fn new(max_parallelism: u32, range: KeyGroupRange) -> Self {
+        Self {
+            max_parallelism,
+            range,
+            tables: Vec::new(),
+        }
+    }
+
+    fn group(&self, state: StateId, key: &Key) -> Result<&Group> {
+        let kg = key.key_group(self.max_parallelism);
+        let table = self
+            .tables
+            .get(state.0 as usize)
+            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
+        if !self.range.contains(kg) {
+            return Err(RunError::State(format!(
+                "key group {kg} is outside this backend's range {:?}",
+                self.range
+            )));
+        }
+        Ok(&table.groups[(kg - self.range.start) as usize])
+    }
+
+    fn group_mut(&mut self, state: StateId, key: &Key) -> Result<&mut Group> {
+        let kg = key.key_group(self.max_parallelism);
+        let range = self.range;
+        let table = self
+            .tables
+            .get_mut(state.0 as usize)
+            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
+        if !range.contains(kg) {
+            return Err(RunError::State(format!(
+                "key group {kg} is outside this backend's range {range:?}"
+            )));
+        }
+        Ok(&mut table.groups[(kg - range.start) as usize])
+    }
+}
+
+impl StateBackend for MemoryBackend {
+    fn key_groups(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    fn register(&mut self, name: &str, kind: StateKind) -> Result<StateId> {
+        if let Some(i) = self.tables.iter().position(|t| t.name == name) {
+            if self.tables[i].kind != kind {
+                return Err(RunError::State(format!(
+                    "state `{name}` is registered as {:?}, not {kind:?}",
+                    self.tables[i].kind
+                )));
+            }
+            return Ok(StateId(i as u32));
+        }
+        let groups = (0..self.range.len()).map(|_| Group::default()).collect();
+        self.tables.push(Table {
+            name: name.to_owned(),
+            kind,
+            groups,
+        });
+        Ok(StateId((self.tables.len() - 1) as u32))
+    }
+
+    fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
+        Ok(self.group(state, key)?.get(key).cloned())
+    }
+
+    fn update(
+        &mut self,
+        state: StateId,
+        key: &Key,
+        f: &mut dyn FnMut(&mut Option<Dynamic>),
+    ) -> Result<()> {
+        let group = self.group_mut(state, key)?;
+        if let Some(v) = group.get_mut(key) {
+            let mut slot = Some(std::mem::take(v));
+            f(&mut slot);
+            match slot {
+                Some(new) => *v = new,
+                None => {
+                    group.remove(key);
+                }
+            }
+        } else {
+            let mut slot = None;
+            f(&mut slot);
+            if let Some(new) = slot {
+                group.insert(key.clone(), new);
+            }
+        }
+        Ok(())
+    }
+
+    fn keys(&self, state: StateId) -> Result<Vec<Key>> {
+        let table = self
+            .tables
+            .get(state.0 as usize)
+            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
+        Ok(table
+            .groups
+            .iter()
+            .flat_map(|g| g.keys().cloned())
+            .collect())
+    }
+
+    fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>> {
+        let mut states = Vec::with_capacity(self.tables.len());
+        for t in &self.tables {
+            let mut entries = Vec::new();
+            for (i, g) in t.groups.iter().enumerate() {
+                let kg = self.range.start + i as u32;
+                if !range.contains(kg) {
+                    continue;
+                }
+                entries.extend(g.iter().map(|(k, v)| (kg, k.to_dynamic(), v.clone())));
+            }
+            states.push(StateSnapshot {
+                name: t.name.clone(),
+                kind: kind_code(t.kind),
+                entries,
+            });
+        }
+        let file = SnapshotFile {
+            version: SNAPSHOT_VERSION,
+            max_parallelism: self.max_parallelism,
+            states,
+        };
+        encode(&file).map_err(|e| RunError::State(format!("cannot encode snapshot: {e}")))
+    }
+
+    fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
+        for bytes in snapshots {
+            let file: SnapshotFile =
+                decode(bytes).map_err(|e| RunError::State(format!("malformed snapshot: {e}")))?;
+            if file.version != SNAPSHOT_VERSION {
+                return Err(RunError::State(format!(
+                    "snapshot version {} is not supported (expected {SNAPSHOT_VERSION})",
+                    file.version
+                )));
+            }
+            if file.max_parallelism != self.max_parallelism {
+                return Err(RunError::State(format!(
+                    "snapshot has {} key groups but the pipeline has {}; max_parallelism cannot change",
+                    file.max_parallelism, self.max_parallelism
+                )));
+            }
+            for s in file.states {
+                let kind = kind_of(s.kind)
+                    .ok_or_else(|| RunError::State(format!("unknown state kind {}", s.kind)))?;
+                let id = self.register(&s.name, kind)?;
+                for (kg, key, value) in s.entries {
+                    if !self.range.contains(kg) {
+                        continue;
+                    }
+                    let key = Key::from_dynamic(&key);
+                    self.put(id, &key, value)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::conformance;
+
+    fn factory(max_parallelism: u32, range: KeyGroupRange) -> Box<dyn StateBackend> {
+        Box::new(MemoryBackend::new(max_parallelism, range))
+    }
+
+    #[test]
+    fn memory_passes_value_state() {
+        conformance::value_state(&factory);
+    }
+
+    #[test]
+    fn memory_passes_list_and_map_state() {
+        conformance::list_and_map_state(&factory);
+    }
+
+    #[test]
+    fn memory_passes_kind_mismatch() {
+        conformance::kind_mismatch_is_an_error(&factory);
+    }
+
+    #[test]
+    fn memory_passes_snapshot_restore_rescale() {
+        conformance::snapshot_restore_rescale(&factory);
+    }
+
+    #[test]
+    fn memory_passes_snapshot_isolation() {
+        conformance::snapshot_is_isolated_from_later_writes(&factory);
+    }
+
+    #[test]
+    fn memory_passes_bad_snapshot() {
+        conformance::bad_snapshot_is_an_error(&factory);
+    }
+}

@@ -1,0 +1,154 @@
+//! Keyed state: the [`StateBackend`] trait every backend implements (memory here; fs and
+//! rocksdb later), partitioned by key group, with named value, list and map states per key,
+//! and snapshot/restore by key-group range. Operators reach state only through this trait;
+//! the backend decides when values are encoded (the memory backend keeps live values and
+//! encodes only in [`StateBackend::snapshot`]).
+//!
+//! `conformance` holds the test suite every backend must pass, as shared functions.
+
+use rhai::{Dynamic, Map};
+use weir_schema::StateKind;
+
+use crate::record::{Key, KeyGroupRange};
+use crate::runtime::error::Result;
+
+pub mod conformance;
+pub mod memory;
+
+pub use memory::MemoryBackend;
+
+/// The version written at the head of every snapshot.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Handle of a registered named state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StateId(pub u32);
+
+/// Keyed state storage for one operator subtask, covering one key-group range.
+///
+/// Call order: [`register`](Self::register) every named state (in `open`), then optionally
+/// [`restore`](Self::restore) before the first record, then reads and writes, with
+/// [`snapshot`](Self::snapshot) at any point between records. Keys outside the backend's key
+/// groups are a caller bug and may be rejected.
+pub trait StateBackend: Send {
+    /// The key groups this backend holds.
+    fn key_groups(&self) -> KeyGroupRange;
+
+    /// Declares a named state of a kind and returns its handle; registering the same name
+    /// again returns the same handle.
+    ///
+    /// # Errors
+    /// When the name is already registered with another kind.
+    fn register(&mut self, name: &str, kind: StateKind) -> Result<StateId>;
+
+    /// A copy of the key's value of a state, if present.
+    ///
+    /// # Errors
+    /// Backend failures (I/O, decoding).
+    fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>>;
+
+    /// Updates the key's value in place: `f` sees the current value (`None` when absent) and
+    /// may change it; leaving `None` removes it. The hot path of keyed operators.
+    ///
+    /// # Errors
+    /// Backend failures (I/O, encoding).
+    fn update(
+        &mut self,
+        state: StateId,
+        key: &Key,
+        f: &mut dyn FnMut(&mut Option<Dynamic>),
+    ) -> Result<()>;
+
+    /// Every key holding a value of `state`, in no particular order.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn keys(&self, state: StateId) -> Result<Vec<Key>>;
+
+    /// Writes every state of the key groups in `range` (intersected with the backend's) into a
+    /// self-describing, versioned byte string.
+    ///
+    /// # Errors
+    /// When a value cannot be encoded.
+    fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>>;
+
+    /// Loads snapshots (possibly taken by other subtasks at another parallelism), keeping only
+    /// the entries whose key group this backend holds. Call before the first record.
+    ///
+    /// # Errors
+    /// A malformed or unknown-version snapshot.
+    fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()>;
+
+    /// Sets the key's value.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn put(&mut self, state: StateId, key: &Key, value: Dynamic) -> Result<()> {
+        let mut value = Some(value);
+        self.update(state, key, &mut |slot| *slot = value.take())
+    }
+
+    /// Removes the key's value.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn clear(&mut self, state: StateId, key: &Key) -> Result<()> {
+        self.update(state, key, &mut |slot| *slot = None)
+    }
+
+    /// Appends to a list state.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn list_push(&mut self, state: StateId, key: &Key, value: Dynamic) -> Result<()> {
+        let mut value = Some(value);
+        self.update(state, key, &mut |slot| {
+            let v = value.take().unwrap_or(Dynamic::UNIT);
+            if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
+                list.push(v);
+                return;
+            }
+            *slot = Some(Dynamic::from_array(vec![v]));
+        })
+    }
+
+    /// Sets an entry of a map state.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn map_put(&mut self, state: StateId, key: &Key, field: &str, value: Dynamic) -> Result<()> {
+        let mut value = Some(value);
+        self.update(state, key, &mut |slot| {
+            let v = value.take().unwrap_or(Dynamic::UNIT);
+            if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                map.insert(field.into(), v);
+                return;
+            }
+            let mut map = Map::new();
+            map.insert(field.into(), v);
+            *slot = Some(Dynamic::from_map(map));
+        })
+    }
+
+    /// Reads an entry of a map state.
+    ///
+    /// # Errors
+    /// As [`get`](Self::get).
+    fn map_get(&self, state: StateId, key: &Key, field: &str) -> Result<Option<Dynamic>> {
+        Ok(self
+            .get(state, key)?
+            .and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned())))
+    }
+
+    /// Removes an entry of a map state.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn map_remove(&mut self, state: StateId, key: &Key, field: &str) -> Result<()> {
+        self.update(state, key, &mut |slot| {
+            if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                map.remove(field);
+            }
+        })
+    }
+}

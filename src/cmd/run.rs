@@ -1,0 +1,168 @@
+//! `weir run FILE`: validate, then run every pipeline of the file until its bounded sources
+//! are exhausted or SIGINT/SIGTERM arrives; a live status line on a terminal, `tracing` logs
+//! otherwise, and a summary table at the end.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use weir_engine::job::{self, JobOptions, JobSummary, PipelineProgress};
+use weir_engine::validate::validate_file;
+use weir_schema::Diagnostic;
+
+/// Arguments of `weir run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The pipeline file.
+    pub file: PathBuf,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// No live status line, even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn status_line(p: &[PipelineProgress], elapsed: Duration) -> String {
+    let total: u64 = p.iter().map(|x| x.source_records).sum();
+    let rate = total as f64 / elapsed.as_secs_f64().max(1e-9);
+    let parts: Vec<String> = p
+        .iter()
+        .map(|x| {
+            format!(
+                "{} {}{}",
+                x.id,
+                human(x.source_records as f64),
+                if x.finished { " ✓" } else { "" }
+            )
+        })
+        .collect();
+    format!(
+        "{:>6.1}s  {}/s  {}",
+        elapsed.as_secs_f64(),
+        human(rate),
+        parts.join(" · ")
+    )
+}
+
+fn human(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn print_summary(s: &JobSummary) {
+    let mut out = String::new();
+    for p in &s.pipelines {
+        let verdict = if p.error.is_some() { "FAILED" } else { "ok" };
+        out.push_str(&format!(
+            "pipeline {}: {verdict} in {:.3}s, {} records, {}/s\n",
+            p.id,
+            p.wall.as_secs_f64(),
+            p.source_records(),
+            human(p.throughput())
+        ));
+        out.push_str(&format!(
+            "  {:<24} {:<10} {:>4} {:>12} {:>12} {:>8}\n",
+            "element", "type", "par", "in", "out", "errors"
+        ));
+        for n in &p.nodes {
+            let out_col = if n.role == "sink" {
+                "-".to_owned()
+            } else {
+                n.records_out.to_string()
+            };
+            out.push_str(&format!(
+                "  {:<24} {:<10} {:>4} {:>12} {:>12} {:>8}\n",
+                n.id, n.type_name, n.parallelism, n.records_in, out_col, n.errors
+            ));
+        }
+        let ms = |d: Option<Duration>| {
+            d.map_or("-".to_owned(), |d| {
+                format!("{:.1}ms", d.as_secs_f64() * 1e3)
+            })
+        };
+        out.push_str(&format!(
+            "  first record in {}, first output in {}\n",
+            ms(p.first_record),
+            ms(p.first_output)
+        ));
+        if let Some(e) = &p.error {
+            out.push_str(&format!("  error: {e}\n"));
+        }
+    }
+    out.push_str(&format!("total wall time {:.3}s\n", s.wall.as_secs_f64()));
+    eprint!("{out}");
+}
+
+/// Runs `weir run`.
+pub fn run(args: &RunArgs) -> ExitCode {
+    let started = std::time::Instant::now();
+    let validation = validate_file(&args.file);
+    let all: Vec<&Diagnostic> = validation.diagnostics.iter().collect();
+    if !all.is_empty() {
+        eprint!("{}", super::validate::render(&all));
+    }
+    let plan = match validation.plan() {
+        None => {
+            eprintln!("{}: invalid; not running", validation.source.name);
+            return ExitCode::FAILURE;
+        }
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        Some(Ok(plan)) => plan,
+    };
+    let tty = std::io::stderr().is_terminal() && !args.no_progress;
+    if !tty {
+        init_logs();
+    }
+    let progress: Option<job::ProgressFn> = tty.then(|| {
+        Arc::new(|p: &[PipelineProgress], elapsed: Duration| {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K{}", status_line(p, elapsed));
+            let _ = err.flush();
+        }) as job::ProgressFn
+    });
+    let options = JobOptions {
+        handle_signals: true,
+        progress,
+        worker_threads: args.workers,
+        started: Some(started),
+        ..JobOptions::default()
+    };
+    match job::run(plan, options) {
+        Ok(summary) => {
+            if tty {
+                eprint!("\r\x1b[2K");
+            }
+            print_summary(&summary);
+            if summary.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
