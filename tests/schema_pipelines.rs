@@ -27,8 +27,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-#[test]
-fn reference_pipelines_match_the_checked_in_schema() {
+/// The checked-in schema, compiled by boon.
+fn compiled_schema() -> (boon::Schemas, boon::SchemaIndex) {
     let schema_path = root().join("schema/weir.schema.json");
     let schema: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&schema_path).expect("read schema"))
@@ -41,7 +41,12 @@ fn reference_pipelines_match_the_checked_in_schema() {
     let id = compiler
         .compile("weir.schema.json", &mut schemas)
         .expect("schema compiles in boon");
+    (schemas, id)
+}
 
+#[test]
+fn reference_pipelines_match_the_checked_in_schema() {
+    let (schemas, id) = compiled_schema();
     let mut files = Vec::new();
     yaml_files(&root().join("pipelines"), &mut files);
     yaml_files(&root().join("examples"), &mut files);
@@ -76,18 +81,7 @@ fn reference_pipelines_match_the_checked_in_schema() {
 /// unit variant of a tagged enum, which is why Weir checks the schema first).
 #[test]
 fn schema_rejects_invalid_shapes() {
-    let schema: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("schema/weir.schema.json")).expect("read schema"),
-    )
-    .expect("schema is JSON");
-    let mut schemas = boon::Schemas::new();
-    let mut compiler = boon::Compiler::new();
-    compiler
-        .add_resource("weir.schema.json", schema)
-        .expect("add schema");
-    let id = compiler
-        .compile("weir.schema.json", &mut schemas)
-        .expect("compiles");
+    let (schemas, id) = compiled_schema();
     for bad in [
         r#"{"version": 1, "pipelines": []}"#,
         r#"{"version": 2, "pipelines": [{"id": "p", "sources": [{"id": "s", "type": "stdin"}], "sinks": [{"id": "o", "type": "stdout", "input": "s"}]}]}"#,

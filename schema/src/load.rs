@@ -76,11 +76,27 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
     if loaded.diagnostics.has_errors() {
         return loaded;
     }
-    let value = spans.root().to_json();
+    let mut value = spans.root().to_json();
     let schema_problems = crate::schema::check(&value, spans, &loaded.source);
+    // Unknown fields (typos, misplaced keys) do not stop the semantic checks: they are reported,
+    // then left out, so that one pass also finds dangling inputs, cycles and script errors.
+    let only_unknown_fields = schema_problems
+        .iter()
+        .filter(|d| d.is_error())
+        .all(|d| d.code == codes::UNKNOWN_FIELD);
+    if only_unknown_fields {
+        for d in schema_problems
+            .iter()
+            .filter(|d| d.code == codes::UNKNOWN_FIELD)
+        {
+            if let Some(path) = &d.path {
+                remove_at(&mut value, path);
+            }
+        }
+    }
     let failed = schema_problems.has_errors();
     loaded.diagnostics.extend(schema_problems);
-    if failed {
+    if failed && !only_unknown_fields {
         return loaded;
     }
     match serde_path_to_error::deserialize::<_, FileSpec>(value) {
@@ -117,6 +133,20 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
         }
     }
     loaded
+}
+
+/// Removes the mapping entry at `path` from a JSON value, if it exists.
+fn remove_at(value: &mut serde_json::Value, path: &YamlPath) {
+    let Some((PathSeg::Key(last), parent)) = path.0.split_last() else {
+        return;
+    };
+    let target = parent.iter().try_fold(value, |v, seg| match seg {
+        PathSeg::Key(k) => v.get_mut(k),
+        PathSeg::Index(i) => v.get_mut(*i),
+    });
+    if let Some(serde_json::Value::Object(map)) = target {
+        map.remove(last);
+    }
 }
 
 /// The first backquoted value in a message, such as `10 parsecs`.
@@ -171,9 +201,9 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
                     .find('\t')
                     .map(|i| at + i)
                     .or_else(|| text.find('\t'))
-                {
-                    at = tab;
-                }
+            {
+                at = tab;
+            }
             let end = next_char_end(text, at);
             diagnostics.push(
                 Diagnostic::error(

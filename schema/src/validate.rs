@@ -508,14 +508,14 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                         ..
                     },
                 ) = self.ids.get(t.as_str())
-                {
-                    let from = Elem {
-                        section: Section::Operators,
-                        index: oi,
-                    };
-                    down.entry(from).or_default().push(*sink);
-                    up.entry(*sink).or_default().push(from);
-                }
+            {
+                let from = Elem {
+                    section: Section::Operators,
+                    index: oi,
+                };
+                down.entry(from).or_default().push(*sink);
+                up.entry(*sink).or_default().push(from);
+            }
         }
         let walk = |starts: Vec<Elem>, graph: &HashMap<Elem, Vec<Elem>>| {
             let mut seen: HashSet<Elem> = starts.iter().copied().collect();
@@ -760,17 +760,18 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 }
             };
             if let Some(csv) = csv
-                && (csv.delimiter.len() != 1 || !csv.delimiter.is_ascii()) {
-                    self.cx
-                        .error(
-                            codes::INVALID_VALUE,
-                            &path.join("csv").join("delimiter"),
-                            format!("`{}` is not a single ASCII character", csv.delimiter),
-                            "one character",
-                        )
-                        .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
-                        .push(&mut self.cx.out);
-                }
+                && (csv.delimiter.len() != 1 || !csv.delimiter.is_ascii())
+            {
+                self.cx
+                    .error(
+                        codes::INVALID_VALUE,
+                        &path.join("csv").join("delimiter"),
+                        format!("`{}` is not a single ASCII character", csv.delimiter),
+                        "one character",
+                    )
+                    .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
+                    .push(&mut self.cx.out);
+            }
         }
     }
 
@@ -1136,6 +1137,16 @@ mod tests {
         assert!(codes_of(&text).contains(&codes::CYCLE));
         let text = OK.replace("input: by\n", "input: src\n");
         assert!(codes_of(&text).contains(&codes::KEYED_WITHOUT_KEY_BY));
+    }
+
+    #[test]
+    fn unknown_fields_do_not_hide_semantic_errors() {
+        let text = OK
+            .replace("input: total", "input: totl")
+            .replace("    sources:", "    intervall: 1s\n    sources:");
+        let found = codes_of(&text);
+        assert!(found.contains(&codes::UNKNOWN_FIELD), "{found:?}");
+        assert!(found.contains(&codes::UNKNOWN_INPUT), "{found:?}");
     }
 
     #[test]
