@@ -169,7 +169,6 @@ pub enum StateSpec {
     Rocksdb(RocksdbSpec),
 }
 
-
 /// Options of the RocksDB state backend.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -344,9 +344,10 @@ fn head_span(spans: &SpanIndex, path: &YamlPath) -> std::ops::Range<usize> {
     }
     let span = spans.span(path);
     if let Some(crate::span::NodeValue::Map(entries)) = spans.node(path).map(|n| &n.value)
-        && let Some((_, k, v)) = entries.first() {
-            return k.start..v.span.end;
-        }
+        && let Some((_, k, v)) = entries.first()
+    {
+        return k.start..v.span.end;
+    }
     span
 }
 

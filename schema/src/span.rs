@@ -268,9 +268,10 @@ impl SpanIndex {
     pub fn key_span(&self, path: &YamlPath) -> Range<usize> {
         if let (Some(PathSeg::Key(k)), Some(parent)) = (path.last(), self.node(&path.parent()))
             && let NodeValue::Map(entries) = &parent.value
-                && let Some((_, ks, _)) = entries.iter().find(|(ek, _, _)| ek == k) {
-                    return ks.clone();
-                }
+            && let Some((_, ks, _)) = entries.iter().find(|(ek, _, _)| ek == k)
+        {
+            return ks.clone();
+        }
         self.span(path)
     }
 }

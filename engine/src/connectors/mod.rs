@@ -159,7 +159,7 @@ impl LineParser {
                                 self.columns.len()
                             ));
                         }
-                        None => format!("c{i}").into(),
+                        None => format!("c{i}"),
                     };
                     m.insert(name.as_str().into(), csv_value(f));
                 }
@@ -179,10 +179,11 @@ fn csv_value(f: String) -> Dynamic {
     if let Ok(i) = f.parse::<i64>() {
         return Dynamic::from(i);
     }
-    if !f.is_empty() && f.bytes().any(|b| b.is_ascii_digit()) {
-        if let Ok(x) = f.parse::<f64>() {
-            return Dynamic::from(x);
-        }
+    if !f.is_empty()
+        && f.bytes().any(|b| b.is_ascii_digit())
+        && let Ok(x) = f.parse::<f64>()
+    {
+        return Dynamic::from(x);
     }
     Dynamic::from(f)
 }

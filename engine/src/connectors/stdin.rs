@@ -86,8 +86,11 @@ impl Source for StdinSource {
             Err(TryRecvError::Disconnected) => return Ok(Poll::Done),
         };
         let mut lines = chunk.into_iter();
-        if self.line == 0 && self.parser.expects_header() {
-            if let Some(h) = lines.next() {
+        if self.line == 0
+            && self.parser.expects_header()
+            && let Some(h) = lines.next()
+        {
+            {
                 self.line += 1;
                 self.parser
                     .set_header(&h)

@@ -244,7 +244,10 @@ impl Hasher for KeyHasher {
         }
     }
     fn write_u64(&mut self, i: u64) {
-        self.0 = i;
+        // The key group is `hash % max_parallelism` (low bits), so every key of one key group
+        // shares its low bits; hash tables index by low bits and tag by high ones, so rotate
+        // the well-mixed high half down.
+        self.0 = i.rotate_left(32);
     }
 }
 
