@@ -1,16 +1,22 @@
 //! `weir-engine`: turns a validated pipeline spec into an operator graph and runs it.
 //!
-//! Module map (one concern each): `validate` runs every check on a file (schema, semantic
-//! rules, Rhai scripts) and returns all diagnostics; `script` owns the Rhai engine and its
-//! sandbox; `plan` compiles specs into logical and physical graphs and renders them. The
-//! runtime modules build on `plan` and never re-read YAML.
+//! Module map (one concern each):
+//! - `validate` runs every check on a file (schema, semantic rules, Rhai scripts) and returns
+//!   all diagnostics; `script` owns the Rhai engine, its sandbox and the functions scripts call;
+//!   `plan` compiles specs into logical and physical graphs and renders them.
+//! - `runtime` (tasks, channels, exchanges), `operators`, `connectors`, `record`, `state` and
+//!   `job` run a plan; they build on `plan` and never re-read YAML.
+//! - `checkpoint` (aligner, coordinator, metadata, storage, retention) and `recovery` (restart
+//!   and failover strategies) are the fault-tolerance protocol as pure logic, driven by the job.
 
-pub mod plan;
-pub mod script;
-pub mod validate;
+pub mod checkpoint;
 pub mod connectors;
 pub mod job;
 pub mod operators;
+pub mod plan;
 pub mod record;
+pub mod recovery;
 pub mod runtime;
+pub mod script;
 pub mod state;
+pub mod validate;

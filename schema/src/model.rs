@@ -310,7 +310,7 @@ impl Default for SavepointSpec {
 pub enum RestartSpec {
     /// Restart up to `attempts` times, waiting `delay` before each restart.
     FixedDelay(FixedDelaySpec),
-    /// Restart while fewer than `max_failures` failures happened within `interval`.
+    /// Restart at most `max_failures` times within any window of `interval`.
     FailureRate(FailureRateSpec),
     /// Restart with a delay that grows by `multiplier` after each failure, up to `max`, and
     /// resets after `reset_after` without failure.
@@ -336,7 +336,8 @@ pub struct FixedDelaySpec {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FailureRateSpec {
-    /// Give up when this many failures happen within `interval`. Default: `1`.
+    /// Restart at most this many times within `interval`; the next failure inside the window
+    /// gives up (Flink's `max-failures-per-interval`). Default: `1`.
     #[serde(default = "default_one")]
     #[schemars(range(min = 1))]
     pub max_failures: u32,

@@ -1,0 +1,115 @@
+//! The checkpoint protocol (docs/ARCHITECTURE.md section 5), as pure decisions over observed
+//! facts, plus the small storage trait it writes through.
+//!
+//! - [`aligner`]: barrier alignment for one task with several input channels.
+//! - [`coordinator`]: the per-pipeline state machine that triggers checkpoints and savepoints,
+//!   collects acknowledgements, completes, aborts and subsumes them, and asks for a failover
+//!   when too many fail in a row.
+//! - [`metadata`]: the durable record of a completed checkpoint and its encoding.
+//! - [`storage`]: the [`storage::CheckpointStore`] trait, an in-memory fake and a local
+//!   filesystem store; checksum-verified reads; choosing the latest valid checkpoint.
+//! - [`retention`]: which completed checkpoints and which files to delete.
+//!
+//! This module owns no task, channel, timer or thread: the runtime drives it by calling its
+//! methods with the current time and the events it observed, and carries out the commands it
+//! returns. It must not touch operators, state backends or the task loop.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::error::ErrorClass;
+
+pub mod aligner;
+pub mod coordinator;
+pub mod metadata;
+pub mod retention;
+pub mod storage;
+
+pub use aligner::{AlignError, AlignerAction, AlignerStep, AlignmentMode, BarrierAligner};
+pub use coordinator::{AbortReason, CheckpointPlan, Command, Coordinator, CoordinatorConfig};
+pub use metadata::{CheckpointMetadata, FileRef, SubtaskState};
+pub use retention::{RetentionPlan, plan_retention};
+pub use storage::{CheckpointStore, LocalStore, MemoryStore, latest_valid};
+
+/// A checkpoint id. Ids of one pipeline increase strictly, across restarts too.
+pub type CheckpointId = u64;
+
+/// One running task: subtask `subtask` of chain `chain` (an index into
+/// [`PipelinePlan::chains`](crate::plan::PipelinePlan::chains)). Tasks acknowledge
+/// checkpoints, fail and restart as a unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskId {
+    /// Index of the chain in the plan.
+    pub chain: u32,
+    /// Subtask index, in `0..parallelism` of the chain.
+    pub subtask: u32,
+}
+
+impl TaskId {
+    /// Builds a task id.
+    pub const fn new(chain: u32, subtask: u32) -> Self {
+        Self { chain, subtask }
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "chain {} subtask {}", self.chain, self.subtask)
+    }
+}
+
+/// Why a checkpoint operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The storage could not be read or written.
+    #[error("checkpoint storage: {what} `{}`: {source}", path.display())]
+    Io {
+        /// What was being done (`cannot write`, `cannot read`, ...).
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file the caller asked for does not exist.
+    #[error("checkpoint storage: `{path}` does not exist")]
+    NotFound {
+        /// The store-relative path.
+        path: String,
+    },
+    /// A store-relative path is empty, absolute or leaves the store (`..`).
+    #[error("checkpoint storage: invalid path `{path}`: {reason}")]
+    InvalidPath {
+        /// The offending path.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A file's content does not match what the metadata recorded.
+    #[error("checkpoint file `{path}` is corrupt: {reason}")]
+    Corrupt {
+        /// The store-relative path.
+        path: String,
+        /// Size or checksum mismatch, truncated or undecodable content.
+        reason: String,
+    },
+    /// The protocol was driven out of order (a bug in the caller).
+    #[error("checkpoint protocol: {0}")]
+    Protocol(String),
+}
+
+impl CheckpointError {
+    /// The error's class, for restart decisions: storage trouble is external, a protocol
+    /// violation is a bug in Weir.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::External,
+            Self::InvalidPath { .. } | Self::Protocol(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+/// The checkpoint module's result type.
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
