@@ -7,6 +7,11 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
+/// mimalloc: records are allocated by source tasks and freed by downstream tasks on other
+/// worker threads, which glibc malloc serves poorly (arena locks, consolidation).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Weir: declarative, fault-tolerant stream processing.
 #[derive(Parser, Debug)]
 #[command(name = "weir", version, about, long_about = None)]

@@ -18,7 +18,140 @@ pub type Record = Dynamic;
 /// # Errors
 /// The serde_json error when the text is not valid JSON.
 pub fn parse_json(line: &[u8]) -> Result<Record, serde_json::Error> {
-    serde_json::from_slice::<Dynamic>(line)
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let value = RecordSeed.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// Deserializes a record exactly as `rhai::Dynamic`'s own `Deserialize` does for JSON input,
+/// but builds each object map once: Rhai's visitor collects a `Map` and then converts it into
+/// a `Dynamic` through `From<BTreeMap>`, which rebuilds the whole map (a second allocation
+/// and a sort per object, the largest single cost of parsing a jsonl line).
+struct RecordSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for RecordSeed {
+    type Value = Dynamic;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Dynamic, D::Error> {
+        d.deserialize_any(RecordVisitor)
+    }
+}
+
+struct RecordVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RecordVisitor {
+    type Value = Dynamic;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any type that can be converted into a Dynamic")
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Dynamic, E> {
+        Ok(Dynamic::from_bool(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Dynamic, E> {
+        Ok(Dynamic::from_int(v))
+    }
+    fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Dynamic, E> {
+        Ok(match i64::try_from(v) {
+            Ok(i) => Dynamic::from_int(i),
+            Err(_) => Dynamic::from_float(v as f64),
+        })
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Dynamic, E> {
+        Ok(match i64::try_from(v) {
+            Ok(i) => Dynamic::from_int(i),
+            Err(_) => Dynamic::from_float(v as f64),
+        })
+    }
+    fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Dynamic, E> {
+        Ok(match i64::try_from(v) {
+            Ok(i) => Dynamic::from_int(i),
+            Err(_) => Dynamic::from_float(v as f64),
+        })
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Dynamic, E> {
+        Ok(Dynamic::from_float(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Dynamic, E> {
+        Ok(Dynamic::from(ImmutableString::from(v)))
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Dynamic, E> {
+        Ok(Dynamic::from(ImmutableString::from(v)))
+    }
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Dynamic, E> {
+        Ok(Dynamic::from_blob(v.to_vec()))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Dynamic, E> {
+        Ok(Dynamic::UNIT)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Dynamic, E> {
+        Ok(Dynamic::UNIT)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Dynamic, D::Error> {
+        d.deserialize_any(RecordVisitor)
+    }
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(self, d: D) -> Result<Dynamic, D::Error> {
+        d.deserialize_any(RecordVisitor)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Dynamic, A::Error> {
+        let mut arr = rhai::Array::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(v) = seq.next_element_seed(RecordSeed)? {
+            arr.push(v);
+        }
+        Ok(Dynamic::from_array(arr))
+    }
+    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Dynamic, M::Error> {
+        let mut m = Map::new();
+        while let Some(k) = map.next_key_seed(FieldNameSeed)? {
+            let v = map.next_value_seed(RecordSeed)?;
+            m.insert(k.as_str().into(), v);
+        }
+        Ok(Dynamic::from_map(m))
+    }
+}
+
+/// An object key, borrowed from the line when it has no escapes.
+enum FieldName<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl FieldName<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Borrowed(s) => s,
+            Self::Owned(s) => s,
+        }
+    }
+}
+
+struct FieldNameSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for FieldNameSeed {
+    type Value = FieldName<'de>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for FieldNameSeed {
+    type Value = FieldName<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(FieldName::Borrowed(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(FieldName::Owned(v.to_owned()))
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(FieldName::Owned(v))
+    }
 }
 
 /// Appends the JSON text of a record to `out` (no newline).
@@ -128,12 +261,36 @@ pub enum KeyValue {
 pub struct Key {
     value: KeyValue,
     hash: u64,
+    /// A string key of at most 15 bytes packed inline (bytes, then `len + 1` in the last
+    /// byte), or 0. Lets hash-table probes compare keys without dereferencing the shared
+    /// string, which for a table of many keys is a cache miss per lookup.
+    small: u128,
 }
 
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.value == other.value
+        if self.hash != other.hash {
+            return false;
+        }
+        match (self.small, other.small) {
+            (0, 0) => self.value == other.value,
+            // Both short strings: the packed bytes decide.
+            (a, b) if a != 0 && b != 0 => a == b,
+            // A short string against a long string or a non-string.
+            _ => false,
+        }
     }
+}
+
+/// Packs a string of at most 15 bytes into a nonzero `u128` (see [`Key::small`]).
+fn pack_small(bytes: &[u8]) -> u128 {
+    if bytes.len() > 15 {
+        return 0;
+    }
+    let mut buf = [0u8; 16];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    buf[15] = bytes.len() as u8 + 1;
+    u128::from_le_bytes(buf)
 }
 impl Eq for Key {}
 
@@ -171,18 +328,21 @@ impl Key {
             return Self {
                 hash: stable_hash(2, &i.to_le_bytes()),
                 value: KeyValue::Int(i),
+                small: 0,
             };
         }
         if let Ok(b) = v.as_bool() {
             return Self {
                 hash: stable_hash(3, &[u8::from(b)]),
                 value: KeyValue::Bool(b),
+                small: 0,
             };
         }
         if v.is_unit() {
             return Self {
                 hash: stable_hash(4, &[]),
                 value: KeyValue::Unit,
+                small: 0,
             };
         }
         let text: ImmutableString = serde_json::to_string(v)
@@ -191,6 +351,7 @@ impl Key {
         Self {
             hash: stable_hash(5, text.as_bytes()),
             value: KeyValue::Other(text),
+            small: 0,
         }
     }
 
@@ -198,6 +359,7 @@ impl Key {
     pub fn from_str_value(s: ImmutableString) -> Self {
         Self {
             hash: stable_hash(1, s.as_bytes()),
+            small: pack_small(s.as_bytes()),
             value: KeyValue::Str(s),
         }
     }
@@ -335,6 +497,49 @@ mod tests {
             Some(true)
         );
         assert!(FieldPath::new("nested.y").get(&r).is_none());
+    }
+
+    #[test]
+    fn parse_json_matches_rhai_deserialize() {
+        for text in [
+            r#"{"user":"u1","amount":3,"ts":1700000000000}"#,
+            r#"{"b":1,"a":2,"b":3,"e\u00e9\"":"x\ny","n":null,"t":true,"f":-1.5e3}"#,
+            r#"{"big":18446744073709551615,"neg":-9223372036854775808,"arr":[1,[2,{"z":{}}],[]]}"#,
+            r#"[1,"two",3.0,null]"#,
+            r#""just a string""#,
+            "42",
+        ] {
+            let ours = parse_json(text.as_bytes()).expect("ours");
+            let rhai: Dynamic = serde_json::from_str(text).expect("rhai");
+            assert_eq!(ours.type_name(), rhai.type_name(), "{text}");
+            assert_eq!(ours.to_string(), rhai.to_string(), "{text}");
+        }
+        assert!(parse_json(br#"{"a":1} x"#).is_err());
+        assert!(parse_json(br#"{"a":1"#).is_err());
+    }
+
+    #[test]
+    fn short_and_long_string_keys_compare_by_value() {
+        let long = "a-key-longer-than-fifteen-bytes";
+        for (x, y, equal) in [
+            ("u1", "u1", true),
+            ("u1", "u2", false),
+            ("", "", true),
+            ("exactly15bytes!", "exactly15bytes!", true),
+            (long, long, true),
+            (long, "short", false),
+        ] {
+            let a = Key::from_str_value(x.into());
+            let b = Key::from_dynamic(&Dynamic::from(y));
+            assert_eq!(a == b, equal, "{x} vs {y}");
+        }
+        let s = Key::from_str_value("1".into());
+        let i = Key::from_dynamic(&Dynamic::from(1_i64));
+        assert_ne!(s, i);
+        assert_eq!(
+            Key::from_dynamic(&Dynamic::UNIT),
+            Key::from_dynamic(&Dynamic::UNIT)
+        );
     }
 
     #[test]
