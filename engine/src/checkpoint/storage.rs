@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +85,41 @@ pub trait CheckpointStore: Send + Sync {
     /// # Errors
     /// [`CheckpointError::InvalidPath`], [`CheckpointError::Io`].
     fn delete_dir(&self, path: &str) -> Result<()>;
+
+    /// Writes the content of the local file `src` at `path`, with the guarantees of
+    /// [`put`](Self::put), and returns its [`FileRef`] (size and checksum of what was
+    /// written). The default reads the whole file and calls `put`; stores that can stream
+    /// (such as [`LocalStore`]) override it so that large files (RocksDB SSTs) are never held
+    /// in memory.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when `src` cannot be read; otherwise as [`put`](Self::put).
+    fn put_file(&self, path: &str, src: &Path) -> Result<FileRef> {
+        let bytes = fs::read(src).map_err(|source| CheckpointError::Io {
+            what: "cannot read",
+            path: src.to_path_buf(),
+            source,
+        })?;
+        self.put(path, &bytes)?;
+        Ok(FileRef::of(path, &bytes))
+    }
+
+    /// Copies the file at `path` into the local file `dest` (created or truncated) and returns
+    /// its [`FileRef`] as read (size and checksum of the bytes copied), for the caller to
+    /// compare with the recorded one (see [`read_verified_to_file`]). The default reads the
+    /// whole file with [`get`](Self::get); [`LocalStore`] streams.
+    ///
+    /// # Errors
+    /// As [`get`](Self::get); [`CheckpointError::Io`] when `dest` cannot be written.
+    fn get_to_file(&self, path: &str, dest: &Path) -> Result<FileRef> {
+        let bytes = self.get(path)?;
+        fs::write(dest, &bytes).map_err(|source| CheckpointError::Io {
+            what: "cannot write",
+            path: dest.to_path_buf(),
+            source,
+        })?;
+        Ok(FileRef::of(path, &bytes))
+    }
 }
 
 /// Checks a store-relative path: not empty, relative, `/`-separated, without empty, `.` or
@@ -136,6 +171,43 @@ pub fn read_verified(store: &dyn CheckpointStore, file: &FileRef) -> Result<Vec<
     let bytes = store.get(&file.path)?;
     verify(file, &bytes)?;
     Ok(bytes)
+}
+
+/// Copies a checkpoint file into the local file `dest` (see [`CheckpointStore::get_to_file`])
+/// and checks its size and checksum against `file`; on a mismatch `dest` is removed.
+///
+/// # Errors
+/// [`CheckpointError::Corrupt`] on a mismatch; the store's errors otherwise.
+pub fn read_verified_to_file(
+    store: &dyn CheckpointStore,
+    file: &FileRef,
+    dest: &Path,
+) -> Result<()> {
+    let actual = store.get_to_file(&file.path, dest)?;
+    let corrupt = |reason| CheckpointError::Corrupt {
+        path: file.path.clone(),
+        reason,
+    };
+    let mismatch = if actual.size != file.size {
+        Some(corrupt(format!(
+            "size {} bytes, the metadata records {}",
+            actual.size, file.size
+        )))
+    } else if actual.crc32 != file.crc32 {
+        Some(corrupt(format!(
+            "checksum {:08x}, the metadata records {:08x}",
+            actual.crc32, file.crc32
+        )))
+    } else {
+        None
+    };
+    match mismatch {
+        Some(e) => {
+            let _ = fs::remove_file(dest);
+            Err(e)
+        }
+        None => Ok(()),
+    }
 }
 
 fn verify(file: &FileRef, bytes: &[u8]) -> Result<()> {
@@ -469,8 +541,15 @@ fn sync_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-impl CheckpointStore for LocalStore {
-    fn put(&self, path: &str, bytes: &[u8]) -> Result<()> {
+impl LocalStore {
+    /// Writes `path` atomically and durably: `fill` writes the content into a new temporary
+    /// file in the target directory, which is then fsynced and renamed over the target, and
+    /// the directory fsynced. The temporary file is removed when anything fails.
+    fn write_atomically<R>(
+        &self,
+        path: &str,
+        fill: impl FnOnce(&mut File, &Path) -> Result<R>,
+    ) -> Result<R> {
         let target = self.resolve(path)?;
         let dir = target
             .parent()
@@ -493,19 +572,92 @@ impl CheckpointStore for LocalStore {
             let mut file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .open(&temp)?;
-            file.write_all(bytes)?;
-            file.sync_all()
+                .open(&temp)
+                .map_err(Self::io("cannot write", &temp))?;
+            let out = fill(&mut file, &temp)?;
+            file.sync_all().map_err(Self::io("cannot write", &temp))?;
+            Ok(out)
         })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(Self::io("cannot write", &temp)(e));
-        }
+        let out = match written {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         if let Err(e) = fs::rename(&temp, &target) {
             let _ = fs::remove_file(&temp);
             return Err(Self::io("cannot rename into place", &target)(e));
         }
-        sync_dir(&dir)
+        sync_dir(&dir)?;
+        Ok(out)
+    }
+}
+
+/// Copies `src` to `dst` in chunks, returning the number of bytes and their CRC-32 (the
+/// same value as [`metadata::checksum`] over the whole content). `src_path` and `dst_path`
+/// name the two ends in errors.
+fn copy_with_checksum(
+    src: &mut impl Read,
+    src_path: &Path,
+    dst: &mut impl Write,
+    dst_path: &Path,
+) -> Result<(u64, u32)> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(LocalStore::io("cannot read", src_path)(e)),
+        };
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n])
+            .map_err(LocalStore::io("cannot write", dst_path))?;
+        size += n as u64;
+    }
+    Ok((size, hasher.finalize()))
+}
+
+/// Chunk size of streaming copies.
+const COPY_CHUNK: usize = 256 * 1024;
+
+impl CheckpointStore for LocalStore {
+    fn put(&self, path: &str, bytes: &[u8]) -> Result<()> {
+        self.write_atomically(path, |file, temp| {
+            file.write_all(bytes)
+                .map_err(Self::io("cannot write", temp))
+        })
+    }
+
+    /// Streams `src` into place (temporary file, fsync, rename), computing size and
+    /// checksum while copying.
+    fn put_file(&self, path: &str, src: &Path) -> Result<FileRef> {
+        let mut input = File::open(src).map_err(Self::io("cannot read", src))?;
+        let (size, crc32) = self.write_atomically(path, |file, temp| {
+            copy_with_checksum(&mut input, src, file, temp)
+        })?;
+        Ok(FileRef {
+            path: path.to_owned(),
+            size,
+            crc32,
+        })
+    }
+
+    /// Streams the file into `dest`, computing size and checksum while copying.
+    fn get_to_file(&self, path: &str, dest: &Path) -> Result<FileRef> {
+        let full = self.resolve(path)?;
+        let mut input =
+            File::open(&full).map_err(Self::not_found_or(path, "cannot read", &full))?;
+        let mut output = File::create(dest).map_err(Self::io("cannot write", dest))?;
+        let (size, crc32) = copy_with_checksum(&mut input, &full, &mut output, dest)?;
+        Ok(FileRef {
+            path: path.to_owned(),
+            size,
+            crc32,
+        })
     }
 
     fn get(&self, path: &str) -> Result<Vec<u8>> {
@@ -705,6 +857,60 @@ mod tests {
         let choice = latest_valid(store, Verification::Sizes).expect("list");
         assert!(choice.checkpoint.is_none());
         assert_eq!(choice.skipped.len(), 4);
+    }
+
+    /// Streaming uploads and downloads give the same [`FileRef`] as the whole-buffer path.
+    fn streaming_files(store: &dyn CheckpointStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Larger than one copy chunk, not a multiple of it.
+        let content: Vec<u8> = (0..(COPY_CHUNK * 3 + 12_345))
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let src = dir.path().join("src.sst");
+        fs::write(&src, &content).expect("write");
+        let f = store
+            .put_file("shared/op-x-000012.sst", &src)
+            .expect("put_file");
+        assert_eq!(f, FileRef::of("shared/op-x-000012.sst", &content));
+        assert_eq!(store.get(&f.path).expect("get"), content);
+
+        let dest = dir.path().join("back.sst");
+        assert_eq!(store.get_to_file(&f.path, &dest).expect("get_to_file"), f);
+        assert_eq!(fs::read(&dest).expect("read"), content);
+        read_verified_to_file(store, &f, &dest).expect("verified");
+
+        let stale = FileRef::of(f.path.clone(), b"other");
+        let err = read_verified_to_file(store, &stale, &dest).expect_err("mismatch");
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+        assert!(!dest.exists(), "a mismatching download is removed");
+        assert!(matches!(
+            store.get_to_file("shared/missing.sst", &dest),
+            Err(CheckpointError::NotFound { .. })
+        ));
+        assert!(
+            store
+                .put_file("shared/y.sst", &dir.path().join("absent"))
+                .is_err()
+        );
+        assert!(store.put_file("../escape", &src).is_err());
+    }
+
+    #[test]
+    fn memory_store_streams_files_through_the_defaults() {
+        streaming_files(&MemoryStore::new());
+    }
+
+    #[test]
+    fn local_store_streams_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LocalStore::new(dir.path(), "p").expect("store");
+        streaming_files(&store);
+        let leftovers: Vec<_> = fs::read_dir(store.root().join("shared"))
+            .expect("dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "no temporary files are left behind");
     }
 
     #[test]

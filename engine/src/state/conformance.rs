@@ -8,7 +8,8 @@
 use rhai::Dynamic;
 use weir_schema::StateKind;
 
-use super::StateBackend;
+use super::{SnapshotTarget, StateBackend};
+use crate::checkpoint::{CheckpointStore, MemoryStore};
 use crate::record::{Key, KeyGroupRange};
 
 /// Makes a backend for a key-group range.
@@ -142,4 +143,94 @@ pub fn bad_snapshot_is_an_error(factory: Factory<'_>) {
         b.restore(&[&other]).is_err(),
         "max_parallelism mismatch must be rejected"
     );
+}
+
+/// Checkpoints two subtasks through the two-phase path a task uses
+/// ([`StateBackend::checkpoint`] at the barrier, later writes, [`PendingSnapshot::write`],
+/// [`StateBackend::checkpoint_complete`]) into a store, then restores with
+/// [`StateBackend::restore_files`]: each subtask's own files into a backend of the same
+/// range, and every file into three backends of another split. Each sees exactly the state
+/// at the barrier, whatever order it registers its states in.
+///
+/// [`PendingSnapshot::write`]: super::PendingSnapshot::write
+pub fn checkpoint_files_restore_rescale(factory: Factory<'_>) {
+    let m = 32;
+    let n = 300;
+    let store = MemoryStore::new();
+    let mut own = Vec::new();
+    let mut all = Vec::new();
+    for sub in 0..2 {
+        let range = KeyGroupRange::for_subtask(m, 2, sub);
+        let mut b = factory(m, range);
+        let s = b.register("sum", StateKind::Value).unwrap();
+        let l = b.register("items", StateKind::List).unwrap();
+        let mine: Vec<i64> = (0..n)
+            .filter(|&i| range.contains(key(i).key_group(m)))
+            .collect();
+        for &i in &mine {
+            b.put(s, &key(i), Dynamic::from(i)).unwrap();
+            b.list_push(l, &key(i), Dynamic::from("x")).unwrap();
+        }
+        let pending = b.checkpoint(1).unwrap();
+        for &i in &mine {
+            b.put(s, &key(i), Dynamic::from(-1_i64)).unwrap();
+            b.list_push(l, &key(i), Dynamic::from("late")).unwrap();
+        }
+        let target = SnapshotTarget {
+            checkpoint: 1,
+            private_prefix: format!("chk-1/op-{sub}"),
+            shared_prefix: format!("shared/op-{sub}"),
+        };
+        let files = pending.write(&store, &target).unwrap();
+        b.checkpoint_complete(1);
+        assert!(!files.is_empty());
+        for f in &files {
+            assert_eq!(
+                store.size(&f.path).unwrap(),
+                f.size,
+                "{} is listed with its size",
+                f.path
+            );
+        }
+        all.extend(files.iter().cloned());
+        own.push((range, files));
+    }
+
+    let check = |b: &mut dyn StateBackend, range: KeyGroupRange| -> usize {
+        let l = b.register("items", StateKind::List).unwrap();
+        let extra = b.register("extra", StateKind::Value).unwrap();
+        let s = b.register("sum", StateKind::Value).unwrap();
+        let mut count = 0;
+        for k in b.keys(s).unwrap() {
+            assert!(range.contains(k.key_group(m)));
+            let v = b.get(s, &k).unwrap().unwrap().as_int().unwrap();
+            assert_eq!(k.to_dynamic().to_string(), format!("k{v}"));
+            let items = b.get(l, &k).unwrap().unwrap().into_array().unwrap();
+            assert_eq!(items.len(), 1, "writes after the barrier must not show");
+            assert!(b.get(extra, &k).unwrap().is_none());
+            count += 1;
+        }
+        assert_eq!(b.keys(l).unwrap().len(), count);
+        assert!(b.keys(extra).unwrap().is_empty());
+        count
+    };
+
+    let mut total = 0;
+    for (range, files) in &own {
+        let mut b = factory(m, *range);
+        // Registered before the restore, in another order than when written.
+        b.register("items", StateKind::List).unwrap();
+        b.restore_files(&store, files).unwrap();
+        total += check(b.as_mut(), *range);
+    }
+    assert_eq!(total, n as usize);
+
+    let mut total = 0;
+    for sub in 0..3 {
+        let range = KeyGroupRange::for_subtask(m, 3, sub);
+        let mut b = factory(m, range);
+        b.restore_files(&store, &all).unwrap();
+        total += check(b.as_mut(), range);
+    }
+    assert_eq!(total, n as usize);
 }

@@ -5,11 +5,13 @@
 use std::collections::HashMap;
 
 use rhai::Dynamic;
-use serde::{Deserialize, Serialize};
 use weir_schema::StateKind;
 
+use super::canonical::{
+    SnapshotFile, StateSnapshot, decode_snapshot, encode_snapshot, kind_code, state_kind,
+};
 use super::{SNAPSHOT_VERSION, StateBackend, StateId};
-use crate::record::{Key, KeyBuildHasher, KeyGroupRange, decode, encode};
+use crate::record::{Key, KeyBuildHasher, KeyGroupRange};
 use crate::runtime::error::{Result, RunError};
 
 type Group = HashMap<Key, Dynamic, KeyBuildHasher>;
@@ -26,38 +28,6 @@ pub struct MemoryBackend {
     max_parallelism: u32,
     range: KeyGroupRange,
     tables: Vec<Table>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    version: u32,
-    max_parallelism: u32,
-    states: Vec<StateSnapshot>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StateSnapshot {
-    name: String,
-    kind: u8,
-    /// `(key group, key, value)`.
-    entries: Vec<(u32, Dynamic, Dynamic)>,
-}
-
-fn kind_code(kind: StateKind) -> u8 {
-    match kind {
-        StateKind::Value => 0,
-        StateKind::List => 1,
-        StateKind::Map => 2,
-    }
-}
-
-fn kind_of(code: u8) -> Option<StateKind> {
-    match code {
-        0 => Some(StateKind::Value),
-        1 => Some(StateKind::List),
-        2 => Some(StateKind::Map),
-        _ => None,
-    }
 }
 
 impl MemoryBackend {
@@ -189,29 +159,14 @@ impl StateBackend for MemoryBackend {
             max_parallelism: self.max_parallelism,
             states,
         };
-        encode(&file).map_err(|e| RunError::State(format!("cannot encode snapshot: {e}")))
+        encode_snapshot(&file)
     }
 
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
         for bytes in snapshots {
-            let file: SnapshotFile =
-                decode(bytes).map_err(|e| RunError::State(format!("malformed snapshot: {e}")))?;
-            if file.version != SNAPSHOT_VERSION {
-                return Err(RunError::State(format!(
-                    "snapshot version {} is not supported (expected {SNAPSHOT_VERSION})",
-                    file.version
-                )));
-            }
-            if file.max_parallelism != self.max_parallelism {
-                return Err(RunError::State(format!(
-                    "snapshot has {} key groups but the pipeline has {}; max_parallelism cannot change",
-                    file.max_parallelism, self.max_parallelism
-                )));
-            }
+            let file = decode_snapshot(bytes, self.max_parallelism)?;
             for s in file.states {
-                let kind = kind_of(s.kind)
-                    .ok_or_else(|| RunError::State(format!("unknown state kind {}", s.kind)))?;
-                let id = self.register(&s.name, kind)?;
+                let id = self.register(&s.name, state_kind(&s)?)?;
                 for (kg, key, value) in s.entries {
                     if !self.range.contains(kg) {
                         continue;

@@ -9,16 +9,89 @@
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
 
+use crate::checkpoint::storage::{read_verified, write_file};
+use crate::checkpoint::{CheckpointId, CheckpointStore, FileRef};
 use crate::record::{Key, KeyGroupRange};
-use crate::runtime::error::Result;
+use crate::runtime::error::{Result, RunError};
 
+pub mod canonical;
 pub mod conformance;
 pub mod memory;
+pub mod rocksdb;
 
+pub use self::rocksdb::RocksdbBackend;
 pub use memory::MemoryBackend;
 
 /// The version written at the head of every snapshot.
 pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// File-name suffix of a canonical keyed-state snapshot (the [`StateBackend::snapshot`]
+/// format, which every backend can restore).
+pub const CANONICAL_SUFFIX: &str = ".keyed";
+
+/// Where one backend writes one checkpoint, as store-relative path prefixes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotTarget {
+    /// The checkpoint being written.
+    pub checkpoint: CheckpointId,
+    /// Prefix of files owned by this checkpoint alone, e.g. `chk-7/count-1`; a backend
+    /// appends a suffix (`.keyed`, `.rocksdb`, ...).
+    pub private_prefix: String,
+    /// Prefix of files several checkpoints may share, e.g. `shared/count-1`; a backend
+    /// appends a unique suffix. Backends with full snapshots do not use it.
+    pub shared_prefix: String,
+}
+
+/// The asynchronous half of a checkpoint: state frozen at the barrier, written to the store
+/// off the task while processing goes on.
+pub trait PendingSnapshot: Send {
+    /// Writes the frozen state and returns every file the checkpoint references (shared files
+    /// included, also those written by earlier checkpoints).
+    ///
+    /// # Errors
+    /// Storage failures; the checkpoint is declined.
+    fn write(
+        self: Box<Self>,
+        store: &dyn CheckpointStore,
+        target: &SnapshotTarget,
+    ) -> Result<Vec<FileRef>>;
+}
+
+/// A canonical snapshot already encoded at the barrier: one private `.keyed` file.
+pub struct CanonicalSnapshot(pub Vec<u8>);
+
+impl PendingSnapshot for CanonicalSnapshot {
+    fn write(
+        self: Box<Self>,
+        store: &dyn CheckpointStore,
+        target: &SnapshotTarget,
+    ) -> Result<Vec<FileRef>> {
+        let path = format!("{}{CANONICAL_SUFFIX}", target.private_prefix);
+        Ok(vec![write_file(store, &path, &self.0)?])
+    }
+}
+
+/// Reads the canonical `.keyed` files among `files` (checksum-verified); a file of another
+/// backend's native format is refused with an error naming the backend that wrote it.
+///
+/// # Errors
+/// Unreadable or corrupt files, or files of another backend's native format.
+pub fn read_canonical(store: &dyn CheckpointStore, files: &[FileRef]) -> Result<Vec<Vec<u8>>> {
+    let mut blobs = Vec::new();
+    for f in files {
+        if f.path.ends_with(CANONICAL_SUFFIX) {
+            blobs.push(read_verified(store, f)?);
+        } else if f.path.ends_with(".rocksdb") {
+            return Err(RunError::State(format!(
+                "checkpoint file `{}` was written by the rocksdb state backend, which this \
+                 pipeline no longer uses; restore with `state: {{backend: rocksdb}}`, or start \
+                 over with `--fresh` (a savepoint can move state between backends)",
+                f.path
+            )));
+        }
+    }
+    Ok(blobs)
+}
 
 /// Handle of a registered named state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,6 +151,34 @@ pub trait StateBackend: Send {
     /// # Errors
     /// A malformed or unknown-version snapshot.
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()>;
+
+    /// The synchronous half of a checkpoint, at the barrier: freezes the state so that later
+    /// writes do not show in it. The default encodes a canonical snapshot of every key group
+    /// now (a full snapshot); RocksDB takes a native checkpoint instead.
+    ///
+    /// # Errors
+    /// When the state cannot be frozen or encoded.
+    fn checkpoint(&mut self, _checkpoint: CheckpointId) -> Result<Box<dyn PendingSnapshot>> {
+        Ok(Box::new(CanonicalSnapshot(
+            self.snapshot(self.key_groups())?,
+        )))
+    }
+
+    /// Checkpoint `checkpoint` completed everywhere: incremental backends may now reuse the
+    /// shared files it references.
+    fn checkpoint_complete(&mut self, _checkpoint: CheckpointId) {}
+
+    /// Restores from the checkpoint files of this operator: those of every old subtask whose
+    /// key groups overlap this backend's (so a rescale works). Call after registering states
+    /// and before the first record. The default accepts canonical `.keyed` files.
+    ///
+    /// # Errors
+    /// Unreadable, corrupt or foreign files.
+    fn restore_files(&mut self, store: &dyn CheckpointStore, files: &[FileRef]) -> Result<()> {
+        let blobs = read_canonical(store, files)?;
+        let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+        self.restore(&refs)
+    }
 
     /// Sets the key's value.
     ///
