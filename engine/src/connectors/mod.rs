@@ -11,6 +11,7 @@ use weir_schema::{CsvOptions, RecordFormat};
 use crate::runtime::error::Result;
 
 pub mod file;
+pub mod file_sink;
 pub mod generator;
 pub mod stdin;
 pub mod stdout;
@@ -39,11 +40,16 @@ pub struct SourceContext {
     pub parallelism: u32,
     /// Malformed inputs skipped under `on_error: skip`.
     pub skipped: u64,
+    /// The checkpoint this run restored from (`None` on a fresh start).
+    pub restored_from: Option<u64>,
 }
 
 /// One source subtask.
 ///
-/// Call order: `open` → (`restore`) → `poll`* (with `snapshot` between polls) → `close`.
+/// Call order: `open` → (`restore`, when starting from a checkpoint) → `poll`* (with
+/// `snapshot` between polls, at barriers) → `close`. A replayable source's snapshot is its
+/// exact position: restoring it and polling again yields exactly the records that followed
+/// the snapshot in the first run, in the same order.
 pub trait Source: Send {
     /// Opens files or connections.
     ///
@@ -67,7 +73,7 @@ pub trait Source: Send {
         Ok(Vec::new())
     }
 
-    /// Resumes from a snapshot; call before the first poll.
+    /// Resumes from a snapshot; called after `open`, before the first poll.
     ///
     /// # Errors
     /// A malformed snapshot.
