@@ -24,6 +24,15 @@ pub struct RunArgs {
     /// No live status line, even on a terminal.
     #[arg(long)]
     pub no_progress: bool,
+    /// Ignore existing checkpoints (they are deleted) and start from the beginning. By
+    /// default a pipeline whose checkpoint storage holds a completed checkpoint resumes from
+    /// the latest valid one.
+    #[arg(long, conflicts_with = "from_checkpoint")]
+    pub fresh: bool,
+    /// Resume from this checkpoint directory (`<storage>/<pipeline>/chk-<n>`) instead of the
+    /// latest one.
+    #[arg(long, value_name = "PATH")]
+    pub from_checkpoint: Option<PathBuf>,
 }
 
 fn init_logs() {
@@ -104,12 +113,52 @@ fn print_summary(s: &JobSummary) {
             ms(p.first_record),
             ms(p.first_output)
         ));
-        if let Some(e) = &p.error {
-            out.push_str(&format!("  error: {e}\n"));
+        let mut notes = Vec::new();
+        if let Some(c) = p.restored_from {
+            notes.push(format!("resumed from checkpoint {c}"));
+        }
+        if p.checkpoints > 0 {
+            notes.push(format!("{} checkpoints", p.checkpoints));
+        }
+        if p.restarts > 0 {
+            notes.push(format!("{} restarts", p.restarts));
+        }
+        if p.degraded > 0 {
+            notes.push(format!("DEGRADED: {} tasks down", p.degraded));
+        }
+        if !notes.is_empty() {
+            out.push_str(&format!("  {}\n", notes.join(", ")));
         }
     }
     out.push_str(&format!("total wall time {:.3}s\n", s.wall.as_secs_f64()));
     eprint!("{out}");
+    for p in &s.pipelines {
+        if let Some(e) = &p.error {
+            eprintln!("{:?}", failure_report(&p.id, e));
+        }
+    }
+}
+
+/// A miette report for a pipeline that failed for good: the error names the pipeline,
+/// operator, subtask and record; the help says what gave up and what to do.
+fn failure_report(pipeline: &str, e: &weir_engine::runtime::error::RunError) -> miette::Report {
+    use weir_engine::runtime::error::RunError;
+    let (cause, reason) = match e {
+        RunError::GaveUp { reason, cause } => (cause.as_ref(), Some(reason.as_str())),
+        other => (other, None),
+    };
+    let help = match reason {
+        Some(r) => format!(
+            "{r}. Fix the cause and run again: with checkpoints, the run resumes from the latest one; \
+             `restart:` in the pipeline sets how often Weir retries"
+        ),
+        None => "fix the cause and run again".to_owned(),
+    };
+    miette::miette!(
+        code = "weir::run::pipeline_failed",
+        help = help,
+        "pipeline `{pipeline}` failed: {cause}"
+    )
 }
 
 /// Runs `weir run`.
@@ -147,6 +196,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
         progress,
         worker_threads: args.workers,
         started: Some(started),
+        recovery: job::RecoveryOptions {
+            fresh: args.fresh,
+            from_checkpoint: args.from_checkpoint.clone(),
+        },
         ..JobOptions::default()
     };
     match job::run(plan, options) {

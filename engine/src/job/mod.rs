@@ -2,26 +2,23 @@
 //! pipeline's chains spawned as one task per subtask and wired with bounded channels; then a
 //! [`JobSummary`] per operator (records in/out, errors), wall time and throughput.
 //!
-//! Restart strategies and checkpoints belong to the next issue: today a failed task fails its
-//! pipeline (other pipelines go on), and `checkpoints:` is accepted but not yet acted on.
+//! Each pipeline runs under its own supervisor (`pipeline`), which takes checkpoints and
+//! applies the restart and failover strategies; a pipeline that fails for good never stops
+//! the others.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
-use crate::connectors::SourceContext;
-use crate::operators::registry::{self, BuildContext, NodeBuilder};
-use crate::operators::union::UnionOperator;
-use crate::operators::{ErrorPolicy, Operator, OperatorContext};
-use crate::plan::{FilePlan, NodeKind, Partitioning, PipelinePlan};
-use crate::record::KeyGroupRange;
+use crate::plan::{FilePlan, NodeKind, PipelinePlan};
 use crate::runtime::error::{Result, RunError};
-use crate::runtime::exchange::{Output, Target};
-use crate::runtime::task::{ChainNode, ChainTask, Control, run_chain, run_source};
-use crate::runtime::{CHANNEL_CAPACITY, Envelope, NodeMetrics, NodeReport};
-use crate::state::MemoryBackend;
+use crate::runtime::task::Control;
+use crate::runtime::{NodeMetrics, NodeReport};
+
+mod pipeline;
+mod wiring;
+
+pub use pipeline::RecoveryOptions;
 
 /// Live progress of one pipeline, for status lines.
 #[derive(Clone, Debug)]
@@ -53,6 +50,8 @@ pub struct JobOptions {
     /// The instant times are measured from (default: when the job starts), e.g. the
     /// process start so that validation counts in the time to first record.
     pub started: Option<Instant>,
+    /// Where pipelines with checkpoints start from.
+    pub recovery: RecoveryOptions,
 }
 
 /// One node's totals.
@@ -89,6 +88,14 @@ pub struct PipelineSummary {
     pub first_output: Option<Duration>,
     /// Time from the job's start until a source produced its first record.
     pub first_record: Option<Duration>,
+    /// Restarts after failures.
+    pub restarts: u32,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// The checkpoint the run resumed from.
+    pub restored_from: Option<u64>,
+    /// Tasks left down by failover `noop`.
+    pub degraded: usize,
 }
 
 impl PipelineSummary {
@@ -192,8 +199,9 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
         );
         reports_all.push((pipeline.id.clone(), Arc::clone(&reports)));
         let r = Arc::clone(&reports);
+        let recovery = options.recovery.clone();
         running.push(tokio::spawn(async move {
-            run_pipeline(pipeline, r, control, started).await
+            run_pipeline(pipeline, r, control, started, recovery).await
         }));
     }
     let done = Arc::new(std::sync::Mutex::new(vec![false; running.len()]));
@@ -217,6 +225,10 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
             wall: started.elapsed(),
             first_output: None,
             first_record: None,
+            restarts: 0,
+            checkpoints: 0,
+            restored_from: None,
+            degraded: 0,
         });
         if let Ok(mut d) = done.lock() {
             d[i] = true;
@@ -242,6 +254,10 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
             wall: outcome.wall,
             first_output: outcome.first_output,
             first_record: outcome.first_record,
+            restarts: outcome.restarts,
+            checkpoints: outcome.checkpoints,
+            restored_from: outcome.restored_from,
+            degraded: outcome.degraded,
         });
     }
     if let Some(t) = progress_task {
@@ -307,6 +323,10 @@ struct PipelineOutcome {
     wall: Duration,
     first_output: Option<Duration>,
     first_record: Option<Duration>,
+    restarts: u32,
+    checkpoints: u64,
+    restored_from: Option<u64>,
+    degraded: usize,
 }
 
 async fn run_pipeline(
@@ -314,22 +334,9 @@ async fn run_pipeline(
     reports: Arc<Vec<NodeReport>>,
     control: Arc<Control>,
     started: Instant,
+    recovery: RecoveryOptions,
 ) -> PipelineOutcome {
-    if plan.spec.checkpoints.enabled {
-        tracing::warn!(pipeline = %plan.id, "Checkpoints are not implemented yet; running without them.");
-    }
-    let handles = match spawn_pipeline(&plan, &reports, &control) {
-        Ok(h) => h,
-        Err(e) => {
-            return PipelineOutcome {
-                error: Some(e),
-                wall: started.elapsed(),
-                first_output: None,
-                first_record: None,
-            };
-        }
-    };
-    tracing::info!(pipeline = %plan.id, tasks = handles.len(), "Pipeline started.");
+    let id = plan.id.clone();
     // Watch for the first record out of a source and into a sink (latency figures).
     let of_role = |role: &str| -> Vec<Arc<NodeMetrics>> {
         reports
@@ -359,217 +366,24 @@ async fn run_pipeline(
             }
         })
     };
-    let mut primary: Option<RunError> = None;
-    let mut secondary: Option<RunError> = None;
-    for h in handles {
-        let res = match h.await {
-            Ok(r) => r,
-            Err(e) => Err(RunError::Internal(format!("task panicked: {e}"))),
-        };
-        if let Err(e) = res {
-            control.failed.store(true, Ordering::Relaxed);
-            if e.is_secondary() {
-                secondary.get_or_insert(e);
-            } else {
-                primary.get_or_insert(e);
-            }
-        }
-    }
+    let ended = pipeline::supervise(plan, reports, control, recovery).await;
     watcher.abort();
-    let error = primary.or(secondary);
     let wall = started.elapsed();
-    match &error {
+    match &ended.error {
         None => {
-            tracing::info!(pipeline = %plan.id, wall_ms = wall.as_millis() as u64, "Pipeline finished.")
+            tracing::info!(pipeline = %id, wall_ms = wall.as_millis() as u64, restarts = ended.restarts, checkpoints = ended.checkpoints, "Pipeline finished.")
         }
-        Some(e) => tracing::error!(pipeline = %plan.id, error = %e, "Pipeline failed."),
+        Some(e) => tracing::error!(pipeline = %id, error = %e, "Pipeline failed."),
     }
     let (first_record, first_output) = first.lock().map(|f| *f).unwrap_or_default();
     PipelineOutcome {
-        error,
+        error: ended.error,
         wall,
         first_output,
         first_record,
+        restarts: ended.restarts,
+        checkpoints: ended.checkpoints,
+        restored_from: ended.restored_from,
+        degraded: ended.degraded.len(),
     }
-}
-
-type TaskHandle = tokio::task::JoinHandle<Result<()>>;
-
-fn spawn_pipeline(
-    plan: &PipelinePlan,
-    reports: &[NodeReport],
-    control: &Arc<Control>,
-) -> Result<Vec<TaskHandle>> {
-    let engine = Arc::new(crate::script::runtime::runtime_engine(&plan.spec.limits));
-    let bctx = BuildContext { plan, engine };
-    let builders: Vec<NodeBuilder> = plan
-        .nodes
-        .iter()
-        .map(|n| registry::build(n, &bctx))
-        .collect::<Result<_>>()?;
-    let pipeline: Arc<str> = plan.id.as_str().into();
-    let maxp = plan.max_parallelism;
-
-    // One channel per (chain, subtask) whose head is not a source.
-    let mut senders: Vec<Vec<Option<mpsc::Sender<Envelope>>>> = Vec::new();
-    let mut receivers: Vec<Vec<Option<mpsc::Receiver<Envelope>>>> = Vec::new();
-    let mut inputs: Vec<Vec<u32>> = Vec::new();
-    for chain in &plan.chains {
-        let head = chain
-            .nodes
-            .first()
-            .ok_or_else(|| RunError::Internal("empty chain".into()))?;
-        let is_source = matches!(plan.nodes[head.0].kind, NodeKind::Source(_));
-        let (mut tx, mut rx) = (Vec::new(), Vec::new());
-        for _ in 0..chain.parallelism {
-            if is_source {
-                tx.push(None);
-                rx.push(None);
-            } else {
-                let (t, r) = mpsc::channel(CHANNEL_CAPACITY);
-                tx.push(Some(t));
-                rx.push(Some(r));
-            }
-        }
-        senders.push(tx);
-        receivers.push(rx);
-        inputs.push(vec![0; chain.parallelism as usize]);
-    }
-
-    let mut handles = Vec::new();
-    let mut pending: Vec<(usize, u32, ChainTask)> = Vec::new();
-    for (ci, chain) in plan.chains.iter().enumerate() {
-        let p = chain.parallelism;
-        for s in 0..p {
-            let mut nodes = Vec::with_capacity(chain.nodes.len());
-            for (pos, &nid) in chain.nodes.iter().enumerate() {
-                let node = &plan.nodes[nid.0];
-                let (operator, keyed, counts_output): (Box<dyn Operator>, bool, bool) =
-                    match &builders[nid.0] {
-                        NodeBuilder::Source(_) => (Box::new(UnionOperator), false, true),
-                        NodeBuilder::Operator { factory, keyed } => (factory(s, p)?, *keyed, true),
-                        NodeBuilder::Sink(factory) => (factory(s, p)?, false, false),
-                    };
-                let on_error = match &node.kind {
-                    NodeKind::Operator(o) => ErrorPolicy::from(o.on_error()),
-                    _ => ErrorPolicy::Fail,
-                };
-                let key_groups = KeyGroupRange::for_subtask(maxp, p, s);
-                let ctx = OperatorContext {
-                    pipeline: Arc::clone(&pipeline),
-                    operator: node.id.as_str().into(),
-                    subtask: s,
-                    parallelism: p,
-                    max_parallelism: maxp,
-                    key_groups,
-                    on_error,
-                    dead_letters: Vec::new(),
-                    errors: 0,
-                    state: keyed.then(|| {
-                        Box::new(MemoryBackend::new(maxp, key_groups))
-                            as Box<dyn crate::state::StateBackend>
-                    }),
-                };
-                let next_in_chain = chain.nodes.get(pos + 1).copied();
-                let mut outputs = Vec::new();
-                let mut dead_letters = Vec::new();
-                for edge in plan.outputs_of(nid) {
-                    if Some(edge.to) == next_in_chain && !edge.dead_letter {
-                        continue;
-                    }
-                    let tc = plan.chain_of(edge.to).ok_or_else(|| {
-                        RunError::Internal(format!("node {} has no chain", edge.to.0))
-                    })?;
-                    if plan.chains[tc].nodes.first() != Some(&edge.to) {
-                        return Err(RunError::Internal(format!(
-                            "edge into `{}` enters the middle of a chain",
-                            plan.nodes[edge.to.0].id
-                        )));
-                    }
-                    let tp = plan.chains[tc].parallelism;
-                    let partitioning = match edge.partitioning {
-                        Partitioning::Forward if tp != p => Partitioning::Rebalance,
-                        other => other,
-                    };
-                    let subtasks: Vec<u32> = if partitioning == Partitioning::Forward {
-                        vec![s]
-                    } else {
-                        (0..tp).collect()
-                    };
-                    let mut targets = Vec::new();
-                    for t in subtasks {
-                        let sender = senders[tc][t as usize]
-                            .clone()
-                            .ok_or_else(|| RunError::Internal("an edge enters a source".into()))?;
-                        let input = inputs[tc][t as usize];
-                        inputs[tc][t as usize] += 1;
-                        targets.push(Target { sender, input });
-                    }
-                    let out = Output::new(
-                        partitioning,
-                        targets,
-                        maxp,
-                        Arc::clone(&pipeline),
-                        node.id.as_str().into(),
-                    );
-                    if edge.dead_letter {
-                        dead_letters.push(out)
-                    } else {
-                        outputs.push(out)
-                    }
-                }
-                nodes.push(ChainNode {
-                    operator,
-                    ctx,
-                    metrics: Arc::clone(&reports[nid.0].metrics),
-                    outputs,
-                    dead_letters,
-                    counts_output,
-                });
-            }
-            pending.push((ci, s, ChainTask { nodes }));
-        }
-    }
-    drop(senders);
-
-    for (ci, s, task) in pending {
-        let chain = &plan.chains[ci];
-        let head = &plan.nodes[chain.nodes[0].0];
-        let element: Arc<str> = head.id.as_str().into();
-        let control = Arc::clone(control);
-        match &builders[head.index.0] {
-            NodeBuilder::Source(factory) => {
-                let source = factory(s, chain.parallelism)?;
-                let sctx = SourceContext {
-                    pipeline: plan.id.clone(),
-                    source: head.id.clone(),
-                    subtask: s,
-                    parallelism: chain.parallelism,
-                    skipped: 0,
-                };
-                handles.push(tokio::spawn(async move {
-                    let r = run_source(source, sctx, task, Arc::clone(&control)).await;
-                    if r.is_err() {
-                        control.failed.store(true, Ordering::Relaxed);
-                    }
-                    r
-                }));
-            }
-            _ => {
-                let rx = receivers[ci][s as usize]
-                    .take()
-                    .ok_or_else(|| RunError::Internal("receiver taken twice".into()))?;
-                let expected = inputs[ci][s as usize] as usize;
-                let pipeline = Arc::clone(&pipeline);
-                handles.push(tokio::spawn(async move {
-                    let r = run_chain(rx, expected, task, pipeline, element).await;
-                    if r.is_err() {
-                        control.failed.store(true, Ordering::Relaxed);
-                    }
-                    r
-                }));
-            }
-        }
-    }
-    Ok(handles)
 }

@@ -25,7 +25,7 @@ pub mod union;
 
 /// One operator subtask. Only [`process`](Self::process) is required.
 ///
-/// Call order: `open` → (`restore`) → `process`* (with `snapshot` and
+/// Call order: `open` → (`restore`, when starting from a checkpoint) → `process`* (with `snapshot` and
 /// `notify_checkpoint_complete` between batches) → `on_end` (bounded input finished) →
 /// `close`. `close` also runs when the task stops early; `on_end` does not.
 pub trait Operator: Send {
@@ -44,12 +44,27 @@ pub trait Operator: Send {
     /// A failure under `on_error: fail`, or an I/O failure.
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()>;
 
-    /// Takes a snapshot at an aligned barrier (state lives in `ctx.state`, which the runtime
-    /// snapshots itself; this is for operator-local buffers).
+    /// Takes a snapshot of operator-local state (not keyed state: the runtime snapshots
+    /// `ctx.state` itself) at a barrier, e.g. a sink's pending files. `None`: nothing to keep.
+    /// Runs on the task between batches; keep it quick.
     ///
     /// # Errors
-    /// A failure aborts the checkpoint.
-    fn snapshot(&mut self, _checkpoint: u64, _ctx: &mut OperatorContext) -> Result<()> {
+    /// A failure declines the checkpoint.
+    fn snapshot(
+        &mut self,
+        _checkpoint: u64,
+        _ctx: &mut OperatorContext,
+    ) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+
+    /// Restores operator-local state after `open` and before the first record, when the task
+    /// starts from a checkpoint (`ctx.restored_from`); `snapshot` is what this subtask's
+    /// [`snapshot`](Self::snapshot) returned then (`None` when it returned nothing).
+    ///
+    /// # Errors
+    /// A malformed snapshot, or a failure to reconcile (the task fails).
+    fn restore(&mut self, _snapshot: Option<&[u8]>, _ctx: &mut OperatorContext) -> Result<()> {
         Ok(())
     }
 
@@ -125,6 +140,8 @@ pub struct OperatorContext {
     pub errors: u64,
     /// Keyed state, for keyed operators.
     pub state: Option<Box<dyn StateBackend>>,
+    /// The checkpoint this run restored from (`None` on a fresh start).
+    pub restored_from: Option<u64>,
 }
 
 impl OperatorContext {
@@ -141,6 +158,7 @@ impl OperatorContext {
             dead_letters: Vec::new(),
             errors: 0,
             state: None,
+            restored_from: None,
         }
     }
 

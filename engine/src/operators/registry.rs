@@ -242,11 +242,13 @@ fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Resul
             })?;
             let prefix = f.prefix.clone();
             let max = f.max_part_size.map(|s| s.bytes());
+            let two_phase =
+                crate::connectors::file_sink::uses_two_phase_commit(&ctx.plan.spec.checkpoints);
             Box::new(move |s, _| {
-                Ok(
-                    Box::new(FileSink::new(dir.clone(), prefix.clone(), csv, max, s))
-                        as Box<dyn Operator>,
-                )
+                Ok(Box::new(
+                    FileSink::new(dir.clone(), prefix.clone(), csv, max, s)
+                        .two_phase_commit(two_phase),
+                ) as Box<dyn Operator>)
             })
         }
         SinkSpec::Stdout(s) => {

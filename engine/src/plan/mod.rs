@@ -159,6 +159,10 @@ impl PipelinePlan {
         let p = p.as_ref();
         if p.is_absolute() {
             p.to_path_buf()
+        } else if self.base_dir.as_os_str().is_empty() {
+            // A file named without a directory: its paths are relative to `.`, spelled out
+            // so that every resolved path has a parent.
+            Path::new(".").join(p)
         } else {
             self.base_dir.join(p)
         }

@@ -80,6 +80,17 @@ pub enum RunError {
         /// Element id.
         element: String,
     },
+    /// Checkpoint storage or protocol trouble (writing or restoring a checkpoint).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The restart strategy gave up after this failure.
+    #[error("{cause}\n  {reason}")]
+    GaveUp {
+        /// Why it gave up (strategy, limit).
+        reason: String,
+        /// The failure that ended the pipeline.
+        cause: Box<RunError>,
+    },
     /// A bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -92,6 +103,8 @@ impl RunError {
             Self::Operator { .. } | Self::Parse { .. } | Self::Build { .. } => ErrorClass::User,
             Self::Io { .. } | Self::Disconnected { .. } => ErrorClass::External,
             Self::State(_) | Self::Internal(_) => ErrorClass::Internal,
+            Self::Checkpoint(e) => e.class(),
+            Self::GaveUp { cause, .. } => cause.class(),
         }
     }
 

@@ -4,17 +4,15 @@
 use tokio::sync::mpsc::Sender;
 
 use super::error::{Result, RunError};
-use super::{Batch, Envelope, Message};
+use super::{Barrier, Batch, Message};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 
-/// One downstream subtask's channel and the input index it knows this sender by.
+/// One downstream subtask's input channel (owned by this sender alone).
 #[derive(Clone, Debug)]
 pub struct Target {
     /// The channel.
-    pub sender: Sender<Envelope>,
-    /// Our input index at that receiver.
-    pub input: u32,
+    pub sender: Sender<Message>,
 }
 
 /// The sending side of one edge for one upstream subtask.
@@ -50,10 +48,7 @@ impl Output {
         let target = &self.targets[t];
         target
             .sender
-            .send(Envelope {
-                input: target.input,
-                message,
-            })
+            .send(message)
             .await
             .map_err(|_| RunError::Disconnected {
                 pipeline: self.pipeline.to_string(),
@@ -113,6 +108,17 @@ impl Output {
                 Ok(())
             }
         }
+    }
+
+    /// Sends a barrier to every target (after every record sent before it).
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn barrier(&mut self, barrier: Barrier) -> Result<()> {
+        for t in 0..self.targets.len() {
+            self.send_to(t, Message::Barrier(barrier)).await?;
+        }
+        Ok(())
     }
 
     /// Sends end-of-stream to every target.

@@ -18,6 +18,7 @@ use crate::record::Key;
 
 pub mod error;
 pub mod exchange;
+pub mod input;
 pub mod task;
 
 /// Records per batch that sources and exchanges aim for.
@@ -92,15 +93,6 @@ pub enum Message {
     Watermark(i64),
     /// The sender will send nothing more.
     EndOfStream,
-}
-
-/// A message with the input it came from (for barrier alignment).
-#[derive(Debug)]
-pub struct Envelope {
-    /// Index of the sending input channel among the receiver's inputs.
-    pub input: u32,
-    /// The message.
-    pub message: Message,
 }
 
 /// Counters of one plan node summed over its subtasks, updated once per batch.

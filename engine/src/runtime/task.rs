@@ -1,19 +1,36 @@
 //! The task loop: one tokio task per (chain, subtask). A chain is the run of operators that
 //! execute back to back on the same batch; each node may also send to other tasks through
-//! [`Output`]s. Source tasks poll a [`Source`]; other tasks read their one input channel
-//! until every upstream sender has sent end-of-stream.
+//! [`Output`]s. Source tasks poll a [`Source`]; other tasks read their input channels until
+//! every one has delivered end-of-stream.
+//!
+//! Checkpoints happen here, not in operators: a source task takes its snapshot when the
+//! coordinator's trigger arrives between two polls; any other task feeds the barriers it
+//! reads into a [`BarrierAligner`] and snapshots when the aligner says so. A snapshot has a
+//! synchronous half on the task (each operator's local state, each backend's frozen state)
+//! and an asynchronous half (writing the files) on the blocking pool, after which the task
+//! acknowledges with its file handles. Processing continues meanwhile.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rhai::Dynamic;
-use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
 
 use super::error::{Result, RunError};
 use super::exchange::Output;
-use super::{BATCH_SIZE, Batch, Envelope, Message, NodeMetrics};
+use super::input::{InputLease, Received};
+use super::{BATCH_SIZE, Barrier, Batch, Message, NodeMetrics};
+use crate::checkpoint::metadata::checkpoint_dir;
+use crate::checkpoint::storage::{read_verified, write_file};
+use crate::checkpoint::{
+    AlignerAction, AlignerStep, AlignmentMode, BarrierAligner, CheckpointId, CheckpointMetadata,
+    CheckpointStore, FileRef, SubtaskState, TaskId,
+};
 use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
+use crate::record::KeyGroupRange;
+use crate::state::{PendingSnapshot, SnapshotTarget};
 
 /// One node of a chain in one subtask.
 pub struct ChainNode {
@@ -142,6 +159,105 @@ impl ChainTask {
         Ok(())
     }
 
+    /// The synchronous half of a checkpoint: every node's local state and frozen keyed
+    /// state, upstream first.
+    ///
+    /// # Errors
+    /// An operator or backend that cannot snapshot (the checkpoint is declined).
+    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<NodeSnapshot>> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        for n in &mut self.nodes {
+            let local = n.operator.snapshot(checkpoint, &mut n.ctx)?;
+            let keyed = match n.ctx.state.as_mut() {
+                Some(state) => Some(state.checkpoint(checkpoint)?),
+                None => None,
+            };
+            out.push(NodeSnapshot {
+                operator: Arc::clone(&n.ctx.operator),
+                subtask: n.ctx.subtask,
+                key_groups: n.ctx.key_groups,
+                local,
+                keyed,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Sends a barrier on every output, dead-letter outputs included.
+    ///
+    /// # Errors
+    /// A disconnected downstream.
+    pub async fn forward_barrier(&mut self, barrier: Barrier) -> Result<()> {
+        for node in &mut self.nodes {
+            for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
+                o.barrier(barrier).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoint `checkpoint` completed: sinks commit, backends may reuse its files.
+    ///
+    /// # Errors
+    /// A failure to commit.
+    pub fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        for n in &mut self.nodes {
+            n.operator
+                .notify_checkpoint_complete(checkpoint, &mut n.ctx)?;
+            if let Some(state) = n.ctx.state.as_mut() {
+                state.checkpoint_complete(checkpoint);
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores every node from checkpoint files, after `open`: local state from this
+    /// subtask's own `.op` file, keyed state from the files of every old subtask whose key
+    /// groups overlap this one's. With `skip_first`, node 0 (a source's pass-through, whose
+    /// `.op` file is the source position) gets no local state.
+    ///
+    /// # Errors
+    /// Missing, corrupt or undecodable files.
+    pub fn restore(&mut self, from: &TaskRestore, skip_first: bool) -> Result<()> {
+        let store = &*from.store;
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            let op = Arc::clone(&n.ctx.operator);
+            let op: &str = &op;
+            if !(skip_first && i == 0) {
+                let local = read_local(from, op, n.ctx.subtask)?;
+                n.operator.restore(local.as_deref(), &mut n.ctx)?;
+            }
+            if let Some(state) = n.ctx.state.as_mut() {
+                let range = n.ctx.key_groups;
+                let files: Vec<FileRef> = from
+                    .metadata
+                    .subtasks
+                    .iter()
+                    .filter(|st| st.operator == op)
+                    .filter(|st| overlaps(KeyGroupRange::from(st.key_groups), range))
+                    .flat_map(|st| st.files.iter().filter(|f| !is_local_file(&f.path)))
+                    .cloned()
+                    .collect();
+                state.restore_files(store, &files)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends end-of-stream on every output without running anything (a task restored as
+    /// finished).
+    ///
+    /// # Errors
+    /// A disconnected downstream.
+    pub async fn end_outputs(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
+                o.end().await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Closes every operator (flushes sinks); the first error wins.
     ///
     /// # Errors
@@ -162,18 +278,269 @@ impl ChainTask {
 pub struct Control {
     /// Sources stop at the next batch boundary and the pipeline drains (SIGINT/SIGTERM).
     pub stop: AtomicBool,
-    /// A task failed: sources stop and the pipeline winds down.
-    pub failed: AtomicBool,
 }
 
 impl Control {
     fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
+        self.stop.load(Ordering::Relaxed)
     }
 }
 
+/// One node's part of a checkpoint, frozen at the barrier.
+pub struct NodeSnapshot {
+    /// The operator (or source, or sink) id.
+    pub operator: Arc<str>,
+    /// Its subtask.
+    pub subtask: u32,
+    /// Its key groups.
+    pub key_groups: KeyGroupRange,
+    /// Operator-local state (a source's position, a sink's pending files).
+    pub local: Option<Vec<u8>>,
+    /// Keyed state, to be written.
+    pub keyed: Option<Box<dyn PendingSnapshot>>,
+}
+
+/// File-name suffix of operator-local state.
+pub const LOCAL_SUFFIX: &str = ".op";
+
+fn is_local_file(path: &str) -> bool {
+    path.ends_with(LOCAL_SUFFIX)
+}
+
+fn overlaps(a: KeyGroupRange, b: KeyGroupRange) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Writes one task's snapshots into `chk-<n>/`: `<op>-<subtask>.op` for local state, the
+/// backend's files for keyed state. Returns one [`SubtaskState`] per node (also for nodes
+/// without state, so that a restore knows the operator existed).
+///
+/// # Errors
+/// Storage failures.
+pub fn write_snapshots(
+    store: &dyn CheckpointStore,
+    checkpoint: CheckpointId,
+    snapshots: Vec<NodeSnapshot>,
+) -> Result<Vec<SubtaskState>> {
+    let mut out = Vec::with_capacity(snapshots.len());
+    for s in snapshots {
+        let name = format!("{}-{}", s.operator, s.subtask);
+        let prefix = format!("{}/{name}", checkpoint_dir(checkpoint));
+        let mut files = Vec::new();
+        if let Some(bytes) = s.local {
+            files.push(write_file(
+                store,
+                &format!("{prefix}{LOCAL_SUFFIX}"),
+                &bytes,
+            )?);
+        }
+        if let Some(keyed) = s.keyed {
+            let target = SnapshotTarget {
+                checkpoint,
+                private_prefix: prefix,
+                shared_prefix: format!("shared/{name}"),
+            };
+            files.extend(keyed.write(store, &target)?);
+        }
+        out.push(SubtaskState {
+            operator: s.operator.to_string(),
+            subtask: s.subtask,
+            key_groups: s.key_groups.into(),
+            files,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads one subtask's local-state file from a checkpoint, if it has one.
+///
+/// # Errors
+/// A corrupt or unreadable file.
+pub fn read_local(from: &TaskRestore, operator: &str, subtask: u32) -> Result<Option<Vec<u8>>> {
+    let Some(file) = from
+        .metadata
+        .subtask(operator, subtask)
+        .and_then(|st| st.files.iter().find(|f| is_local_file(&f.path)))
+    else {
+        return Ok(None);
+    };
+    Ok(Some(read_verified(&*from.store, file)?))
+}
+
+/// What a task restores from.
+#[derive(Clone)]
+pub struct TaskRestore {
+    /// The checkpoint storage.
+    pub store: Arc<dyn CheckpointStore>,
+    /// The checkpoint.
+    pub metadata: Arc<CheckpointMetadata>,
+}
+
+/// What the pipeline's supervisor tells a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskCommand {
+    /// Sources: take checkpoint `barrier` now and send the barrier downstream.
+    Trigger(Barrier),
+    /// The checkpoint completed (commit).
+    Complete(CheckpointId),
+}
+
+/// What a task tells the pipeline's supervisor.
+#[derive(Debug)]
+pub enum TaskEvent {
+    /// The task's part of a checkpoint is written.
+    Ack {
+        /// The task.
+        task: TaskId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// One entry per node.
+        states: Vec<SubtaskState>,
+    },
+    /// The task could not take part in a checkpoint.
+    Decline {
+        /// The task.
+        task: TaskId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// `None`: subsumed by a newer barrier (not a failure); otherwise the error.
+        error: Option<String>,
+    },
+}
+
+/// Checkpoint settings of a task.
+#[derive(Clone)]
+pub struct Checkpointing {
+    /// Where snapshots go.
+    pub store: Arc<dyn CheckpointStore>,
+    /// Whether inputs are parked during alignment.
+    pub mode: AlignmentMode,
+}
+
+/// A task's link to its pipeline: identity, commands in, events out, checkpoint settings.
+pub struct TaskEnv {
+    /// The task.
+    pub task: TaskId,
+    /// Pipeline id (for errors).
+    pub pipeline: Arc<str>,
+    /// Id of the chain's first element (for errors).
+    pub element: Arc<str>,
+    /// Commands from the supervisor.
+    pub commands: UnboundedReceiver<TaskCommand>,
+    /// Events to the supervisor.
+    pub events: UnboundedSender<TaskEvent>,
+    /// Checkpoints, when enabled.
+    pub checkpointing: Option<Checkpointing>,
+    /// Restore from this checkpoint before the first record.
+    pub restore: Option<TaskRestore>,
+    /// Stop flag.
+    pub control: Arc<Control>,
+    /// Snapshot writes in flight; awaited before the task reports itself finished, so that
+    /// its acknowledgements always precede its end.
+    writes: Vec<JoinHandle<()>>,
+}
+
+impl TaskEnv {
+    /// An environment for a task.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        task: TaskId,
+        pipeline: Arc<str>,
+        element: Arc<str>,
+        commands: UnboundedReceiver<TaskCommand>,
+        events: UnboundedSender<TaskEvent>,
+        checkpointing: Option<Checkpointing>,
+        restore: Option<TaskRestore>,
+        control: Arc<Control>,
+    ) -> Self {
+        Self {
+            task,
+            pipeline,
+            element,
+            commands,
+            events,
+            checkpointing,
+            restore,
+            control,
+            writes: Vec::new(),
+        }
+    }
+
+    /// Starts writing a snapshot off the task; the ack (or decline) follows when it is done.
+    fn write_async(&mut self, checkpoint: CheckpointId, snapshots: Vec<NodeSnapshot>) {
+        let Some(ck) = &self.checkpointing else {
+            return;
+        };
+        let store = Arc::clone(&ck.store);
+        let events = self.events.clone();
+        let task = self.task;
+        self.writes.retain(|h| !h.is_finished());
+        self.writes.push(tokio::task::spawn_blocking(move || {
+            let event = match write_snapshots(&*store, checkpoint, snapshots) {
+                Ok(states) => TaskEvent::Ack {
+                    task,
+                    checkpoint,
+                    states,
+                },
+                Err(e) => TaskEvent::Decline {
+                    task,
+                    checkpoint,
+                    error: Some(e.to_string()),
+                },
+            };
+            let _ = events.send(event);
+        }));
+    }
+
+    fn decline(&self, checkpoint: CheckpointId, error: Option<String>) {
+        let _ = self.events.send(TaskEvent::Decline {
+            task: self.task,
+            checkpoint,
+            error,
+        });
+    }
+
+    /// Waits for every snapshot write in flight.
+    async fn settle(&mut self) {
+        for h in self.writes.drain(..) {
+            let _ = h.await;
+        }
+    }
+}
+
+/// Takes a checkpoint on a task: synchronous half, barrier downstream, asynchronous half.
+/// A failed synchronous half declines the checkpoint but still forwards the barrier, so
+/// that downstream alignment is not stuck.
+async fn checkpoint_task(
+    chain: &mut ChainTask,
+    env: &mut TaskEnv,
+    barrier: Barrier,
+    source: Option<&mut Box<dyn Source>>,
+) -> Result<()> {
+    let taken = (|| {
+        let position = match source {
+            Some(s) => Some(s.snapshot()?),
+            None => None,
+        };
+        let mut snaps = chain.snapshot(barrier.checkpoint)?;
+        if let (Some(p), Some(first)) = (position, snaps.first_mut()) {
+            first.local = Some(p);
+        }
+        Ok::<_, RunError>(snaps)
+    })();
+    chain.forward_barrier(barrier).await?;
+    match taken {
+        Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
+        Err(e) => {
+            tracing::warn!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
+            env.decline(barrier.checkpoint, Some(e.to_string()));
+        }
+    }
+    Ok(())
+}
+
 /// Runs a source task: polls the source and pushes each batch through the chain (whose first
-/// node is the source's pass-through).
+/// node is the source's pass-through); takes checkpoints when the supervisor triggers them.
 ///
 /// # Errors
 /// The source's or an operator's failure.
@@ -181,13 +548,25 @@ pub async fn run_source(
     mut source: Box<dyn Source>,
     mut sctx: SourceContext,
     mut chain: ChainTask,
-    control: Arc<Control>,
+    mut env: TaskEnv,
 ) -> Result<()> {
     let result = async {
         source.open(&mut sctx)?;
         chain.open()?;
+        if let Some(from) = env.restore.clone() {
+            let op = chain.nodes.first().map(|n| Arc::clone(&n.ctx.operator));
+            if let Some(op) = op
+                && let Some(position) = read_local(&from, &op, sctx.subtask)?
+            {
+                source.restore(&position)?;
+            }
+            chain.restore(&from, true)?;
+        }
         loop {
-            if control.should_stop() {
+            while let Ok(cmd) = env.commands.try_recv() {
+                source_command(cmd, &mut chain, &mut env, &mut source).await?;
+            }
+            if env.control.should_stop() {
                 break;
             }
             let mut out = Vec::with_capacity(BATCH_SIZE);
@@ -203,15 +582,21 @@ pub async fn run_source(
             }
             match poll {
                 Poll::Ready => tokio::task::consume_budget().await,
-                Poll::Idle(d) => tokio::time::sleep(d).await,
+                Poll::Idle(d) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(d) => {}
+                        Some(cmd) = env.commands.recv() => {
+                            source_command(cmd, &mut chain, &mut env, &mut source).await?;
+                        }
+                    }
+                }
                 Poll::Done => break,
             }
         }
-        if control.failed.load(Ordering::Relaxed) {
-            return Ok(());
-        }
         source.close()?;
-        chain.end().await
+        chain.end().await?;
+        env.settle().await;
+        Ok(())
     }
     .await;
     if result.is_err() {
@@ -220,41 +605,97 @@ pub async fn run_source(
     result
 }
 
-/// Runs a task fed by a channel until every one of `expected_ends` senders has sent
-/// end-of-stream.
+async fn source_command(
+    cmd: TaskCommand,
+    chain: &mut ChainTask,
+    env: &mut TaskEnv,
+    source: &mut Box<dyn Source>,
+) -> Result<()> {
+    match cmd {
+        TaskCommand::Trigger(barrier) => checkpoint_task(chain, env, barrier, Some(source)).await,
+        TaskCommand::Complete(n) => chain.notify_complete(n),
+    }
+}
+
+/// Runs a task fed by channels until every input has delivered end-of-stream, aligning
+/// barriers as the pipeline's checkpoint mode says.
 ///
 /// # Errors
-/// An operator failure, or [`RunError::Disconnected`] when upstream vanished early.
+/// An operator failure, or [`RunError::Disconnected`] when an upstream vanished early.
 pub async fn run_chain(
-    mut rx: Receiver<Envelope>,
-    expected_ends: usize,
+    mut inputs: InputLease,
     mut chain: ChainTask,
-    pipeline: Arc<str>,
-    element: Arc<str>,
+    mut env: TaskEnv,
 ) -> Result<()> {
     let result = async {
         chain.open()?;
-        let mut ends = 0;
-        while ends < expected_ends {
-            let Some(env) = rx.recv().await else {
-                return Err(RunError::Disconnected {
-                    pipeline: pipeline.to_string(),
-                    element: element.to_string(),
-                });
-            };
-            match env.message {
-                Message::Records(batch) => chain.push(0, batch).await?,
-                Message::EndOfStream => ends += 1,
-                // Checkpointing (next issue) aligns barriers here; watermarks pass untouched.
-                Message::Barrier(_) | Message::Watermark(_) => {}
+        if let Some(from) = env.restore.clone() {
+            chain.restore(&from, false)?;
+        }
+        let n = inputs.get().len();
+        let mode = env
+            .checkpointing
+            .as_ref()
+            .map_or(AlignmentMode::AtLeastOnce, |c| c.mode);
+        let mut aligner = BarrierAligner::new(n as u32, mode);
+        for i in 0..n {
+            if inputs.get().ended(i) {
+                let _ = aligner.on_end_of_stream(i as u32);
             }
         }
-        drop(rx);
-        chain.end().await
+        while !inputs.get().all_ended() {
+            let received = tokio::select! {
+                biased;
+                Some(cmd) = env.commands.recv() => {
+                    if let TaskCommand::Complete(n) = cmd {
+                        chain.notify_complete(n)?;
+                    }
+                    continue;
+                }
+                r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
+            };
+            let (input, message) = match received {
+                Received::Message(i, m) => (i, m),
+                Received::Closed(_) => {
+                    return Err(RunError::Disconnected {
+                        pipeline: env.pipeline.to_string(),
+                        element: env.element.to_string(),
+                    });
+                }
+            };
+            let step = match message {
+                Message::Records(batch) => {
+                    chain.push(0, batch).await?;
+                    continue;
+                }
+                Message::Watermark(_) => continue,
+                Message::Barrier(b) => aligner.on_barrier(input, b),
+                Message::EndOfStream => aligner.on_end_of_stream(input),
+            };
+            let step = step.map_err(|e| RunError::Internal(format!("{}: {e}", env.element)))?;
+            apply_step(step, &mut chain, &mut env).await?;
+        }
+        chain.end().await?;
+        env.settle().await;
+        Ok(())
     }
     .await;
     if result.is_err() {
         let _ = chain.close();
     }
     result
+}
+
+async fn apply_step(step: AlignerStep, chain: &mut ChainTask, env: &mut TaskEnv) -> Result<()> {
+    for id in step.aborted {
+        env.decline(id, None);
+    }
+    if let AlignerAction::Snapshot(barrier) = step.action {
+        if env.checkpointing.is_some() {
+            checkpoint_task(chain, env, barrier, None).await?;
+        } else {
+            chain.forward_barrier(barrier).await?;
+        }
+    }
+    Ok(())
 }

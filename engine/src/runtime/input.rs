@@ -1,0 +1,174 @@
+//! The receiving side of a task: one bounded channel per upstream sender, read round-robin,
+//! skipping inputs that the barrier aligner parked and inputs that ended. Keeping inputs
+//! apart is what lets exactly-once alignment stop reading one input (its sender then blocks
+//! on the full channel: backpressure, not buffering) while the others catch up.
+
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use tokio::sync::mpsc::Receiver;
+
+use super::Message;
+
+/// Every input channel of one task.
+#[derive(Debug)]
+pub struct InputSet {
+    receivers: Vec<Receiver<Message>>,
+    ended: Vec<bool>,
+    next: usize,
+}
+
+/// What [`InputSet::recv`] produced.
+#[derive(Debug)]
+pub enum Received {
+    /// A message from input `.0`.
+    Message(u32, Message),
+    /// Input `.0`'s sender vanished without end-of-stream (its task died).
+    Closed(u32),
+}
+
+impl InputSet {
+    /// Inputs over these receivers, indexed as given.
+    pub fn new(receivers: Vec<Receiver<Message>>) -> Self {
+        let n = receivers.len();
+        Self {
+            receivers,
+            ended: vec![false; n],
+            next: 0,
+        }
+    }
+
+    /// Number of inputs.
+    pub fn len(&self) -> usize {
+        self.receivers.len()
+    }
+
+    /// Whether the task has no inputs.
+    pub fn is_empty(&self) -> bool {
+        self.receivers.is_empty()
+    }
+
+    /// Whether every input delivered end-of-stream.
+    pub fn all_ended(&self) -> bool {
+        self.ended.iter().all(|&e| e)
+    }
+
+    /// Whether input `i` delivered end-of-stream (also in an earlier attempt of the task).
+    pub fn ended(&self, i: usize) -> bool {
+        self.ended.get(i).copied().unwrap_or(true)
+    }
+
+    /// Waits for the next message from an input that is neither ended nor `blocked`, taking
+    /// inputs in turn so that none starves. An end-of-stream marks its input ended.
+    /// Pending forever when every input is ended or blocked (the caller checks first).
+    pub async fn recv(&mut self, blocked: impl Fn(u32) -> bool) -> Received {
+        poll_fn(|cx| {
+            let n = self.receivers.len();
+            for k in 0..n {
+                let i = (self.next + k) % n;
+                if self.ended[i] || blocked(i as u32) {
+                    continue;
+                }
+                match self.receivers[i].poll_recv(cx) {
+                    Poll::Ready(Some(message)) => {
+                        self.next = (i + 1) % n;
+                        if matches!(message, Message::EndOfStream) {
+                            self.ended[i] = true;
+                        }
+                        return Poll::Ready(Received::Message(i as u32, message));
+                    }
+                    Poll::Ready(None) => {
+                        self.ended[i] = true;
+                        return Poll::Ready(Received::Closed(i as u32));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Where a task's inputs live between attempts: a task takes them when it starts and a
+/// [`InputLease`] puts them back when the task ends, panics or is aborted, so a restarted
+/// task (failover `individual`) reads the same channels.
+pub type InputSlot = Arc<Mutex<Option<InputSet>>>;
+
+/// Inputs borrowed from an [`InputSlot`] for one task attempt.
+#[derive(Debug)]
+pub struct InputLease {
+    inputs: Option<InputSet>,
+    slot: InputSlot,
+}
+
+impl InputLease {
+    /// Takes the inputs out of the slot; `None` when another attempt holds them.
+    pub fn take(slot: &InputSlot) -> Option<Self> {
+        let inputs = slot.lock().ok()?.take()?;
+        Some(Self {
+            inputs: Some(inputs),
+            slot: Arc::clone(slot),
+        })
+    }
+
+    /// The inputs.
+    ///
+    /// # Panics
+    /// Never: the inputs are present until drop.
+    pub fn get(&mut self) -> &mut InputSet {
+        #[allow(clippy::expect_used)]
+        self.inputs.as_mut().expect("inputs present until drop")
+    }
+}
+
+impl Drop for InputLease {
+    fn drop(&mut self) {
+        if let (Some(inputs), Ok(mut slot)) = (self.inputs.take(), self.slot.lock()) {
+            *slot = Some(inputs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::runtime::Batch;
+
+    #[tokio::test]
+    async fn blocked_inputs_are_not_read_and_ends_are_tracked() {
+        let (t0, r0) = mpsc::channel(4);
+        let (t1, r1) = mpsc::channel(4);
+        let mut inputs = InputSet::new(vec![r0, r1]);
+        t0.send(Message::Records(Batch::default()))
+            .await
+            .expect("send");
+        t1.send(Message::EndOfStream).await.expect("send");
+        // Input 0 is blocked: only input 1's end-of-stream comes out.
+        match inputs.recv(|i| i == 0).await {
+            Received::Message(1, Message::EndOfStream) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(!inputs.all_ended());
+        match inputs.recv(|_| false).await {
+            Received::Message(0, Message::Records(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        drop(t0);
+        assert!(matches!(inputs.recv(|_| false).await, Received::Closed(0)));
+        assert!(inputs.all_ended());
+    }
+
+    #[test]
+    fn a_lease_returns_the_inputs_when_dropped() {
+        let (_t, r) = mpsc::channel::<Message>(1);
+        let slot: InputSlot = Arc::new(Mutex::new(Some(InputSet::new(vec![r]))));
+        let lease = InputLease::take(&slot).expect("free");
+        assert!(InputLease::take(&slot).is_none());
+        drop(lease);
+        assert!(InputLease::take(&slot).is_some());
+    }
+}
