@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::plan::{FilePlan, NodeKind, PipelinePlan};
 use crate::runtime::error::{Result, RunError};
-use crate::runtime::task::Control;
+use crate::runtime::task::{Control, Fault};
 use crate::runtime::{NodeMetrics, NodeReport};
 
 mod pipeline;
@@ -52,6 +52,8 @@ pub struct JobOptions {
     pub started: Option<Instant>,
     /// Where pipelines with checkpoints start from.
     pub recovery: RecoveryOptions,
+    /// Faults to inject (recovery tests): `(pipeline id, operator id, fault)`.
+    pub faults: Vec<(String, String, Arc<Fault>)>,
 }
 
 /// One node's totals.
@@ -200,8 +202,14 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
         reports_all.push((pipeline.id.clone(), Arc::clone(&reports)));
         let r = Arc::clone(&reports);
         let recovery = options.recovery.clone();
+        let faults: Vec<(String, Arc<Fault>)> = options
+            .faults
+            .iter()
+            .filter(|(p, _, _)| *p == pipeline.id)
+            .map(|(_, op, f)| (op.clone(), Arc::clone(f)))
+            .collect();
         running.push(tokio::spawn(async move {
-            run_pipeline(pipeline, r, control, started, recovery).await
+            run_pipeline(pipeline, r, control, started, recovery, faults).await
         }));
     }
     let done = Arc::new(std::sync::Mutex::new(vec![false; running.len()]));
@@ -335,6 +343,7 @@ async fn run_pipeline(
     control: Arc<Control>,
     started: Instant,
     recovery: RecoveryOptions,
+    faults: Vec<(String, Arc<Fault>)>,
 ) -> PipelineOutcome {
     let id = plan.id.clone();
     // Watch for the first record out of a source and into a sink (latency figures).
@@ -366,7 +375,7 @@ async fn run_pipeline(
             }
         })
     };
-    let ended = pipeline::supervise(plan, reports, control, recovery).await;
+    let ended = pipeline::supervise(plan, reports, control, recovery, faults).await;
     watcher.abort();
     let wall = started.elapsed();
     match &ended.error {

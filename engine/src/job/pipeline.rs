@@ -39,7 +39,7 @@ use crate::runtime::error::{Result, RunError};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{
-    ChainNode, ChainTask, Checkpointing, Control, TaskCommand, TaskEnv, TaskEvent, TaskRestore,
+    ChainNode, ChainTask, Checkpointing, Control, Fault, TaskCommand, TaskEnv, TaskEvent, TaskRestore,
     run_chain, run_source,
 };
 use crate::runtime::{Message, NodeReport};
@@ -103,6 +103,7 @@ pub(super) async fn supervise(
     reports: Arc<Vec<NodeReport>>,
     control: Arc<Control>,
     recovery: RecoveryOptions,
+    faults: Vec<(String, Arc<Fault>)>,
 ) -> Ended {
     let mut ended = Ended {
         error: None,
@@ -112,7 +113,10 @@ pub(super) async fn supervise(
         degraded: Vec::new(),
     };
     let mut sup = match Supervisor::new(plan, reports, control, &recovery) {
-        Ok(s) => s,
+        Ok(mut s) => {
+            s.faults = faults.into_iter().collect();
+            s
+        }
         Err(e) => {
             ended.error = Some(e);
             return ended;
@@ -157,6 +161,8 @@ struct Supervisor {
     initial_restore: Option<TaskRestore>,
     /// Tasks aborted for a restart whose end has not been observed yet.
     aborting: BTreeSet<tokio::task::Id>,
+    /// Faults to inject, by operator id.
+    faults: HashMap<String, Arc<Fault>>,
 }
 
 fn build_error(plan: &PipelinePlan, message: impl Into<String>) -> RunError {
@@ -186,6 +192,7 @@ impl Supervisor {
                 .collect::<Result<_>>()?
         };
         let topology = Topology::of(&plan);
+        clear_local_state(&plan);
         let all: BTreeSet<TaskId> = all_tasks(&plan).into_iter().collect();
         let mut ck = setup_checkpoints(&plan)?;
         let mut restored: Option<TaskRestore> = None;
@@ -237,6 +244,7 @@ impl Supervisor {
             restored_from: restored.as_ref().map(|r| r.metadata.checkpoint),
             initial_restore: restored,
             aborting: BTreeSet::new(),
+            faults: HashMap::new(),
             plan: Arc::new(plan),
         })
     }
@@ -720,11 +728,7 @@ impl Supervisor {
                 Ok(Box::new(MemoryBackend::new(plan.max_parallelism, range)))
             }
             StateSpec::Rocksdb(spec) => {
-                let base = match &spec.path {
-                    Some(p) => plan.resolve_path(p),
-                    None => plan.resolve_path(format!(".weir/rocksdb/{}", plan.id)),
-                };
-                let dir = base.join(format!("{operator}-{subtask}"));
+                let dir = rocksdb_dir(plan, spec).join(format!("{operator}-{subtask}"));
                 Ok(Box::new(crate::state::rocksdb::RocksdbBackend::open(
                     &dir,
                     plan.max_parallelism,
@@ -785,6 +789,7 @@ impl Supervisor {
                 outputs,
                 dead_letters,
                 counts_output,
+                fault: self.faults.get(&node.id).cloned(),
             });
         }
         let mut chain_task = ChainTask { nodes };
@@ -854,6 +859,27 @@ impl Supervisor {
             },
         );
         Ok(())
+    }
+}
+
+/// The local working directory of a pipeline's RocksDB instances.
+fn rocksdb_dir(plan: &PipelinePlan, spec: &weir_schema::RocksdbSpec) -> PathBuf {
+    match &spec.path {
+        Some(p) => plan.resolve_path(p),
+        None => plan.resolve_path(format!(".weir/rocksdb/{}", plan.id)),
+    }
+}
+
+/// Removes RocksDB instances left behind by a process that was killed: local state is only
+/// a working copy, every restore downloads it again from checkpoint storage.
+fn clear_local_state(plan: &PipelinePlan) {
+    if let StateSpec::Rocksdb(spec) = &plan.spec.state {
+        let dir = rocksdb_dir(plan, spec);
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            tracing::warn!(pipeline = %plan.id, dir = %dir.display(), error = %e, "Cannot remove stale RocksDB working files.");
+        }
     }
 }
 

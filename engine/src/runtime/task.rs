@@ -46,6 +46,57 @@ pub struct ChainNode {
     pub dead_letters: Vec<Output>,
     /// Whether records leaving this node are counted as output (sinks count input only).
     pub counts_output: bool,
+    /// A fault to inject (recovery tests).
+    pub fault: Option<Arc<Fault>>,
+}
+
+/// How an injected fault strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The operator fails on the record, as a script that throws under `on_error: fail`.
+    Error,
+    /// The operator panics.
+    Panic,
+}
+
+/// A fault injected into one operator for recovery tests: it strikes once per process, on
+/// the record that makes the operator's input count (over every subtask and restart) reach
+/// `after`.
+#[derive(Debug)]
+pub struct Fault {
+    after: u64,
+    kind: FaultKind,
+    seen: std::sync::atomic::AtomicU64,
+    fired: AtomicBool,
+}
+
+impl Fault {
+    /// A fault striking at the `after`-th record (1-based).
+    pub fn new(after: u64, kind: FaultKind) -> Self {
+        Self {
+            after: after.max(1),
+            kind,
+            seen: std::sync::atomic::AtomicU64::new(0),
+            fired: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the fault has struck.
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` records; returns the index in the batch of the one to strike on.
+    fn hit(&self, n: usize) -> Option<usize> {
+        let before = self.seen.fetch_add(n as u64, Ordering::Relaxed);
+        if before < self.after
+            && before + n as u64 >= self.after
+            && !self.fired.swap(true, Ordering::Relaxed)
+        {
+            return Some((self.after - before - 1) as usize);
+        }
+        None
+    }
 }
 
 /// The nodes of one chain in one subtask, upstream first.
@@ -92,6 +143,20 @@ impl ChainTask {
         for i in from..n {
             let node = &mut self.nodes[i];
             let n_in = batch.len() as u64;
+            if let Some(f) = &node.fault
+                && let Some(at) = f.hit(batch.len())
+            {
+                let record = &batch.records[at.min(batch.len().saturating_sub(1))];
+                match f.kind {
+                    FaultKind::Error => {
+                        return Err(node.ctx.error(record, "injected fault (recovery test)"));
+                    }
+                    FaultKind::Panic => panic!(
+                        "injected panic in `{}` subtask {} (recovery test)",
+                        node.ctx.operator, node.ctx.subtask
+                    ),
+                }
+            }
             let errors_before = node.ctx.errors;
             node.operator.process(&mut batch, &mut node.ctx)?;
             let out = if node.counts_output {
