@@ -115,10 +115,22 @@ fn print_summary(s: &JobSummary) {
         ));
         let mut notes = Vec::new();
         if let Some(c) = p.restored_from {
-            notes.push(format!("resumed from checkpoint {c}"));
+            notes.push(format!(
+                "resumed from checkpoint {c}, processing everywhere after {}",
+                ms(p.all_processing)
+            ));
         }
         if p.checkpoints > 0 {
-            notes.push(format!("{} checkpoints", p.checkpoints));
+            let st = &p.checkpoint_stats;
+            let mut d: Vec<f64> = st.iter().map(|c| c.duration.as_secs_f64() * 1e3).collect();
+            d.sort_by(f64::total_cmp);
+            let median = d.get(d.len() / 2).copied().unwrap_or(0.0);
+            let last = st.last().map_or(0, |c| c.size);
+            let new: u64 = st.iter().map(|c| c.new_bytes).sum::<u64>() / st.len().max(1) as u64;
+            notes.push(format!(
+                "{} checkpoints (median {median:.1}ms, last {} bytes, {} new bytes on average)",
+                p.checkpoints, last, new
+            ));
         }
         if p.restarts > 0 {
             notes.push(format!("{} restarts", p.restarts));

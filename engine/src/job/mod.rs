@@ -18,7 +18,7 @@ use crate::runtime::{NodeMetrics, NodeReport};
 mod pipeline;
 mod wiring;
 
-pub use pipeline::RecoveryOptions;
+pub use pipeline::{CheckpointStats, RecoveryOptions};
 
 /// Live progress of one pipeline, for status lines.
 #[derive(Clone, Debug)]
@@ -98,6 +98,11 @@ pub struct PipelineSummary {
     pub restored_from: Option<u64>,
     /// Tasks left down by failover `noop`.
     pub degraded: usize,
+    /// Figures of every completed checkpoint.
+    pub checkpoint_stats: Vec<CheckpointStats>,
+    /// Time from the job's start until every operator and sink had processed a record (after
+    /// a restore: until processing was going again everywhere).
+    pub all_processing: Option<Duration>,
 }
 
 impl PipelineSummary {
@@ -237,6 +242,8 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
             checkpoints: 0,
             restored_from: None,
             degraded: 0,
+            stats: Vec::new(),
+            all_processing: None,
         });
         if let Ok(mut d) = done.lock() {
             d[i] = true;
@@ -266,6 +273,8 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
             checkpoints: outcome.checkpoints,
             restored_from: outcome.restored_from,
             degraded: outcome.degraded,
+            checkpoint_stats: outcome.stats,
+            all_processing: outcome.all_processing,
         });
     }
     if let Some(t) = progress_task {
@@ -335,6 +344,8 @@ struct PipelineOutcome {
     checkpoints: u64,
     restored_from: Option<u64>,
     degraded: usize,
+    stats: Vec<CheckpointStats>,
+    all_processing: Option<Duration>,
 }
 
 async fn run_pipeline(
@@ -355,7 +366,13 @@ async fn run_pipeline(
             .collect()
     };
     let (sources, sinks) = (of_role("source"), of_role("sink"));
-    let first = Arc::new(std::sync::Mutex::new((None::<Duration>, None::<Duration>)));
+    let downstream: Vec<Arc<NodeMetrics>> = reports
+        .iter()
+        .filter(|r| r.role != "source")
+        .map(|r| Arc::clone(&r.metrics))
+        .collect();
+    type Firsts = (Option<Duration>, Option<Duration>, Option<Duration>);
+    let first = Arc::new(std::sync::Mutex::new(Firsts::default()));
     let watcher = {
         let first = Arc::clone(&first);
         tokio::spawn(async move {
@@ -367,7 +384,10 @@ async fn run_pipeline(
                     if f.1.is_none() && sinks.iter().any(|m| m.read().0 > 0) {
                         f.1 = Some(started.elapsed());
                     }
-                    if f.0.is_some() && f.1.is_some() {
+                    if f.2.is_none() && downstream.iter().all(|m| m.read().0 > 0) {
+                        f.2 = Some(started.elapsed());
+                    }
+                    if f.0.is_some() && f.1.is_some() && f.2.is_some() {
                         break;
                     }
                 }
@@ -384,8 +404,10 @@ async fn run_pipeline(
         }
         Some(e) => tracing::error!(pipeline = %id, error = %e, "Pipeline failed."),
     }
-    let (first_record, first_output) = first.lock().map(|f| *f).unwrap_or_default();
+    let (first_record, first_output, all_processing) = first.lock().map(|f| *f).unwrap_or_default();
     PipelineOutcome {
+        stats: ended.stats,
+        all_processing,
         error: ended.error,
         wall,
         first_output,

@@ -39,8 +39,8 @@ use crate::runtime::error::{Result, RunError};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{
-    ChainNode, ChainTask, Checkpointing, Control, Fault, TaskCommand, TaskEnv, TaskEvent, TaskRestore,
-    run_chain, run_source,
+    ChainNode, ChainTask, Checkpointing, Control, Fault, TaskCommand, TaskEnv, TaskEvent,
+    TaskRestore, run_chain, run_source,
 };
 use crate::runtime::{Message, NodeReport};
 use crate::state::{MemoryBackend, StateBackend};
@@ -55,8 +55,23 @@ pub struct RecoveryOptions {
     pub from_checkpoint: Option<PathBuf>,
 }
 
+/// Figures of one completed checkpoint.
+#[derive(Clone, Debug)]
+pub struct CheckpointStats {
+    /// Its id.
+    pub checkpoint: CheckpointId,
+    /// From trigger to completion.
+    pub duration: Duration,
+    /// Bytes of every file it references.
+    pub size: u64,
+    /// Bytes of the files the previous completed checkpoint did not reference (what this one
+    /// wrote; for incremental RocksDB much less than `size`).
+    pub new_bytes: u64,
+}
+
 /// How a pipeline ended.
 pub(super) struct Ended {
+    pub stats: Vec<CheckpointStats>,
     pub error: Option<RunError>,
     pub restarts: u32,
     pub checkpoints: u64,
@@ -111,6 +126,7 @@ pub(super) async fn supervise(
         checkpoints: 0,
         restored_from: None,
         degraded: Vec::new(),
+        stats: Vec::new(),
     };
     let mut sup = match Supervisor::new(plan, reports, control, &recovery) {
         Ok(mut s) => {
@@ -128,6 +144,7 @@ pub(super) async fn supervise(
     ended.restarts = sup.restarts;
     ended.checkpoints = sup.completed_count;
     ended.degraded = sup.degraded.iter().copied().collect();
+    ended.stats = std::mem::take(&mut sup.stats);
     ended
 }
 
@@ -161,6 +178,10 @@ struct Supervisor {
     initial_restore: Option<TaskRestore>,
     /// Tasks aborted for a restart whose end has not been observed yet.
     aborting: BTreeSet<tokio::task::Id>,
+    /// When each checkpoint in flight was triggered.
+    triggered: BTreeMap<CheckpointId, Instant>,
+    /// Statistics of completed checkpoints.
+    stats: Vec<CheckpointStats>,
     /// Faults to inject, by operator id.
     faults: HashMap<String, Arc<Fault>>,
 }
@@ -244,6 +265,8 @@ impl Supervisor {
             restored_from: restored.as_ref().map(|r| r.metadata.checkpoint),
             initial_restore: restored,
             aborting: BTreeSet::new(),
+            triggered: BTreeMap::new(),
+            stats: Vec::new(),
             faults: HashMap::new(),
             plan: Arc::new(plan),
         })
@@ -427,6 +450,7 @@ impl Supervisor {
         for cmd in cmds {
             match cmd {
                 Command::Trigger(barrier) => {
+                    self.triggered.insert(barrier.checkpoint, Instant::now());
                     for (task, r) in &self.running {
                         if self.topology.sources.contains(task) {
                             let _ = r.commands.send(TaskCommand::Trigger(barrier));
@@ -455,6 +479,34 @@ impl Supervisor {
                         continue;
                     };
                     ck.metadata.retain(|&k, _| k > id);
+                    let started = self.triggered.remove(&id);
+                    self.triggered.retain(|&k, _| k > id);
+                    let previous: BTreeSet<&str> = ck
+                        .latest
+                        .as_ref()
+                        .map(|l| l.metadata.files().map(|f| f.path.as_str()).collect())
+                        .unwrap_or_default();
+                    let size: u64 = meta.files().map(|f| f.size).sum();
+                    let new_bytes: u64 = meta
+                        .files()
+                        .filter(|f| !previous.contains(f.path.as_str()))
+                        .map(|f| f.size)
+                        .sum();
+                    let stats = CheckpointStats {
+                        checkpoint: id,
+                        duration: started.map(|t| t.elapsed()).unwrap_or_default(),
+                        size,
+                        new_bytes,
+                    };
+                    tracing::info!(
+                        pipeline = %self.plan.id,
+                        checkpoint = id,
+                        duration_ms = stats.duration.as_millis() as u64,
+                        size_bytes = size,
+                        new_bytes,
+                        "Checkpoint statistics."
+                    );
+                    self.stats.push(stats);
                     ck.completed.push(CheckpointFiles::from_metadata(&meta));
                     ck.latest = Some(TaskRestore {
                         store: Arc::clone(&ck.store),
