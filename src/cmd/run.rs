@@ -161,15 +161,22 @@ fn failure_report(pipeline: &str, e: &weir_engine::runtime::error::RunError) -> 
     };
     let help = match reason {
         Some(r) => format!(
-            "{r}. Fix the cause and run again: with checkpoints, the run resumes from the latest one; \
-             `restart:` in the pipeline sets how often Weir retries"
+            "{}. Fix the cause and run again: with checkpoints, the run resumes from the latest \
+             one; `restart:` in the pipeline sets how often Weir retries",
+            r.split("; last failure").next().unwrap_or(r)
         ),
         None => "fix the cause and run again".to_owned(),
+    };
+    let text = cause.to_string();
+    let message = if text.contains(&format!("`{pipeline}`")) {
+        text
+    } else {
+        format!("pipeline `{pipeline}`: {text}")
     };
     miette::miette!(
         code = "weir::run::pipeline_failed",
         help = help,
-        "pipeline `{pipeline}` failed: {cause}"
+        "{message}"
     )
 }
 

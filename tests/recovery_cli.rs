@@ -1,0 +1,262 @@
+//! Crash recovery through the `weir` binary: a run killed after some checkpoints resumes from
+//! the latest valid one; a damaged latest checkpoint is skipped with a warning and the
+//! previous retained one is used; `--fresh` starts over; `--from-checkpoint` picks one; a
+//! restart strategy that gives up ends `weir run` with a non-zero exit and a report naming
+//! the pipeline, operator, subtask, error and record.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn weir() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.env("NO_COLOR", "1").env("RUST_LOG", "info");
+    c
+}
+
+/// A generator at a bounded rate: long enough to be killed after a few checkpoints.
+fn job(dir: &Path, rate: u64) -> std::path::PathBuf {
+    let yaml = dir.join("job.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            r#"version: 1
+pipelines:
+  - id: counts
+    parallelism: 2
+    state: {{ backend: fs }}
+    checkpoints: {{ interval: 100ms, storage: ck, retain: 3 }}
+    restart: {{ strategy: none }}
+    sources:
+      - id: gen
+        type: generator
+        seed: 7
+        count: 40000
+        rate: {rate}
+        fields:
+          seq: {{ kind: sequence }}
+          user: {{ kind: key, prefix: u, cardinality: 50 }}
+    operators:
+      - {{ id: by_user, type: key_by, input: gen, field: user }}
+      - id: totals
+        type: aggregate
+        input: by_user
+        emit: final
+        aggregations:
+          - {{ fn: count, as: n }}
+          - {{ fn: sum, field: seq, as: s }}
+    sinks:
+      - {{ id: out, type: file, input: totals, path: out }}
+"#
+        ),
+    )
+    .unwrap();
+    yaml
+}
+
+/// Runs until `checkpoints` checkpoints completed, then SIGKILLs the process.
+fn run_and_kill(yaml: &Path, checkpoints: usize) -> String {
+    let mut child = weir()
+        .args(["run", "--no-progress"])
+        .arg(yaml)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = String::new();
+    let mut seen = 0;
+    let stderr = child.stderr.take().unwrap();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        if line.contains("Checkpoint completed.") {
+            seen += 1;
+        }
+        log.push_str(&line);
+        log.push('\n');
+        if seen >= checkpoints {
+            child.kill().unwrap();
+            break;
+        }
+    }
+    let _ = child.wait();
+    assert!(
+        seen >= checkpoints,
+        "the run ended before {checkpoints} checkpoints:\n{log}"
+    );
+    log
+}
+
+fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
+    let out = weir()
+        .args(["run", "--no-progress"])
+        .args(extra)
+        .arg(yaml)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `user -> (n, s)` from the committed part files.
+fn totals(dir: &Path) -> BTreeMap<String, (i64, i64)> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        for line in std::fs::read_to_string(&p).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let key = v["key"].as_str().unwrap().to_owned();
+            let prev = m.insert(key, (v["n"].as_i64().unwrap(), v["s"].as_i64().unwrap()));
+            assert!(prev.is_none(), "a key appears twice in {}", dir.display());
+        }
+    }
+    m
+}
+
+fn checkpoints_on_disk(dir: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(dir.join("ck/counts"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("chk-")?.parse().ok()
+        })
+        .filter(|id| dir.join(format!("ck/counts/chk-{id}/_metadata")).exists())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn a_killed_run_resumes_and_skips_a_damaged_checkpoint() {
+    // The failure-free totals.
+    let clean = tempfile::tempdir().unwrap();
+    let yaml = job(clean.path(), 1_000_000);
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log}");
+    let expected = totals(&clean.path().join("out"));
+    assert_eq!(expected.len(), 50);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let yaml = job(tmp.path(), 8_000);
+    run_and_kill(&yaml, 4);
+    let ids = checkpoints_on_disk(tmp.path());
+    assert!(ids.len() >= 2, "retain: 3 keeps several: {ids:?}");
+    let latest = *ids.last().unwrap();
+    let previous = ids[ids.len() - 2];
+    // Damage the latest checkpoint: truncate one of its state files.
+    let chk = tmp.path().join(format!("ck/counts/chk-{latest}"));
+    let victim = std::fs::read_dir(&chk)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "keyed"))
+        .expect("a keyed-state file");
+    let bytes = std::fs::read(&victim).unwrap();
+    std::fs::write(&victim, &bytes[..bytes.len() / 2]).unwrap();
+
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("Skipping a checkpoint that cannot be restored") && log.contains("corrupt"),
+        "no warning about the damaged checkpoint:\n{log}"
+    );
+    assert!(
+        log.contains(&format!("resumed from checkpoint {previous}")),
+        "did not resume from checkpoint {previous}:\n{log}"
+    );
+    assert_eq!(totals(&tmp.path().join("out")), expected);
+
+    // The run finished: the next one starts fresh (and gives the same result).
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log}");
+    assert!(log.contains("previous run finished"), "{log}");
+    assert!(!log.contains("resumed from checkpoint"), "{log}");
+    assert_eq!(totals(&tmp.path().join("out")), expected);
+}
+
+#[test]
+fn fresh_and_from_checkpoint_choose_where_to_start() {
+    let clean = tempfile::tempdir().unwrap();
+    let yaml = job(clean.path(), 1_000_000);
+    assert!(run_to_end(&yaml, &[]).0);
+    let expected = totals(&clean.path().join("out"));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let yaml = job(tmp.path(), 8_000);
+    run_and_kill(&yaml, 3);
+    let ids = checkpoints_on_disk(tmp.path());
+    let first = ids[0];
+
+    assert!(ids.len() >= 2, "{ids:?}");
+
+    // --from-checkpoint picks an older one than the latest.
+    let chk = tmp.path().join(format!("ck/counts/chk-{first}"));
+    let (ok, log) = run_to_end(&yaml, &["--from-checkpoint", chk.to_str().unwrap()]);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains(&format!("resumed from checkpoint {first}")),
+        "{log}"
+    );
+    assert_eq!(totals(&tmp.path().join("out")), expected);
+
+    // --fresh ignores (and deletes) what is there.
+    run_and_kill(&yaml, 2);
+    let (ok, log) = run_to_end(&yaml, &["--fresh"]);
+    assert!(ok, "{log}");
+    assert!(log.contains("--fresh"), "{log}");
+    assert!(!log.contains("resumed from checkpoint"), "{log}");
+    assert_eq!(totals(&tmp.path().join("out")), expected);
+}
+
+#[test]
+fn giving_up_exits_non_zero_with_a_report_naming_the_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("in.jsonl"),
+        "{\"id\":1}\n{\"id\":2}\n{\"id\":42,\"note\":\"the bad one\"}\n{\"id\":4}\n",
+    )
+    .unwrap();
+    let yaml = tmp.path().join("p.yaml");
+    std::fs::write(
+        &yaml,
+        r#"version: 1
+pipelines:
+  - id: strict
+    restart: { strategy: fixed_delay, attempts: 2, delay: 10ms }
+    sources:
+      - { id: in, type: file, path: in.jsonl }
+    operators:
+      - id: check
+        type: map
+        input: in
+        script: |
+          fn map(r) { if r.id == 42 { throw "id 42 is not allowed"; } r }
+    sinks:
+      - { id: out, type: file, input: check, path: out }
+"#,
+    )
+    .unwrap();
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(!ok, "the run must fail:\n{log}");
+    for needle in [
+        "weir::run::pipeline_failed",
+        "strict",
+        "check",
+        "subtask 0",
+        "id 42 is not allowed",
+        "the bad one",
+        "all 2 restart attempts used",
+    ] {
+        assert!(log.contains(needle), "missing `{needle}` in:\n{log}");
+    }
+    assert_eq!(
+        log.matches("Restarting after a failure.").count(),
+        2,
+        "{log}"
+    );
+}
