@@ -173,8 +173,9 @@ pub enum StateSpec {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RocksdbSpec {
-    /// Local working directory for the live databases (one per subtask). Relative paths are
-    /// relative to the pipeline file. Default: `.weir/rocksdb/<pipeline-id>` next to the file.
+    /// Local working directory for the live databases: each subtask's database lives in
+    /// `<path>/<pipeline-id>/<operator>-<subtask>/`. Relative paths are relative to the
+    /// pipeline file. Default: `.weir/rocksdb` next to the file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Incremental checkpoints: upload only SST files that earlier retained checkpoints do not

@@ -155,11 +155,27 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let rt = builder
         .build()
         .map_err(|e| RunError::Internal(format!("cannot start the tokio runtime: {e}")))?;
-    Ok(rt.block_on(run_async(plan, options)))
+    // The control plane (supervisors, checkpoint timers, progress) runs on its own thread, so
+    // that checkpoints trigger on time however busy the workers are.
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("weir-control")
+        .build()
+        .map_err(|e| RunError::Internal(format!("cannot start the control runtime: {e}")))?;
+    let workers = rt.handle().clone();
+    let summary = control.block_on(run_async(plan, options, workers));
+    drop(control);
+    drop(rt);
+    Ok(summary)
 }
 
-/// Runs every pipeline of `plan` concurrently on the current tokio runtime.
-pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
+/// Runs every pipeline of `plan` concurrently: supervisors on the current tokio runtime,
+/// tasks on `workers`.
+pub async fn run_async(
+    plan: FilePlan,
+    options: JobOptions,
+    workers: tokio::runtime::Handle,
+) -> JobSummary {
     let started = options.started.unwrap_or_else(Instant::now);
     let controls: Vec<Arc<Control>> = plan
         .pipelines
@@ -213,8 +229,9 @@ pub async fn run_async(plan: FilePlan, options: JobOptions) -> JobSummary {
             .filter(|(p, _, _)| *p == pipeline.id)
             .map(|(_, op, f)| (op.clone(), Arc::clone(f)))
             .collect();
+        let workers = workers.clone();
         running.push(tokio::spawn(async move {
-            run_pipeline(pipeline, r, control, started, recovery, faults).await
+            run_pipeline(pipeline, r, control, started, recovery, faults, workers).await
         }));
     }
     let done = Arc::new(std::sync::Mutex::new(vec![false; running.len()]));
@@ -355,6 +372,7 @@ async fn run_pipeline(
     started: Instant,
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
+    workers: tokio::runtime::Handle,
 ) -> PipelineOutcome {
     let id = plan.id.clone();
     // Watch for the first record out of a source and into a sink (latency figures).
@@ -395,7 +413,7 @@ async fn run_pipeline(
             }
         })
     };
-    let ended = pipeline::supervise(plan, reports, control, recovery, faults).await;
+    let ended = pipeline::supervise(plan, reports, control, recovery, faults, workers).await;
     watcher.abort();
     let wall = started.elapsed();
     match &ended.error {

@@ -119,6 +119,7 @@ pub(super) async fn supervise(
     control: Arc<Control>,
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
+    workers: tokio::runtime::Handle,
 ) -> Ended {
     let mut ended = Ended {
         error: None,
@@ -128,7 +129,7 @@ pub(super) async fn supervise(
         degraded: Vec::new(),
         stats: Vec::new(),
     };
-    let mut sup = match Supervisor::new(plan, reports, control, &recovery) {
+    let mut sup = match Supervisor::new(plan, reports, control, &recovery, workers) {
         Ok(mut s) => {
             s.faults = faults.into_iter().collect();
             s
@@ -184,6 +185,8 @@ struct Supervisor {
     stats: Vec<CheckpointStats>,
     /// Faults to inject, by operator id.
     faults: HashMap<String, Arc<Fault>>,
+    /// The runtime tasks run on (the supervisor itself runs on the control thread).
+    workers: tokio::runtime::Handle,
 }
 
 fn build_error(plan: &PipelinePlan, message: impl Into<String>) -> RunError {
@@ -200,6 +203,7 @@ impl Supervisor {
         reports: Arc<Vec<NodeReport>>,
         control: Arc<Control>,
         recovery: &RecoveryOptions,
+        workers: tokio::runtime::Handle,
     ) -> Result<Self> {
         let engine = Arc::new(crate::script::runtime::runtime_engine(&plan.spec.limits));
         let builders: Vec<NodeBuilder> = {
@@ -268,6 +272,7 @@ impl Supervisor {
             triggered: BTreeMap::new(),
             stats: Vec::new(),
             faults: HashMap::new(),
+            workers,
             plan: Arc::new(plan),
         })
     }
@@ -686,29 +691,32 @@ impl Supervisor {
             Ok(o) => o,
             Err(_) => return,
         };
-        let id = self.join.spawn(async move {
-            let Some(mut lease) = InputLease::take(&slot) else {
-                return Ok(());
-            };
-            let mut last = 0;
-            while !lease.get().all_ended() {
-                match lease.get().recv(|_| false).await {
-                    crate::runtime::input::Received::Message(_, Message::Barrier(b))
-                        if b.checkpoint > last =>
-                    {
-                        last = b.checkpoint;
-                        for o in &mut outputs {
-                            o.barrier(b).await?;
+        let id = self.join.spawn_on(
+            async move {
+                let Some(mut lease) = InputLease::take(&slot) else {
+                    return Ok(());
+                };
+                let mut last = 0;
+                while !lease.get().all_ended() {
+                    match lease.get().recv(|_| false).await {
+                        crate::runtime::input::Received::Message(_, Message::Barrier(b))
+                            if b.checkpoint > last =>
+                        {
+                            last = b.checkpoint;
+                            for o in &mut outputs {
+                                o.barrier(b).await?;
+                            }
                         }
+                        _ => {}
                     }
-                    _ => {}
                 }
-            }
-            for o in &mut outputs {
-                o.end().await?;
-            }
-            Ok(())
-        });
+                for o in &mut outputs {
+                    o.end().await?;
+                }
+                Ok(())
+            },
+            &self.workers,
+        );
         let _ = id;
     }
 
@@ -865,7 +873,7 @@ impl Supervisor {
             // Finished before the checkpoint: everything it produced is in downstream state,
             // and its upstream is finished too. It only ends its outputs.
             self.join
-                .spawn(async move { chain_task.end_outputs().await })
+                .spawn_on(async move { chain_task.end_outputs().await }, &self.workers)
         } else {
             match &self.builders[head.index.0] {
                 NodeBuilder::Source(factory) => {
@@ -878,8 +886,10 @@ impl Supervisor {
                         skipped: 0,
                         restored_from,
                     };
-                    self.join
-                        .spawn(async move { run_source(source, sctx, chain_task, env).await })
+                    self.join.spawn_on(
+                        async move { run_source(source, sctx, chain_task, env).await },
+                        &self.workers,
+                    )
                 }
                 _ => {
                     let slot = self
@@ -888,14 +898,14 @@ impl Supervisor {
                         .ok_or_else(|| RunError::Internal(format!("{task} has no inputs")))?;
                     let element = head.id.clone();
                     let pipeline_id = plan.id.clone();
-                    self.join.spawn(async move {
+                    self.join.spawn_on(async move {
                         let Some(lease) = InputLease::take(&slot) else {
                             return Err(RunError::Internal(format!(
                                 "pipeline `{pipeline_id}`, `{element}`: inputs still held by a previous attempt"
                             )));
                         };
                         run_chain(lease, chain_task, env).await
-                    })
+                    }, &self.workers)
                 }
             }
         };
@@ -914,23 +924,43 @@ impl Supervisor {
     }
 }
 
-/// The local working directory of a pipeline's RocksDB instances.
+/// The local working directory of a pipeline's RocksDB instances:
+/// `<path>/<pipeline>/<operator>-<subtask>/db-<instance>/`.
 fn rocksdb_dir(plan: &PipelinePlan, spec: &weir_schema::RocksdbSpec) -> PathBuf {
-    match &spec.path {
+    let base = match &spec.path {
         Some(p) => plan.resolve_path(p),
-        None => plan.resolve_path(format!(".weir/rocksdb/{}", plan.id)),
-    }
+        None => plan.resolve_path(".weir/rocksdb"),
+    };
+    base.join(&plan.id)
 }
 
-/// Removes RocksDB instances left behind by a process that was killed: local state is only
-/// a working copy, every restore downloads it again from checkpoint storage.
+/// Removes RocksDB instances left behind by a killed process: local state is only a working
+/// copy (every restore downloads it again from checkpoint storage). Only directories the
+/// backend itself creates (`db-<hex>` under `<operator>-<subtask>/`) are touched, never
+/// anything else the directory may hold.
 fn clear_local_state(plan: &PipelinePlan) {
-    if let StateSpec::Rocksdb(spec) = &plan.spec.state {
-        let dir = rocksdb_dir(plan, spec);
-        if dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&dir)
-        {
-            tracing::warn!(pipeline = %plan.id, dir = %dir.display(), error = %e, "Cannot remove stale RocksDB working files.");
+    let StateSpec::Rocksdb(spec) = &plan.spec.state else {
+        return;
+    };
+    let dir = rocksdb_dir(plan, spec);
+    let Ok(subtasks) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for sub in subtasks.flatten() {
+        let Ok(instances) = std::fs::read_dir(sub.path()) else {
+            continue;
+        };
+        for inst in instances.flatten() {
+            let name = inst.file_name().to_string_lossy().into_owned();
+            let ours = name
+                .strip_prefix("db-")
+                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if ours
+                && inst.path().is_dir()
+                && let Err(e) = std::fs::remove_dir_all(inst.path())
+            {
+                tracing::warn!(pipeline = %plan.id, dir = %inst.path().display(), error = %e, "Cannot remove a stale RocksDB instance.");
+            }
         }
     }
 }
@@ -1026,6 +1056,15 @@ fn choose_restore(
         return Ok((None, last));
     }
     let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
+    // Directories without metadata never completed (a crash while writing): debris.
+    for id in store.list_checkpoints()? {
+        if matches!(
+            read_metadata(store, id),
+            Err(crate::checkpoint::CheckpointError::NotFound { .. })
+        ) {
+            let _ = delete_checkpoint(store, id);
+        }
+    }
     let choice = latest_valid(store, Verification::Checksums)?;
     for s in &choice.skipped {
         tracing::warn!(pipeline = %plan.id, checkpoint = s.checkpoint, reason = %s.reason, "Skipping a checkpoint that cannot be restored.");
@@ -1043,12 +1082,6 @@ fn choose_restore(
     let orphans = orphaned_shared(&store.list_shared()?, &ck.completed);
     for f in orphans {
         let _ = store.delete(&f);
-    }
-    // Incomplete checkpoints newer than the restored one are debris of the crash.
-    for id in store.list_checkpoints()? {
-        if id > meta.checkpoint && read_metadata(store, id).is_err() {
-            let _ = delete_checkpoint(store, id);
-        }
     }
     tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, dir = %checkpoint_dir(meta.checkpoint), "Resuming from the latest completed checkpoint.");
     Ok((
