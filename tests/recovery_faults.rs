@@ -17,8 +17,7 @@ use weir_engine::plan::{FilePlan, NodeKind};
 use weir_engine::runtime::task::{Fault, FaultKind};
 use weir_schema::units::DurationSpec;
 use weir_schema::{
-    CheckpointMode, CheckpointSpec, FixedDelaySpec, RestartSpec, SinkSpec,
-    StateSpec,
+    CheckpointMode, CheckpointSpec, FixedDelaySpec, RestartSpec, SinkSpec, StateSpec,
 };
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -174,12 +173,7 @@ fn reference_pipelines_recover_from(kind: FaultKind, state: StateSpec) {
         assert!(!targets.is_empty(), "{name}: no operator to fail");
 
         let mut plan = plan_of(&yaml);
-        with_checkpoints(
-            &mut plan,
-            &state,
-            5,
-            &tmp.path().join(format!("ck-{name}")),
-        );
+        with_checkpoints(&mut plan, &state, 5, &tmp.path().join(format!("ck-{name}")));
         let sinks = sinks_of(&plan);
         let faults: Vec<(String, String, Arc<Fault>)> = targets
             .iter()
@@ -408,7 +402,11 @@ pipelines:
     let individual = run("individual");
     assert_ok(&individual, "individual");
     assert_eq!(individual.pipelines[0].restarts, 1);
-    assert_eq!(count(&individual, "b_in"), 20_000, "individual: b untouched");
+    assert_eq!(
+        count(&individual, "b_in"),
+        20_000,
+        "individual: b untouched"
+    );
 
     let noop = run("noop");
     assert_ok(&noop, "noop");
