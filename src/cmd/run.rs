@@ -116,12 +116,13 @@ fn print_summary(s: &JobSummary) {
         let mut notes = Vec::new();
         if let Some(c) = p.restored_from {
             notes.push(format!(
-                "resumed from checkpoint {c}, processing everywhere after {}",
+                "resumed from checkpoint {c}, every operator processing after {}",
                 ms(p.all_processing)
             ));
         }
         if p.checkpoints > 0 {
-            let st = &p.checkpoint_stats;
+            // A checkpoint taken after every task finished holds no state: leave it out.
+            let st: Vec<_> = p.checkpoint_stats.iter().filter(|c| c.size > 0).collect();
             let mut d: Vec<f64> = st.iter().map(|c| c.duration.as_secs_f64() * 1e3).collect();
             d.sort_by(f64::total_cmp);
             let median = d.get(d.len() / 2).copied().unwrap_or(0.0);

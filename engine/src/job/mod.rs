@@ -100,8 +100,8 @@ pub struct PipelineSummary {
     pub degraded: usize,
     /// Figures of every completed checkpoint.
     pub checkpoint_stats: Vec<CheckpointStats>,
-    /// Time from the job's start until every operator and sink had processed a record (after
-    /// a restore: until processing was going again everywhere).
+    /// Time from the job's start until every operator had processed a record (after a
+    /// restore: until processing was going again everywhere).
     pub all_processing: Option<Duration>,
 }
 
@@ -384,9 +384,10 @@ async fn run_pipeline(
             .collect()
     };
     let (sources, sinks) = (of_role("source"), of_role("sink"));
+    // Operators only: a sink after an `emit: final` stage sees its first record at the end.
     let downstream: Vec<Arc<NodeMetrics>> = reports
         .iter()
-        .filter(|r| r.role != "source")
+        .filter(|r| r.role == "operator")
         .map(|r| Arc::clone(&r.metrics))
         .collect();
     type Firsts = (Option<Duration>, Option<Duration>, Option<Duration>);
