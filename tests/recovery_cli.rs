@@ -213,6 +213,55 @@ fn fresh_and_from_checkpoint_choose_where_to_start() {
     assert_eq!(totals(&tmp.path().join("out")), expected);
 }
 
+/// SIGTERM with checkpoints on: a final checkpoint, then a clean exit; the next run resumes
+/// from that checkpoint and the output is exact.
+#[test]
+fn sigterm_takes_a_final_checkpoint_and_the_next_run_resumes_from_it() {
+    let clean = tempfile::tempdir().unwrap();
+    let yaml = job(clean.path(), 1_000_000);
+    assert!(run_to_end(&yaml, &[]).0);
+    let expected = totals(&clean.path().join("out"));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let yaml = job(tmp.path(), 8_000);
+    let mut child = weir()
+        .args(["run", "--no-progress"])
+        .arg(&yaml)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut log = String::new();
+    let mut seen = 0;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen += usize::from(line.contains("Checkpoint completed."));
+        log.push_str(&line);
+        log.push('\n');
+        if seen >= 2 {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for line in lines {
+        log.push_str(&line.unwrap());
+        log.push('\n');
+    }
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{log}");
+    assert!(log.contains("Final checkpoint complete"), "{log}");
+    let (ok, log2) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log2}");
+    assert!(log2.contains("resumed from checkpoint"), "{log2}");
+    assert_eq!(totals(&tmp.path().join("out")), expected);
+}
+
 #[test]
 fn giving_up_exits_non_zero_with_a_report_naming_the_record() {
     let tmp = tempfile::tempdir().unwrap();

@@ -193,6 +193,7 @@ pub async fn run_async(
                 if stop.load(Ordering::Relaxed) {
                     for c in &controls {
                         c.stop.store(true, Ordering::Relaxed);
+                        c.stop_requested.notify_one();
                     }
                     break;
                 }

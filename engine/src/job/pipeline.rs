@@ -42,7 +42,7 @@ use crate::runtime::task::{
     ChainNode, ChainTask, Checkpointing, Control, Fault, TaskCommand, TaskEnv, TaskEvent,
     TaskRestore, run_chain, run_source,
 };
-use crate::runtime::{Message, NodeReport};
+use crate::runtime::{BarrierKind, Message, NodeReport};
 use crate::state::{MemoryBackend, StateBackend};
 
 /// Where a run starts from.
@@ -187,6 +187,10 @@ struct Supervisor {
     faults: HashMap<String, Arc<Fault>>,
     /// The runtime tasks run on (the supervisor itself runs on the control thread).
     workers: tokio::runtime::Handle,
+    /// The final checkpoint of a requested stop, once triggered.
+    stopping: Option<CheckpointId>,
+    /// When a stop stops waiting for its final checkpoint.
+    stop_deadline: Option<Instant>,
 }
 
 fn build_error(plan: &PipelinePlan, message: impl Into<String>) -> RunError {
@@ -273,6 +277,8 @@ impl Supervisor {
             stats: Vec::new(),
             faults: HashMap::new(),
             workers,
+            stopping: None,
+            stop_deadline: None,
             plan: Arc::new(plan),
         })
     }
@@ -306,6 +312,7 @@ impl Supervisor {
                     .as_ref()
                     .filter(|_| self.aborting.is_empty())
                     .map(|p| p.at),
+                self.stop_deadline,
             ]
             .into_iter()
             .flatten()
@@ -314,6 +321,9 @@ impl Supervisor {
                 biased;
                 Some(event) = self.events_rx.recv() => self.on_task_event(event),
                 Some(internal) = self.internal_rx.recv() => self.on_internal(internal),
+                () = self.control.stop_requested.notified(), if self.stopping.is_none() && self.coordinator.is_some() => {
+                    self.begin_stop();
+                }
                 Some(joined) = self.join.join_next_with_id(), if !self.join.is_empty() => {
                     let (id, result) = match joined {
                         Ok((id, r)) => (id, r),
@@ -339,6 +349,13 @@ impl Supervisor {
                     }
                 }
                 () = sleep_until(wake) => {
+                    if self.stop_deadline.is_some_and(|d| d <= Instant::now()) {
+                        self.stop_deadline = None;
+                        tracing::warn!(pipeline = %self.plan.id, "The final checkpoint is taking too long; stopping without it (the next run resumes from the last completed one).");
+                        for r in self.running.values() {
+                            let _ = r.commands.send(TaskCommand::Stop);
+                        }
+                    }
                     if let Some(c) = self.coordinator.as_mut() {
                         let cmds = c.poll(Instant::now());
                         self.execute(cmds)?;
@@ -479,6 +496,13 @@ impl Supervisor {
                     for r in self.running.values() {
                         let _ = r.commands.send(TaskCommand::Complete(id));
                     }
+                    if self.stopping == Some(id) {
+                        self.stop_deadline = None;
+                        tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");
+                        for r in self.running.values() {
+                            let _ = r.commands.send(TaskCommand::Stop);
+                        }
+                    }
                     let Some(ck) = self.ck.as_mut() else { continue };
                     let Some(meta) = ck.metadata.remove(&id) else {
                         continue;
@@ -531,7 +555,12 @@ impl Supervisor {
                     }
                 }
                 Command::Abort { barrier, reason } => {
-                    let _ = reason;
+                    if self.stopping == Some(barrier.checkpoint) {
+                        tracing::warn!(pipeline = %self.plan.id, %reason, "The final checkpoint failed; stopping anyway (the next run resumes from the last completed one).");
+                        for r in self.running.values() {
+                            let _ = r.commands.send(TaskCommand::Stop);
+                        }
+                    }
                     let Some(ck) = self.ck.as_mut() else { continue };
                     ck.metadata.remove(&barrier.checkpoint);
                     let store = Arc::clone(&ck.store);
@@ -662,6 +691,40 @@ impl Supervisor {
             self.spawn(*t, restore.clone())?;
         }
         Ok(())
+    }
+
+    /// A stop was requested: take a final checkpoint; the tasks stop when it completes.
+    fn begin_stop(&mut self) {
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        match c.trigger_now(Instant::now(), BarrierKind::SavepointThenStop) {
+            Ok(barrier) => {
+                tracing::info!(pipeline = %self.plan.id, checkpoint = barrier.checkpoint, "Stop requested: taking a final checkpoint.");
+                self.stopping = Some(barrier.checkpoint);
+                let wait = self
+                    .plan
+                    .spec
+                    .checkpoints
+                    .timeout
+                    .get()
+                    .min(Duration::from_secs(30));
+                self.stop_deadline = Some(Instant::now() + wait);
+                self.triggered.insert(barrier.checkpoint, Instant::now());
+                for (task, r) in &self.running {
+                    if self.topology.sources.contains(task) {
+                        let _ = r.commands.send(TaskCommand::Trigger(barrier));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::info!(pipeline = %self.plan.id, reason = %e, "Stop requested; no final checkpoint.");
+                self.stopping = Some(0);
+                for r in self.running.values() {
+                    let _ = r.commands.send(TaskCommand::Stop);
+                }
+            }
+        }
     }
 
     fn abort_all(&mut self) {

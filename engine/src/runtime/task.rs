@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::error::{Result, RunError};
 use super::exchange::Output;
 use super::input::{InputLease, Received};
-use super::{BATCH_SIZE, Barrier, Batch, Message, NodeMetrics};
+use super::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, NodeMetrics};
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::storage::{read_verified, write_file};
 use crate::checkpoint::{
@@ -341,8 +341,12 @@ impl ChainTask {
 /// Flags shared by a pipeline's tasks.
 #[derive(Debug, Default)]
 pub struct Control {
-    /// Sources stop at the next batch boundary and the pipeline drains (SIGINT/SIGTERM).
+    /// Stop requested (SIGINT/SIGTERM). Without checkpoints, sources stop at the next batch
+    /// boundary and the pipeline drains; with checkpoints, the supervisor takes a final
+    /// checkpoint and then stops every task (the next run resumes from it).
     pub stop: AtomicBool,
+    /// Wakes the supervisor when `stop` is set.
+    pub stop_requested: tokio::sync::Notify,
 }
 
 impl Control {
@@ -448,6 +452,9 @@ pub enum TaskCommand {
     Trigger(Barrier),
     /// The checkpoint completed (commit).
     Complete(CheckpointId),
+    /// Stop now, without end-of-input processing: the pipeline stops after a final
+    /// checkpoint and resumes from it next time.
+    Stop,
 }
 
 /// What a task tells the pipeline's supervisor.
@@ -627,12 +634,38 @@ pub async fn run_source(
             }
             chain.restore(&from, true)?;
         }
+        let mut paused = false;
         loop {
             while let Ok(cmd) = env.commands.try_recv() {
-                source_command(cmd, &mut chain, &mut env, &mut source).await?;
+                if let TaskCommand::Trigger(b) = cmd
+                    && b.kind == BarrierKind::SavepointThenStop
+                {
+                    paused = true;
+                }
+                if source_command(cmd, &mut chain, &mut env, &mut source).await? {
+                    source.close()?;
+                    chain.close()?;
+                    env.settle().await;
+                    return Ok(());
+                }
             }
-            if env.control.should_stop() {
+            if env.control.should_stop() && env.checkpointing.is_none() {
                 break;
+            }
+            if paused {
+                // After the final barrier: produce nothing more, wait for the stop.
+                match env.commands.recv().await {
+                    Some(cmd) => {
+                        if source_command(cmd, &mut chain, &mut env, &mut source).await? {
+                            source.close()?;
+                            chain.close()?;
+                            env.settle().await;
+                            return Ok(());
+                        }
+                    }
+                    None => break,
+                }
+                continue;
             }
             let mut out = Vec::with_capacity(BATCH_SIZE);
             let skipped_before = sctx.skipped;
@@ -651,7 +684,17 @@ pub async fn run_source(
                     tokio::select! {
                         () = tokio::time::sleep(d) => {}
                         Some(cmd) = env.commands.recv() => {
-                            source_command(cmd, &mut chain, &mut env, &mut source).await?;
+                            if let TaskCommand::Trigger(b) = cmd
+                                && b.kind == BarrierKind::SavepointThenStop
+                            {
+                                paused = true;
+                            }
+                            if source_command(cmd, &mut chain, &mut env, &mut source).await? {
+                                source.close()?;
+                                chain.close()?;
+                                env.settle().await;
+                                return Ok(());
+                            }
                         }
                     }
                 }
@@ -670,15 +713,20 @@ pub async fn run_source(
     result
 }
 
+/// Carries out a command on a source task; `true` means stop now.
 async fn source_command(
     cmd: TaskCommand,
     chain: &mut ChainTask,
     env: &mut TaskEnv,
     source: &mut Box<dyn Source>,
-) -> Result<()> {
+) -> Result<bool> {
     match cmd {
-        TaskCommand::Trigger(barrier) => checkpoint_task(chain, env, barrier, Some(source)).await,
-        TaskCommand::Complete(n) => chain.notify_complete(n),
+        TaskCommand::Trigger(barrier) => {
+            checkpoint_task(chain, env, barrier, Some(source)).await?;
+            Ok(false)
+        }
+        TaskCommand::Complete(n) => chain.notify_complete(n).map(|()| false),
+        TaskCommand::Stop => Ok(true),
     }
 }
 
@@ -712,8 +760,14 @@ pub async fn run_chain(
             let received = tokio::select! {
                 biased;
                 Some(cmd) = env.commands.recv() => {
-                    if let TaskCommand::Complete(n) = cmd {
-                        chain.notify_complete(n)?;
+                    match cmd {
+                        TaskCommand::Complete(n) => chain.notify_complete(n)?,
+                        TaskCommand::Stop => {
+                            chain.close()?;
+                            env.settle().await;
+                            return Ok(());
+                        }
+                        TaskCommand::Trigger(_) => {}
                     }
                     continue;
                 }
