@@ -18,6 +18,10 @@ fn weir() -> Command {
 
 /// A generator at a bounded rate: long enough to be killed after a few checkpoints.
 fn job(dir: &Path, rate: u64) -> std::path::PathBuf {
+    job_on(dir, rate, "fs")
+}
+
+fn job_on(dir: &Path, rate: u64, backend: &str) -> std::path::PathBuf {
     let yaml = dir.join("job.yaml");
     std::fs::write(
         &yaml,
@@ -26,7 +30,7 @@ fn job(dir: &Path, rate: u64) -> std::path::PathBuf {
 pipelines:
   - id: counts
     parallelism: 2
-    state: {{ backend: fs }}
+    state: {{ backend: {backend} }}
     checkpoints: {{ interval: 100ms, storage: ck, retain: 3 }}
     restart: {{ strategy: none }}
     sources:
@@ -217,13 +221,19 @@ fn fresh_and_from_checkpoint_choose_where_to_start() {
 /// from that checkpoint and the output is exact.
 #[test]
 fn sigterm_takes_a_final_checkpoint_and_the_next_run_resumes_from_it() {
+    for backend in ["fs", "rocksdb"] {
+        sigterm_then_resume(backend);
+    }
+}
+
+fn sigterm_then_resume(backend: &str) {
     let clean = tempfile::tempdir().unwrap();
     let yaml = job(clean.path(), 1_000_000);
     assert!(run_to_end(&yaml, &[]).0);
     let expected = totals(&clean.path().join("out"));
 
     let tmp = tempfile::tempdir().unwrap();
-    let yaml = job(tmp.path(), 8_000);
+    let yaml = job_on(tmp.path(), 8_000, backend);
     let mut child = weir()
         .args(["run", "--no-progress"])
         .arg(&yaml)
@@ -254,12 +264,18 @@ fn sigterm_takes_a_final_checkpoint_and_the_next_run_resumes_from_it() {
         log.push('\n');
     }
     let exit = child.wait().unwrap();
-    assert!(exit.success(), "{log}");
-    assert!(log.contains("Final checkpoint complete"), "{log}");
+    assert!(exit.success(), "{backend}: {log}");
+    assert!(
+        log.contains("Final checkpoint complete"),
+        "{backend}: {log}"
+    );
     let (ok, log2) = run_to_end(&yaml, &[]);
-    assert!(ok, "{log2}");
-    assert!(log2.contains("resumed from checkpoint"), "{log2}");
-    assert_eq!(totals(&tmp.path().join("out")), expected);
+    assert!(ok, "{backend}: {log2}");
+    assert!(
+        log2.contains("resumed from checkpoint"),
+        "{backend}: {log2}"
+    );
+    assert_eq!(totals(&tmp.path().join("out")), expected, "{backend}");
 }
 
 #[test]

@@ -30,7 +30,7 @@ use crate::checkpoint::{
 use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
-use crate::state::{PendingSnapshot, SnapshotTarget};
+use crate::state::{CanonicalSnapshot, PendingSnapshot, SnapshotTarget};
 
 /// One node of a chain in one subtask.
 pub struct ChainNode {
@@ -225,15 +225,24 @@ impl ChainTask {
     }
 
     /// The synchronous half of a checkpoint: every node's local state and frozen keyed
-    /// state, upstream first.
+    /// state, upstream first (the backend's native format for periodic checkpoints, the
+    /// canonical one for savepoints).
     ///
     /// # Errors
     /// An operator or backend that cannot snapshot (the checkpoint is declined).
-    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<Vec<NodeSnapshot>> {
+    pub fn snapshot(&mut self, barrier: Barrier) -> Result<Vec<NodeSnapshot>> {
+        let checkpoint = barrier.checkpoint;
         let mut out = Vec::with_capacity(self.nodes.len());
         for n in &mut self.nodes {
             let local = n.operator.snapshot(checkpoint, &mut n.ctx)?;
             let keyed = match n.ctx.state.as_mut() {
+                // Savepoints (and the final checkpoint of a stop) use the canonical format,
+                // which every backend restores, with no file shared with other checkpoints.
+                Some(state) if barrier.kind != BarrierKind::Checkpoint => {
+                    let range = state.key_groups();
+                    Some(Box::new(CanonicalSnapshot(state.snapshot(range)?))
+                        as Box<dyn PendingSnapshot>)
+                }
                 Some(state) => Some(state.checkpoint(checkpoint)?),
                 None => None,
             };
@@ -594,7 +603,7 @@ async fn checkpoint_task(
             Some(s) => Some(s.snapshot()?),
             None => None,
         };
-        let mut snaps = chain.snapshot(barrier.checkpoint)?;
+        let mut snaps = chain.snapshot(barrier)?;
         if let (Some(p), Some(first)) = (position, snaps.first_mut()) {
             first.local = Some(p);
         }
