@@ -12,6 +12,19 @@
 //! and rescaling copies ranges. Values are MessagePack ([`crate::record::encode`]). Writes
 //! skip the write-ahead log: checkpoints provide durability, as in Flink.
 //!
+//! **Value cache.** In front of the database sits a bounded write-back cache of decoded values
+//! (per state, keyed by [`Key`], each an `Option<Dynamic>` plus a dirty flag), so that the hot
+//! path ([`StateBackend::update`]) is a hash-table probe and a closure call rather than a
+//! RocksDB read, a decode, an encode and a RocksDB write. A miss loads the value (or its
+//! absence) from the database. Dirty entries are written back in one [`WriteBatch`] (WAL off;
+//! an entry left `None` becomes a delete) before anything reads the database as a whole: the
+//! synchronous half of a checkpoint (before the memtables are flushed, so the checkpoint holds
+//! every update), [`StateBackend::snapshot`], [`StateBackend::keys`], [`RocksdbBackend::compact`]
+//! and restores (which then empty the cache). The cache holds at most
+//! [`DEFAULT_CACHE_ENTRIES`] entries (see [`RocksdbBackend::set_cache_capacity`]); when a
+//! miss finds it full, every dirty entry is written back and the whole cache is emptied (a
+//! simple, predictable policy: at most one write batch per `capacity` distinct keys).
+//!
 //! **Native checkpoints.** [`StateBackend::checkpoint`] flushes the memtables and takes a
 //! RocksDB checkpoint (hard links) into a local directory; the [`PendingSnapshot`] it returns
 //! uploads that directory and deletes it. With `incremental: true` the SST files go to the
@@ -30,6 +43,7 @@
 //! read-only, and the entries of this backend's key groups are copied. Canonical `.keyed`
 //! files (from another backend, or [`StateBackend::snapshot`]) are restored as well.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::hash::{BuildHasher, Hasher};
@@ -55,7 +69,7 @@ use super::{
 use crate::checkpoint::metadata::{KeyGroups, is_shared_path};
 use crate::checkpoint::storage::{read_verified, read_verified_to_file, write_file};
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, FileRef};
-use crate::record::{Key, KeyGroupRange, KeyValue, decode, encode};
+use crate::record::{Key, KeyBuildHasher, KeyGroupRange, KeyValue, decode, encode};
 use crate::runtime::error::{Result, RunError};
 
 /// File-name suffix of the manifest of a native rocksdb checkpoint.
@@ -70,6 +84,9 @@ const MANIFEST_FORMAT: &str = "weir-rocksdb";
 
 /// The manifest version written by this build; restore reads only this one.
 const MANIFEST_VERSION: u32 = 1;
+
+/// Default bound of the value cache, in entries (decoded values of keys of any state).
+pub const DEFAULT_CACHE_ENTRIES: usize = 100_000;
 
 /// Entries copied per write batch when restoring.
 const BATCH_ENTRIES: usize = 4096;
@@ -375,6 +392,51 @@ impl Manifest {
     }
 }
 
+/// One cached value: the decoded value (`None`: absent) and whether the database lags it.
+#[derive(Debug)]
+struct Slot {
+    value: Option<Dynamic>,
+    dirty: bool,
+}
+
+/// The write-back cache of decoded values (see the module docs).
+#[derive(Debug, Default)]
+struct ValueCache {
+    /// Per [`StateId`] (index): key → cached value.
+    maps: Vec<HashMap<Key, Slot, KeyBuildHasher>>,
+    /// Entries over all maps.
+    len: usize,
+    /// The entries whose `dirty` flag is set, each once.
+    dirty: Vec<(StateId, Key)>,
+    /// Bound of `len`.
+    capacity: usize,
+}
+
+impl ValueCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// The map of `state` (which the caller has validated), created on first use.
+    fn map(&mut self, state: StateId) -> &mut HashMap<Key, Slot, KeyBuildHasher> {
+        let i = state.0 as usize;
+        if self.maps.len() <= i {
+            self.maps.resize_with(i + 1, HashMap::default);
+        }
+        &mut self.maps[i]
+    }
+
+    /// Forgets every entry (dirty ones included: write them back first).
+    fn clear(&mut self) {
+        self.maps.clear();
+        self.len = 0;
+        self.dirty.clear();
+    }
+}
+
 /// Keyed state in an embedded RocksDB instance, for one subtask's key-group range.
 pub struct RocksdbBackend {
     // Field order matters: `db` is closed before `root` removes the directory.
@@ -392,6 +454,9 @@ pub struct RocksdbBackend {
     uploads: Arc<Mutex<Uploads>>,
     /// Numbers the instance's scratch directories (databases, checkpoints, restores).
     next_dir: u64,
+    /// Write-back cache of decoded values; a `RefCell` because reads (`&self`) fill it and
+    /// whole-database reads write it back.
+    cache: RefCell<ValueCache>,
     root: DirGuard,
 }
 
@@ -467,8 +532,96 @@ impl RocksdbBackend {
             states: Vec::new(),
             uploads: Arc::default(),
             next_dir: 1,
+            cache: RefCell::new(ValueCache::new(DEFAULT_CACHE_ENTRIES)),
             root,
         })
+    }
+
+    /// Sets the bound of the value cache, in entries (at least 1); writes back and empties
+    /// the cache if it holds more.
+    ///
+    /// # Errors
+    /// When the write-back fails.
+    pub fn set_cache_capacity(&mut self, entries: usize) -> Result<()> {
+        let entries = entries.max(1);
+        if self.cache.get_mut().len > entries {
+            self.flush_cache()?;
+            self.cache.get_mut().clear();
+        }
+        self.cache.get_mut().capacity = entries;
+        Ok(())
+    }
+
+    /// Writes every dirty cached entry to the database in one batch (WAL off); the entries
+    /// stay cached, clean. A `None` entry is written as a delete.
+    fn flush_cache(&self) -> Result<()> {
+        let mut cache = self.cache.borrow_mut();
+        if cache.dirty.is_empty() {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        for (state, key) in &cache.dirty {
+            let Some(slot) = cache.maps.get(state.0 as usize).and_then(|m| m.get(key)) else {
+                continue;
+            };
+            let raw = self.layout.key(
+                key.key_group(self.max_parallelism),
+                self.state(*state)?.db_id,
+                key,
+            );
+            match &slot.value {
+                Some(v) => batch.put(raw, encode_value(v)?),
+                None => batch.delete(raw),
+            }
+        }
+        // Only once the batch is written are the entries clean (an error leaves them dirty).
+        self.write(batch)?;
+        let dirty = std::mem::take(&mut cache.dirty);
+        for (state, key) in &dirty {
+            if let Some(slot) = cache
+                .maps
+                .get_mut(state.0 as usize)
+                .and_then(|m| m.get_mut(key))
+            {
+                slot.dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes back and empties the cache (before the database is replaced or the states'
+    /// ids change).
+    fn reset_cache(&mut self) -> Result<()> {
+        self.flush_cache()?;
+        self.cache.get_mut().clear();
+        Ok(())
+    }
+
+    /// Reads `key` of `state` from the database (decoded), validating the handle and range.
+    fn load(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
+        let k = self.db_key(state, key)?;
+        match self
+            .db
+            .get_pinned(&k)
+            .map_err(db_err("cannot read", &self.db_path))?
+        {
+            Some(bytes) => decode_value(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Makes room for one more cache entry: when the cache is full, writes back every dirty
+    /// entry and empties it.
+    fn make_room(&self) -> Result<()> {
+        let full = {
+            let cache = self.cache.borrow();
+            cache.len >= cache.capacity
+        };
+        if full {
+            self.flush_cache()?;
+            self.cache.borrow_mut().clear();
+        }
+        Ok(())
     }
 
     /// The instance's working directory (`dir/db-<instance id>`), removed on drop.
@@ -487,6 +640,7 @@ impl RocksdbBackend {
     /// # Errors
     /// When the flush fails.
     pub fn compact(&self) -> Result<()> {
+        self.flush_cache()?;
         let mut flush = FlushOptions::default();
         flush.set_wait(true);
         self.db
@@ -756,15 +910,27 @@ impl StateBackend for RocksdbBackend {
     }
 
     fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
-        let k = self.db_key(state, key)?;
-        match self
-            .db
-            .get_pinned(&k)
-            .map_err(db_err("cannot read", &self.db_path))?
+        if let Some(slot) = self
+            .cache
+            .borrow()
+            .maps
+            .get(state.0 as usize)
+            .and_then(|m| m.get(key))
         {
-            Some(bytes) => decode_value(&bytes).map(Some),
-            None => Ok(None),
+            return Ok(slot.value.clone());
         }
+        let value = self.load(state, key)?;
+        self.make_room()?;
+        let mut cache = self.cache.borrow_mut();
+        cache.map(state).insert(
+            key.clone(),
+            Slot {
+                value: value.clone(),
+                dirty: false,
+            },
+        );
+        cache.len += 1;
+        Ok(value)
     }
 
     fn update(
@@ -773,27 +939,37 @@ impl StateBackend for RocksdbBackend {
         key: &Key,
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()> {
-        let k = self.db_key(state, key)?;
-        let mut slot = match self
-            .db
-            .get_pinned(&k)
-            .map_err(db_err("cannot read", &self.db_path))?
+        let cache = self.cache.get_mut();
+        if let Some(slot) = cache
+            .maps
+            .get_mut(state.0 as usize)
+            .and_then(|m| m.get_mut(key))
         {
-            Some(bytes) => Some(decode_value(&bytes)?),
-            None => None,
-        };
-        let existed = slot.is_some();
-        f(&mut slot);
-        match slot {
-            Some(value) => self.db.put_opt(&k, encode_value(&value)?, &self.write_opts),
-            None if existed => self.db.delete_opt(&k, &self.write_opts),
-            None => return Ok(()),
+            let existed = slot.value.is_some();
+            f(&mut slot.value);
+            if !slot.dirty && (existed || slot.value.is_some()) {
+                slot.dirty = true;
+                cache.dirty.push((state, key.clone()));
+            }
+            return Ok(());
         }
-        .map_err(db_err("cannot write", &self.db_path))
+        let mut value = self.load(state, key)?;
+        let existed = value.is_some();
+        f(&mut value);
+        let dirty = existed || value.is_some();
+        self.make_room()?;
+        let cache = self.cache.get_mut();
+        cache.map(state).insert(key.clone(), Slot { value, dirty });
+        cache.len += 1;
+        if dirty {
+            cache.dirty.push((state, key.clone()));
+        }
+        Ok(())
     }
 
     fn keys(&self, state: StateId) -> Result<Vec<Key>> {
         let db_id = self.state(state)?.db_id;
+        self.flush_cache()?;
         let mut out = Vec::new();
         let mut it = self.db.raw_iterator();
         for kg in self.range.start..self.range.end {
@@ -814,6 +990,7 @@ impl StateBackend for RocksdbBackend {
     }
 
     fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>> {
+        self.flush_cache()?;
         let mut states: Vec<StateSnapshot> = self
             .states
             .iter()
@@ -857,6 +1034,7 @@ impl StateBackend for RocksdbBackend {
     }
 
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
+        self.reset_cache()?;
         for bytes in snapshots {
             let file = decode_snapshot(bytes, self.max_parallelism)?;
             for s in file.states {
@@ -878,9 +1056,10 @@ impl StateBackend for RocksdbBackend {
         Ok(())
     }
 
-    /// Flushes the memtables and takes a RocksDB checkpoint (hard links) into a scratch
-    /// directory; the returned snapshot uploads and deletes it.
+    /// Writes back the value cache, flushes the memtables and takes a RocksDB checkpoint
+    /// (hard links) into a scratch directory; the returned snapshot uploads and deletes it.
     fn checkpoint(&mut self, checkpoint: CheckpointId) -> Result<Box<dyn PendingSnapshot>> {
+        self.flush_cache()?;
         let mut flush = FlushOptions::default();
         flush.set_wait(true);
         self.db
@@ -918,6 +1097,7 @@ impl StateBackend for RocksdbBackend {
     /// Restores native checkpoints (`.rocksdb` manifests) and canonical `.keyed` files; see
     /// the module docs for the cases.
     fn restore_files(&mut self, store: &dyn CheckpointStore, files: &[FileRef]) -> Result<()> {
+        self.reset_cache()?;
         let mut manifests = Vec::new();
         let mut canonical = Vec::new();
         for f in files {
@@ -1169,6 +1349,101 @@ mod tests {
         assert!(b.put(s, &outside, Dynamic::from_int(1)).is_err());
         assert!(b.get(s, &outside).is_err());
         assert!(b.get(StateId(9), &outside).is_err());
+    }
+
+    /// Every (state, key) → value of a backend, via `keys` and `get`.
+    fn contents(b: &dyn StateBackend, states: &[StateId]) -> BTreeMap<(u32, String), String> {
+        let mut out = BTreeMap::new();
+        for &s in states {
+            for k in b.keys(s).unwrap() {
+                let v = b.get(s, &k).unwrap().unwrap();
+                out.insert((s.0, k.to_dynamic().to_string()), v.to_string());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn value_cache_writes_back_before_checkpoints_and_on_eviction() {
+        use crate::checkpoint::MemoryStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = MemoryStore::new();
+        let m = 16;
+        let mut b = RocksdbBackend::open(dir.path(), m, KeyGroupRange::all(m), &spec()).unwrap();
+        // Far fewer entries than keys: misses evict (write back and empty) the cache.
+        b.set_cache_capacity(50).unwrap();
+        let sum = b.register("sum", StateKind::Value).unwrap();
+        let items = b.register("items", StateKind::List).unwrap();
+        let key = |i: i64| Key::from_str_value(format!("k{i}").into());
+        let mut model: BTreeMap<(u32, String), String> = BTreeMap::new();
+        let mut expected = Vec::new();
+        let mut pendings = Vec::new();
+        for round in 0..6_i64 {
+            for i in 0..400_i64 {
+                let k = key((i * 7 + round * 13) % 300);
+                let name = k.to_dynamic().to_string();
+                let mut seen = None;
+                b.update(sum, &k, &mut |slot| {
+                    let v = slot.as_ref().map_or(0, |d| d.as_int().unwrap()) + i;
+                    seen = Some(v);
+                    *slot = Some(Dynamic::from_int(v));
+                })
+                .unwrap();
+                model.insert((sum.0, name.clone()), seen.unwrap().to_string());
+                if round % 2 == 1 && i % 5 == 0 {
+                    // Removal of a value the database holds (written back at the previous
+                    // checkpoint) must reach the database as a delete.
+                    b.clear(sum, &k).unwrap();
+                    model.remove(&(sum.0, name.clone()));
+                }
+                if i % 3 == 0 {
+                    b.list_push(items, &k, Dynamic::from_int(round)).unwrap();
+                    let l = b.get(items, &k).unwrap().unwrap();
+                    model.insert((items.0, name), l.to_string());
+                }
+                // Reading and clearing an absent key leaves it absent.
+                b.clear(sum, &key(10_000 + i)).unwrap();
+                assert!(b.get(sum, &key(10_000 + i)).unwrap().is_none());
+            }
+            // A checkpoint mid-stream (the cache holding dirty entries) holds exactly the
+            // live contents at the barrier.
+            assert!(!b.cache.get_mut().dirty.is_empty());
+            let id = (round + 1) as CheckpointId;
+            pendings.push((id, b.checkpoint(id).unwrap()));
+            assert_eq!(contents(&b, &[sum, items]), model, "round {round}");
+            expected.push(model.clone());
+            // Writes after the barrier must not show in it.
+            b.put(sum, &key(1), Dynamic::from_int(-1)).unwrap();
+            model.insert((sum.0, key(1).to_dynamic().to_string()), "-1".into());
+        }
+        assert_eq!(contents(&b, &[sum, items]), model);
+        for ((id, pending), want) in pendings.into_iter().zip(expected) {
+            let target = SnapshotTarget {
+                checkpoint: id,
+                private_prefix: format!("chk-{id}/op-0"),
+                shared_prefix: "shared/op-0".into(),
+            };
+            let files = pending.write(&store, &target).unwrap();
+            b.checkpoint_complete(id);
+            let mut r =
+                RocksdbBackend::open(dir.path(), m, KeyGroupRange::all(m), &spec()).unwrap();
+            r.set_cache_capacity(50).unwrap();
+            let rs = r.register("sum", StateKind::Value).unwrap();
+            let ri = r.register("items", StateKind::List).unwrap();
+            // Cached before the restore: the restore must not serve it.
+            assert!(r.get(rs, &key(3)).unwrap().is_none());
+            r.restore_files(&store, &files).unwrap();
+            assert_eq!((rs, ri), (sum, items));
+            assert_eq!(contents(&r, &[rs, ri]), want, "checkpoint {id}");
+            // The canonical snapshot agrees too.
+            let mut c =
+                RocksdbBackend::open(dir.path(), m, KeyGroupRange::all(m), &spec()).unwrap();
+            c.restore(&[&r.snapshot(KeyGroupRange::all(m)).unwrap()])
+                .unwrap();
+            let cs = c.register("sum", StateKind::Value).unwrap();
+            let ci = c.register("items", StateKind::List).unwrap();
+            assert_eq!(contents(&c, &[cs, ci]), want);
+        }
     }
 
     #[test]
