@@ -254,8 +254,9 @@ fn sigterm_then_resume(backend: &str) {
             break;
         }
     }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+    // The shell's built-in `kill` (no dependency on procps).
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -TERM {}", child.id())])
         .status()
         .unwrap();
     assert!(status.success());
