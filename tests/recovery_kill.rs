@@ -12,6 +12,9 @@
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+use common::copy_dir;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -85,22 +88,6 @@ impl Drop for Scratch {
             && let Some(dir) = self.0.take()
         {
             eprintln!("kept the test directory {}", dir.keep().display());
-        }
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        if name == "out" || name == ".weir" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(&name));
-        } else {
-            std::fs::copy(e.path(), to.join(&name)).unwrap();
         }
     }
 }

@@ -4,41 +4,14 @@
 //! records, compared as multisets of canonical JSON lines.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+use common::{canonical_lines, copy_dir};
+
 use std::path::{Path, PathBuf};
 
 use weir_engine::job::{self, JobOptions};
 use weir_engine::plan::NodeKind;
 use weir_schema::SinkSpec;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        if name == "out" || name == ".weir" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(&name));
-        } else {
-            std::fs::copy(e.path(), to.join(&name)).unwrap();
-        }
-    }
-}
-
-fn canonical_lines(text: &str) -> Vec<String> {
-    let mut v: Vec<String> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 fn read_sink(dir: &Path) -> String {
     let mut text = String::new();
