@@ -6,11 +6,14 @@
 //!   `plan` compiles specs into logical and physical graphs and renders them.
 //! - `runtime` (tasks, channels, exchanges), `operators`, `connectors`, `record`, `state` and
 //!   `job` run a plan; they build on `plan` and never re-read YAML.
+//! - `control` is the surface a running job answers to (status, checkpoints, savepoints, stop,
+//!   reload), shared by the HTTP API and the CLI verbs.
 //! - `checkpoint` (aligner, coordinator, metadata, storage, retention) and `recovery` (restart
 //!   and failover strategies) are the fault-tolerance protocol as pure logic, driven by the job.
 
 pub mod checkpoint;
 pub mod connectors;
+pub mod control;
 pub mod job;
 pub mod operators;
 pub mod plan;

@@ -1,0 +1,250 @@
+//! The control surface of a running job: what the HTTP API (`api`) and the CLI verbs can ask
+//! of it (status, checkpoint history, trigger a checkpoint or a savepoint, stop, reload), as
+//! one object-safe trait with serde types for requests and answers. The job implements it;
+//! the API only translates HTTP to these calls and back, so the same types travel as JSON
+//! between `weir run` and `weir status`/`savepoint`/`stop`/`reload`.
+//!
+//! Mutating calls resolve when the work is done (the checkpoint completed, the savepoint is
+//! on disk, the pipeline stopped, the reload applied or rolled back), with its result.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+/// A boxed, sendable future (keeps [`JobControl`] object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a running job answers to.
+pub trait JobControl: Send + Sync + 'static {
+    /// Every pipeline's status, plus reload counters.
+    fn status(&self) -> JobStatus;
+
+    /// The completed checkpoints and savepoints of `pipeline` still in memory (most recent
+    /// last).
+    ///
+    /// # Errors
+    /// [`ControlError::NoSuchPipeline`].
+    fn checkpoints(&self, pipeline: &str) -> Result<Vec<CheckpointInfo>, ControlError>;
+
+    /// Triggers a checkpoint now and resolves when it completed (or failed).
+    fn trigger_checkpoint(
+        &self,
+        pipeline: &str,
+    ) -> BoxFuture<'_, Result<CheckpointInfo, ControlError>>;
+
+    /// Takes a savepoint and resolves when it is on disk.
+    fn savepoint(
+        &self,
+        pipeline: &str,
+        request: SavepointRequest,
+    ) -> BoxFuture<'_, Result<SavepointInfo, ControlError>>;
+
+    /// Stops one pipeline (the others go on), with a savepoint unless told otherwise.
+    fn stop(
+        &self,
+        pipeline: &str,
+        request: StopRequest,
+    ) -> BoxFuture<'_, Result<StopOutcome, ControlError>>;
+
+    /// Re-reads the pipeline file (or, with `plan_only`, compares `file` or the running file
+    /// with the running version and applies nothing).
+    fn reload(&self, request: ReloadRequest) -> BoxFuture<'_, Result<ReloadOutcome, ControlError>>;
+}
+
+/// Why a control call failed. Each variant maps to one HTTP status in `api`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "code", content = "message", rename_all = "snake_case")]
+pub enum ControlError {
+    /// No pipeline has this id (404).
+    #[error("no pipeline `{0}` is running")]
+    NoSuchPipeline(String),
+    /// Another savepoint, stop or reload of the same target is in progress (409).
+    #[error("{0}")]
+    Busy(String),
+    /// The request cannot be honoured as asked (400), e.g. a savepoint of a pipeline that
+    /// already finished.
+    #[error("{0}")]
+    Invalid(String),
+    /// The work was attempted and failed (500): the message says what and why.
+    #[error("{0}")]
+    Failed(String),
+    /// Missing or wrong bearer token (401).
+    #[error("{0}")]
+    Unauthorized(String),
+}
+
+/// The whole job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The pipeline file.
+    pub file: PathBuf,
+    /// Every pipeline, in file order.
+    pub pipelines: Vec<PipelineStatus>,
+    /// Reloads applied since start (successful ones).
+    pub reloads: u64,
+    /// The last reload attempt, if any.
+    pub last_reload: Option<ReloadOutcome>,
+}
+
+/// One pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineStatus {
+    /// Its id.
+    pub id: String,
+    /// `running`, `restarting`, `stopping`, `reloading`, `finished`, `stopped`, `failed` or
+    /// `degraded`.
+    pub state: String,
+    /// Records produced by its sources so far (this run, since the last reload).
+    pub source_records: u64,
+    /// Records written by its sinks so far.
+    pub sink_records: u64,
+    /// Restarts after failures.
+    pub restarts: u32,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// The latest completed checkpoint's id.
+    pub latest_checkpoint: Option<u64>,
+    /// The checkpoint or savepoint this run restored from.
+    pub restored_from: Option<String>,
+    /// Why it failed, when `state` is `failed`.
+    pub error: Option<String>,
+}
+
+/// One completed checkpoint or savepoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    /// Its id.
+    pub id: u64,
+    /// `checkpoint` or `savepoint`.
+    pub kind: String,
+    /// When it was triggered (Unix milliseconds).
+    pub trigger_time_ms: u64,
+    /// Trigger to completion.
+    pub duration_ms: u64,
+    /// Bytes of every file it references.
+    pub size: u64,
+    /// Bytes the previous completed checkpoint did not reference.
+    pub new_bytes: u64,
+    /// Longest alignment over its subtasks.
+    pub alignment_ms: u64,
+    /// Per subtask.
+    pub subtasks: Vec<SubtaskCheckpointInfo>,
+}
+
+/// One subtask's part of a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskCheckpointInfo {
+    /// The head operator of the task's chain.
+    pub task: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// Bytes written for it.
+    pub size: u64,
+    /// Trigger to acknowledgement.
+    pub ack_ms: u64,
+    /// From the first barrier to the last on its inputs (0 for sources).
+    pub alignment_ms: u64,
+}
+
+/// Asks for a savepoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SavepointRequest {
+    /// The directory to create the savepoint in (default: the pipeline's `savepoints`
+    /// directory, `<storage>/savepoints`).
+    pub dir: Option<PathBuf>,
+}
+
+/// A savepoint on disk.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SavepointInfo {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The savepoint directory (pass it to `weir run --from-savepoint`).
+    pub path: PathBuf,
+    /// The checkpoint id it was taken as.
+    pub checkpoint: u64,
+    /// Bytes of its files.
+    pub size: u64,
+    /// Trigger to on-disk.
+    pub duration_ms: u64,
+}
+
+/// Asks to stop one pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopRequest {
+    /// Take a savepoint at the stop (sources stop at its barrier, sinks commit).
+    pub savepoint: bool,
+    /// Drain first: sources end, everything in flight and every `emit: final` result is
+    /// flushed to the sinks, then the savepoint is taken.
+    pub drain: bool,
+    /// Where the savepoint goes (as [`SavepointRequest::dir`]).
+    pub dir: Option<PathBuf>,
+}
+
+/// A stopped pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopOutcome {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The savepoint taken at the stop, if one was asked for.
+    pub savepoint: Option<SavepointInfo>,
+}
+
+/// Asks for a reload.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadRequest {
+    /// Compare this file instead of re-reading the running one (with `plan_only`).
+    pub file: Option<PathBuf>,
+    /// Print the plan only; change nothing.
+    pub plan_only: bool,
+}
+
+/// What a reload did (or, with `plan_only`, would do).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadOutcome {
+    /// `applied`, `unchanged`, `rejected` (invalid file or plan: nothing changed),
+    /// `rolled_back` (the new version failed to start; the old one runs again), `failed`
+    /// (even the rollback failed) or `planned` (`plan_only`).
+    pub result: String,
+    /// Per pipeline of the new file (and removed ones).
+    pub pipelines: Vec<PipelineReloadPlan>,
+    /// Diagnostics or the error that rejected or rolled back the reload, rendered.
+    pub messages: Vec<String>,
+    /// The longest pause of a reloaded pipeline (stop of the old version to the new one
+    /// running), milliseconds.
+    pub pause_ms: Option<u64>,
+    /// When the reload finished (Unix milliseconds).
+    pub at_ms: u64,
+}
+
+/// The reload plan of one pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineReloadPlan {
+    /// The pipeline.
+    pub pipeline: String,
+    /// `unchanged` (keeps running, no pause), `changed` (savepoint → new graph → restore),
+    /// `added` (starts empty), `removed` (stopped with a savepoint).
+    pub change: String,
+    /// Per operator, for `changed` pipelines.
+    pub operators: Vec<OperatorReloadPlan>,
+    /// Reasons the plan cannot be applied (e.g. state of a removed operator would be lost
+    /// and `allow_non_restored_state` is not set; max_parallelism changed).
+    pub problems: Vec<String>,
+}
+
+/// What happens to one operator's state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OperatorReloadPlan {
+    /// Operator (or source, or sink) id.
+    pub id: String,
+    /// `kept` (restored as is), `migrated` (restored through its `migrate(old)`), `dropped`
+    /// (the operator is gone; its state is not restored), `new` (starts empty) or
+    /// `stateless`.
+    pub state: String,
+    /// Whether its script changed.
+    pub script_changed: bool,
+    /// `(old, new)` when the parallelism changed (key groups are redistributed).
+    pub parallelism: Option<(u32, u32)>,
+}
