@@ -10,6 +10,8 @@
 //!   delivered *n*; at most one alignment is in progress.
 //! - `at_least_once`: no input is ever parked; the snapshot is taken when the last barrier *n*
 //!   arrives. Several alignments may overlap (a fast input may run ahead to *n+1*).
+//! - Savepoint barriers are aligned as in `exactly_once` whatever the mode, so a savepoint is
+//!   always a consistent cut.
 //! - A finished input (end of stream) counts as aligned for every barrier.
 //! - Subsumption: when an input delivers barrier *m* while an older alignment *n < m* still
 //!   waits for that same input, *n* can never complete here (channels are FIFO, so that input
@@ -23,7 +25,7 @@ use std::collections::BTreeMap;
 use weir_schema::CheckpointMode;
 
 use super::CheckpointId;
-use crate::runtime::Barrier;
+use crate::runtime::{Barrier, BarrierKind};
 
 /// Whether inputs are parked during alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,15 +156,15 @@ impl BarrierAligner {
         self.inputs.len() as u32
     }
 
-    /// Whether the task loop must not read `input` now (exactly-once only: the input
-    /// delivered the barrier being aligned). Out-of-range inputs are never blocked.
+    /// Whether the task loop must not read `input` now: the input delivered the barrier
+    /// being aligned, in exactly-once mode or for a savepoint (savepoints are always aligned,
+    /// so that they are consistent whatever the pipeline's mode). Out-of-range inputs are
+    /// never blocked.
     pub fn is_blocked(&self, input: u32) -> bool {
-        if self.mode == AlignmentMode::AtLeastOnce {
-            return false;
-        }
-        self.pending
-            .values()
-            .any(|a| a.arrived.get(input as usize).copied().unwrap_or(false))
+        self.pending.values().any(|a| {
+            (self.mode == AlignmentMode::ExactlyOnce || a.barrier.kind != BarrierKind::Checkpoint)
+                && a.arrived.get(input as usize).copied().unwrap_or(false)
+        })
     }
 
     /// The checkpoint being aligned, oldest first when several are (at-least-once).
@@ -241,9 +243,10 @@ impl BarrierAligner {
             aborted.extend(done.1);
             return Ok(AlignerStep::new(AlignerAction::Snapshot(done.0), aborted));
         }
-        let action = match self.mode {
-            AlignmentMode::ExactlyOnce => AlignerAction::Park,
-            AlignmentMode::AtLeastOnce => AlignerAction::Continue,
+        let action = match (self.mode, barrier.kind) {
+            (AlignmentMode::ExactlyOnce, _) | (_, BarrierKind::Savepoint)
+            | (_, BarrierKind::SavepointThenStop) => AlignerAction::Park,
+            (AlignmentMode::AtLeastOnce, BarrierKind::Checkpoint) => AlignerAction::Continue,
         };
         Ok(AlignerStep::new(action, aborted))
     }
@@ -307,7 +310,6 @@ impl BarrierAligner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::BarrierKind;
 
     fn barrier(n: CheckpointId) -> Barrier {
         Barrier {
@@ -358,6 +360,32 @@ mod tests {
             assert!(s.aborted.is_empty());
             assert!(!a.is_blocked(0));
         }
+    }
+
+    #[test]
+    fn savepoints_are_aligned_even_at_least_once() {
+        let mut a = BarrierAligner::new(2, AlignmentMode::AtLeastOnce);
+        let sp = Barrier {
+            checkpoint: 3,
+            kind: BarrierKind::Savepoint,
+        };
+        assert_eq!(
+            a.on_barrier(0, sp).map(|s| s.action),
+            Ok(AlignerAction::Park)
+        );
+        assert!(a.is_blocked(0));
+        assert!(!a.is_blocked(1));
+        assert_eq!(
+            a.on_barrier(1, sp).map(|s| s.action),
+            Ok(AlignerAction::Snapshot(sp))
+        );
+        assert!(!a.is_blocked(0));
+        // A periodic checkpoint in the same aligner is still not aligned.
+        assert_eq!(
+            a.on_barrier(0, barrier(4)).map(|s| s.action),
+            Ok(AlignerAction::Continue)
+        );
+        assert!(!a.is_blocked(0));
     }
 
     #[test]

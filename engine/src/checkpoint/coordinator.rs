@@ -522,6 +522,7 @@ impl Coordinator {
             operators: self.plan.operators.clone(),
             subtasks,
             finished_tasks,
+            finished_operators: Vec::new(),
         })))
     }
 

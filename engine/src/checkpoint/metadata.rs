@@ -174,6 +174,11 @@ pub struct CheckpointMetadata {
     /// not run again, since their whole output is already reflected downstream.
     #[serde(default)]
     pub finished_tasks: Vec<TaskId>,
+    /// The same tasks as `(operator id, subtask)` of every node of their chains, so that a
+    /// savepoint restored into a pipeline whose chains changed can tell which of its new
+    /// tasks had finished.
+    #[serde(default)]
+    pub finished_operators: Vec<(String, u32)>,
 }
 
 impl CheckpointMetadata {
@@ -344,6 +349,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             finished_tasks: vec![],
+            finished_operators: Vec::new(),
         }
     }
 

@@ -9,6 +9,7 @@
 //! - [`storage`]: the [`storage::CheckpointStore`] trait, an in-memory fake and a local
 //!   filesystem store; checksum-verified reads; choosing the latest valid checkpoint.
 //! - [`retention`]: which completed checkpoints and which files to delete.
+//! - [`savepoint`]: self-contained savepoint directories (write, read, verify).
 //!
 //! This module owns no task, channel, timer or thread: the runtime drives it by calling its
 //! methods with the current time and the events it observed, and carries out the commands it
@@ -25,6 +26,7 @@ pub mod aligner;
 pub mod coordinator;
 pub mod metadata;
 pub mod retention;
+pub mod savepoint;
 pub mod storage;
 
 pub use aligner::{AlignError, AlignerAction, AlignerStep, AlignmentMode, BarrierAligner};

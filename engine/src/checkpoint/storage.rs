@@ -104,6 +104,12 @@ pub trait CheckpointStore: Send + Sync {
         Ok(FileRef::of(path, &bytes))
     }
 
+    /// The local filesystem path of a store-relative path, when the store keeps its files
+    /// on the local disk (savepoints hard-link them instead of copying). `None` by default.
+    fn local_path(&self, _path: &str) -> Option<PathBuf> {
+        None
+    }
+
     /// Copies the file at `path` into the local file `dest` (created or truncated) and returns
     /// its [`FileRef`] as read (size and checksum of the bytes copied), for the caller to
     /// compare with the recorded one (see [`read_verified_to_file`]). The default reads the
@@ -529,7 +535,7 @@ impl LocalStore {
 
 /// Fsyncs a directory so that a rename or creation in it survives a crash (Unix only; other
 /// platforms cannot open directories and make renames durable by other means).
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         File::open(dir)
@@ -644,6 +650,10 @@ impl CheckpointStore for LocalStore {
             size,
             crc32,
         })
+    }
+
+    fn local_path(&self, path: &str) -> Option<PathBuf> {
+        self.resolve(path).ok()
     }
 
     /// Streams the file into `dest`, computing size and checksum while copying.

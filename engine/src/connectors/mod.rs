@@ -81,6 +81,28 @@ pub trait Source: Send {
         Ok(())
     }
 
+    /// Resumes after a change of parallelism (a savepoint restored into a rescaled
+    /// pipeline): `snapshots` are the positions of the old subtasks assigned to this one
+    /// (old subtask `j` goes to new subtask `j % parallelism`, in old-subtask order; possibly
+    /// none), and `ctx` has the new subtask and parallelism. Called instead of
+    /// [`restore`](Self::restore). The default refuses with an error naming the source.
+    ///
+    /// # Errors
+    /// A source whose position cannot be redistributed.
+    fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &SourceContext) -> Result<()> {
+        Err(crate::runtime::error::RunError::Build {
+            pipeline: ctx.pipeline.clone(),
+            element: ctx.source.clone(),
+            message: format!(
+                "this source cannot change its parallelism across a restore ({} positions \
+                 for subtask {} of {}); restore with the old parallelism",
+                snapshots.len(),
+                ctx.subtask,
+                ctx.parallelism
+            ),
+        })
+    }
+
     /// Releases resources.
     ///
     /// # Errors

@@ -540,6 +540,7 @@ impl Supervisor {
                     ck.latest = Some(TaskRestore {
                         store: Arc::clone(&ck.store),
                         metadata: Arc::new(meta),
+                        savepoint: false,
                     });
                     let retention = plan_retention(&ck.completed, ck.retain);
                     ck.completed
@@ -903,6 +904,7 @@ impl Supervisor {
                 errors: 0,
                 state,
                 restored_from,
+                migrate: false,
             };
             let (outputs, dead_letters) = self.node_outputs(task, pos, nid)?;
             nodes.push(ChainNode {
@@ -1101,6 +1103,7 @@ fn choose_restore(
             Some(TaskRestore {
                 store: Arc::new(at),
                 metadata: Arc::new(meta),
+                savepoint: false,
             }),
             last,
         ));
@@ -1151,6 +1154,7 @@ fn choose_restore(
         Some(TaskRestore {
             store: Arc::clone(&ck.store),
             metadata: Arc::new(meta),
+            savepoint: false,
         }),
         last,
     ))

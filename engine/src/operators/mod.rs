@@ -68,6 +68,44 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// Restores operator-local state after a change of parallelism (a savepoint restored
+    /// into a rescaled pipeline). Local state is list state: old subtask `j`'s snapshot goes
+    /// to new subtask `j % parallelism`, so `snapshots` holds the snapshots of the old
+    /// subtasks assigned to this one, in old-subtask order (possibly none). Called instead
+    /// of [`restore`](Self::restore). The default accepts no snapshot at all and refuses
+    /// anything else with an error naming the operator.
+    ///
+    /// # Errors
+    /// An operator whose local state cannot be split or merged.
+    fn restore_rescaled(
+        &mut self,
+        snapshots: &[&[u8]],
+        ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        if snapshots.is_empty() {
+            return self.restore(None, ctx);
+        }
+        Err(crate::runtime::error::RunError::State(format!(
+            "pipeline `{}`, operator `{}`: its state cannot be redistributed over a new \
+             parallelism ({} snapshots for subtask {} of {}); restore with the old parallelism",
+            ctx.pipeline,
+            ctx.operator,
+            snapshots.len(),
+            ctx.subtask,
+            ctx.parallelism
+        )))
+    }
+
+    /// Called once after the keyed state (`ctx.state`) was restored from a savepoint
+    /// (`ctx.migrate` is set), before the first record: an operator with a Rhai
+    /// `migrate(old)` function rewrites every restored value through it here.
+    ///
+    /// # Errors
+    /// A failing `migrate` (the restore fails and, on a reload, the old version comes back).
+    fn migrate_state(&mut self, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+
     /// The checkpoint `checkpoint` completed everywhere (second phase of two-phase commit).
     ///
     /// # Errors
@@ -142,6 +180,9 @@ pub struct OperatorContext {
     pub state: Option<Box<dyn StateBackend>>,
     /// The checkpoint this run restored from (`None` on a fresh start).
     pub restored_from: Option<u64>,
+    /// The restore is from a savepoint into a possibly changed pipeline: keyed values go
+    /// through the operator's `migrate` hook ([`Operator::migrate_state`]).
+    pub migrate: bool,
 }
 
 impl OperatorContext {
@@ -159,6 +200,7 @@ impl OperatorContext {
             errors: 0,
             state: None,
             restored_from: None,
+            migrate: false,
         }
     }
 

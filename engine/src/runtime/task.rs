@@ -298,8 +298,13 @@ impl ChainTask {
             let op = Arc::clone(&n.ctx.operator);
             let op: &str = &op;
             if !(skip_first && i == 0) {
-                let local = read_local(from, op, n.ctx.subtask)?;
-                n.operator.restore(local.as_deref(), &mut n.ctx)?;
+                match read_local_state(from, op, n.ctx.subtask, n.ctx.parallelism)? {
+                    LocalState::Same(local) => n.operator.restore(local.as_deref(), &mut n.ctx)?,
+                    LocalState::Rescaled(blobs) => {
+                        let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+                        n.operator.restore_rescaled(&refs, &mut n.ctx)?;
+                    }
+                }
             }
             if let Some(state) = n.ctx.state.as_mut() {
                 let range = n.ctx.key_groups;
@@ -313,6 +318,10 @@ impl ChainTask {
                     .cloned()
                     .collect();
                 state.restore_files(store, &files)?;
+            }
+            if from.savepoint {
+                n.ctx.migrate = true;
+                n.operator.migrate_state(&mut n.ctx)?;
             }
         }
         Ok(())
@@ -445,6 +454,47 @@ pub fn read_local(from: &TaskRestore, operator: &str, subtask: u32) -> Result<Op
     Ok(Some(read_verified(&*from.store, file)?))
 }
 
+/// Operator-local state of one subtask in a checkpoint.
+pub enum LocalState {
+    /// Same parallelism as at the snapshot: this subtask's own snapshot, if any.
+    Same(Option<Vec<u8>>),
+    /// The parallelism changed: the snapshots of the old subtasks `j` with
+    /// `j % parallelism == subtask`, in old-subtask order.
+    Rescaled(Vec<Vec<u8>>),
+}
+
+/// Reads what subtask `subtask` of `parallelism` restores of `operator`'s local state:
+/// its own snapshot, or after a change of parallelism its share of the old subtasks'
+/// snapshots (list state, split evenly, as Flink's operator list state).
+///
+/// # Errors
+/// A corrupt or unreadable file.
+pub fn read_local_state(
+    from: &TaskRestore,
+    operator: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> Result<LocalState> {
+    let old = from
+        .metadata
+        .operators
+        .iter()
+        .find(|o| o.id == operator)
+        .map(|o| o.parallelism);
+    match old {
+        Some(old) if old != parallelism && parallelism > 0 => {
+            let mut blobs = Vec::new();
+            for j in (0..old).filter(|j| j % parallelism == subtask) {
+                if let Some(b) = read_local(from, operator, j)? {
+                    blobs.push(b);
+                }
+            }
+            Ok(LocalState::Rescaled(blobs))
+        }
+        _ => Ok(LocalState::Same(read_local(from, operator, subtask)?)),
+    }
+}
+
 /// What a task restores from.
 #[derive(Clone)]
 pub struct TaskRestore {
@@ -452,6 +502,9 @@ pub struct TaskRestore {
     pub store: Arc<dyn CheckpointStore>,
     /// The checkpoint.
     pub metadata: Arc<CheckpointMetadata>,
+    /// Restoring a savepoint (possibly into a changed pipeline): keyed values go through
+    /// each operator's `migrate` hook.
+    pub savepoint: bool,
 }
 
 /// What the pipeline's supervisor tells a task.
@@ -636,10 +689,15 @@ pub async fn run_source(
         chain.open()?;
         if let Some(from) = env.restore.clone() {
             let op = chain.nodes.first().map(|n| Arc::clone(&n.ctx.operator));
-            if let Some(op) = op
-                && let Some(position) = read_local(&from, &op, sctx.subtask)?
-            {
-                source.restore(&position)?;
+            if let Some(op) = op {
+                match read_local_state(&from, &op, sctx.subtask, sctx.parallelism)? {
+                    LocalState::Same(Some(position)) => source.restore(&position)?,
+                    LocalState::Same(None) => {}
+                    LocalState::Rescaled(blobs) => {
+                        let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+                        source.restore_rescaled(&refs, &sctx)?;
+                    }
+                }
             }
             chain.restore(&from, true)?;
         }
