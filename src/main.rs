@@ -30,6 +30,14 @@ enum Command {
     Graph(cmd::graph::GraphArgs),
     /// Run every pipeline of a file until its sources are exhausted or it is stopped.
     Run(cmd::run::RunArgs),
+    /// Show the pipelines of a running `weir run`: state, records, checkpoints, reloads.
+    Status(cmd::status::StatusArgs),
+    /// Take a savepoint of one pipeline of a running `weir run`; prints its path.
+    Savepoint(cmd::savepoint::SavepointArgs),
+    /// Stop one pipeline of a running `weir run`, with a savepoint if asked.
+    Stop(cmd::stop::StopArgs),
+    /// Reload the pipeline file of a running `weir run`, or show what a reload would do.
+    Reload(cmd::reload::ReloadArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,5 +47,9 @@ fn main() -> ExitCode {
         Command::Schema(args) => cmd::schema::run(&args),
         Command::Graph(args) => cmd::graph::run(&args),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Status(args) => cmd::status::run(&args),
+        Command::Savepoint(args) => cmd::savepoint::run(&args),
+        Command::Stop(args) => cmd::stop::run(&args),
+        Command::Reload(args) => cmd::reload::run(&args),
     }
 }

@@ -41,7 +41,8 @@ pub trait JobControl: Send + Sync + 'static {
         request: SavepointRequest,
     ) -> BoxFuture<'_, Result<SavepointInfo, ControlError>>;
 
-    /// Stops one pipeline (the others go on), with a savepoint unless told otherwise.
+    /// Stops one pipeline (the others go on): with `savepoint`, sources stop at a savepoint
+    /// barrier and sinks commit; with `drain`, the input is ended and everything flushed.
     fn stop(
         &self,
         pipeline: &str,

@@ -1,6 +1,12 @@
-//! One module per `weir` subcommand.
+//! One module per `weir` subcommand; `api_args` holds what the verbs that call a running
+//! `weir run` share.
 
+pub mod api_args;
 pub mod graph;
+pub mod reload;
 pub mod run;
+pub mod savepoint;
 pub mod schema;
+pub mod status;
+pub mod stop;
 pub mod validate;

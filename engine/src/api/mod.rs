@@ -1,0 +1,49 @@
+//! The control HTTP API of `weir run`: a small JSON-over-HTTP/1.1 server that translates
+//! requests into [`JobControl`](crate::control::JobControl) calls (`server`), the blocking
+//! client the CLI verbs (`weir status`, `savepoint`, `stop`, `reload`) use to call it
+//! (`client`), and the text rendering of answers shared by the CLI and `weir run`'s logs
+//! (`render`).
+//!
+//! This module owns the wire: routes, status codes, the error body and the bearer-token check.
+//! It owns no job behaviour: what a call does is entirely the `JobControl` implementation's,
+//! and the request and answer types are `control`'s, unchanged on the wire.
+//!
+//! Routes (JSON in and out; every error is `{"error": {"code": ..., "message": ...}}`, the
+//! serde form of [`ControlError`](crate::control::ControlError)):
+//!
+//! | method and path                      | body                | answer                |
+//! |--------------------------------------|---------------------|-----------------------|
+//! | `GET /v1/status`                     |                     | `JobStatus`           |
+//! | `GET /v1/pipelines/{id}/checkpoints` |                     | `Vec<CheckpointInfo>` |
+//! | `POST /v1/pipelines/{id}/checkpoints`|                     | `CheckpointInfo`      |
+//! | `POST /v1/pipelines/{id}/savepoints` | `SavepointRequest`  | `SavepointInfo`       |
+//! | `POST /v1/pipelines/{id}/stop`       | `StopRequest`       | `StopOutcome`         |
+//! | `POST /v1/reload`                    | `ReloadRequest`     | `ReloadOutcome`       |
+//!
+//! An empty request body stands for the request type's default. Status codes: 404
+//! `no_such_pipeline` (and unknown routes, with code `invalid`), 405 for a known path with the
+//! wrong method, 409 `busy`, 400 `invalid` (and malformed bodies), 500 `failed`, 401
+//! `unauthorized`.
+
+pub mod client;
+pub mod render;
+pub mod server;
+
+#[cfg(test)]
+mod tests;
+
+pub use client::{ApiClient, ClientError};
+pub use render::render_reload;
+pub use server::{ApiConfig, ApiError, ApiServer, serve};
+
+/// The port `weir run` serves the API on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 8642;
+
+/// The address the CLI verbs call unless told otherwise (`127.0.0.1:`[`DEFAULT_PORT`]).
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8642";
+
+/// The environment variable holding the API address for the CLI verbs.
+pub const ADDR_ENV: &str = "WEIR_API";
+
+/// The environment variable holding the bearer token, for `weir run` and the CLI verbs.
+pub const TOKEN_ENV: &str = "WEIR_API_TOKEN";

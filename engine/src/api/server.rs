@@ -1,0 +1,510 @@
+//! The HTTP side of the control API: binds the listener, routes requests to a
+//! [`JobControl`], checks the bearer token on mutating calls and turns every failure into a
+//! JSON error with the status code of its [`ControlError`] variant.
+//!
+//! It owns no job behaviour and keeps no state beyond the control object and the token.
+//! Mutating calls run on their own tokio task, so a client that hangs up mid-savepoint does
+//! not cancel the savepoint half-way; there is no server-side timeout on them (a savepoint of
+//! a large state or a reload may take minutes).
+
+use std::future::Future;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::control::{
+    CheckpointInfo, ControlError, JobControl, JobStatus, ReloadOutcome, ReloadRequest,
+    SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
+};
+
+/// Every route, for the message of an unknown route or a wrong method.
+const ROUTES: &str = "GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoints, \
+                      POST /v1/pipelines/{id}/savepoints, POST /v1/pipelines/{id}/stop, \
+                      POST /v1/reload";
+
+/// How long [`ApiServer::shutdown`] waits for calls in flight before it stops waiting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Where and how the API listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// The address to bind, normally `127.0.0.1:<port>`; port 0 picks a free one (read it
+    /// back with [`ApiServer::local_addr`]).
+    pub addr: SocketAddr,
+    /// When set, every `POST` must carry `Authorization: Bearer <token>`; `GET`s stay open.
+    pub token: Option<String>,
+}
+
+impl ApiConfig {
+    /// Listens on `127.0.0.1:port` (loopback only).
+    pub fn local(port: u16, token: Option<String>) -> Self {
+        Self {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            token,
+        }
+    }
+}
+
+/// Why the API could not start.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ApiError {
+    /// Another process (often another `weir run`) listens on the address.
+    #[error(
+        "cannot listen on {addr}: address in use; pick another with --api-port or switch the \
+         API off with --no-api"
+    )]
+    #[diagnostic(code(weir::api::address_in_use))]
+    AddressInUse {
+        /// The address asked for.
+        addr: SocketAddr,
+    },
+    /// Any other failure to bind (permission, no such interface, ...).
+    #[error(
+        "cannot listen on {addr}: {source}; pick another port with --api-port or switch the \
+         API off with --no-api"
+    )]
+    #[diagnostic(code(weir::api::cannot_listen))]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ApiError {
+    fn bind(addr: SocketAddr, source: io::Error) -> Self {
+        match source.kind() {
+            io::ErrorKind::AddrInUse => Self::AddressInUse { addr },
+            _ => Self::Listen { addr, source },
+        }
+    }
+}
+
+/// A running API server. Dropping it (or calling [`ApiServer::shutdown`]) stops accepting
+/// connections at once; calls already in flight run to their end.
+#[derive(Debug)]
+pub struct ApiServer {
+    local_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// The address actually bound (with the real port when the config asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting connections, closes idle ones and waits (up to 5 seconds) for calls in
+    /// flight to answer. The work those calls started goes on regardless.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
+        tracing::info!(addr = %self.local_addr, "Control API stopped.");
+    }
+}
+
+/// Binds `config.addr` now and serves the API on the current tokio runtime until the returned
+/// handle is shut down or dropped.
+///
+/// Must be called from within a tokio runtime with I/O enabled; connections and mutating
+/// calls are spawned on that runtime.
+///
+/// # Errors
+/// [`ApiError::AddressInUse`] when something already listens there, [`ApiError::Listen`] for
+/// any other bind failure.
+pub async fn serve(control: Arc<dyn JobControl>, config: ApiConfig) -> Result<ApiServer, ApiError> {
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|e| ApiError::bind(config.addr, e))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|e| ApiError::bind(config.addr, e))?;
+    let auth = config.token.is_some();
+    let app = router(AppState {
+        control,
+        token: config.token.map(Arc::from),
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        // Dropping the sender (the handle dropped) also shuts the server down.
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::warn!(error = %e, "Control API stopped with an error.");
+        }
+    });
+    tracing::info!(addr = %local_addr, auth, "Control API listening.");
+    Ok(ApiServer {
+        local_addr,
+        stop: Some(stop),
+        task: Some(task),
+    })
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct AppState {
+    control: Arc<dyn JobControl>,
+    token: Option<Arc<str>>,
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route(
+            "/v1/pipelines/{id}/checkpoints",
+            get(checkpoints).post(trigger_checkpoint),
+        )
+        .route("/v1/pipelines/{id}/savepoints", post(savepoint))
+        .route("/v1/pipelines/{id}/stop", post(stop))
+        .route("/v1/reload", post(reload))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
+        .with_state(state)
+}
+
+/// The JSON body of every error answer: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ErrorBody {
+    /// The error, in its serde form.
+    pub(crate) error: ControlError,
+}
+
+/// The HTTP status of each [`ControlError`] variant.
+pub(crate) fn status_code(error: &ControlError) -> StatusCode {
+    match error {
+        ControlError::NoSuchPipeline(_) => StatusCode::NOT_FOUND,
+        ControlError::Busy(_) => StatusCode::CONFLICT,
+        ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
+        ControlError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        ControlError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+    }
+}
+
+/// An error answer: the variant's own status unless overridden (unknown routes, wrong
+/// methods, oversized bodies).
+struct Failure {
+    status: StatusCode,
+    error: ControlError,
+}
+
+impl From<ControlError> for Failure {
+    fn from(error: ControlError) -> Self {
+        Self {
+            status: status_code(&error),
+            error,
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let unauthorized = matches!(self.error, ControlError::Unauthorized(_));
+        let mut response = (self.status, Json(ErrorBody { error: self.error })).into_response();
+        if unauthorized {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"weir\""),
+            );
+        }
+        response
+    }
+}
+
+async fn status(State(s): State<AppState>) -> Json<JobStatus> {
+    Json(s.control.status())
+}
+
+async fn checkpoints(
+    State(s): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<Vec<CheckpointInfo>>, Failure> {
+    let id = pipeline_id(id)?;
+    s.control.checkpoints(&id).map(Json).map_err(Failure::from)
+}
+
+async fn trigger_checkpoint(
+    State(s): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<CheckpointInfo>, Failure> {
+    let id = pipeline_id(id)?;
+    tracing::info!(pipeline = %id, "API: checkpoint requested.");
+    let control = Arc::clone(&s.control);
+    detached("checkpoint", async move {
+        control.trigger_checkpoint(&id).await
+    })
+    .await
+    .map(Json)
+}
+
+async fn savepoint(
+    State(s): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SavepointInfo>, Failure> {
+    let id = pipeline_id(id)?;
+    let request: SavepointRequest = parse_body(body, "savepoint request ({\"dir\": PATH})")?;
+    tracing::info!(pipeline = %id, dir = ?request.dir, "API: savepoint requested.");
+    let control = Arc::clone(&s.control);
+    detached(
+        "savepoint",
+        async move { control.savepoint(&id, request).await },
+    )
+    .await
+    .map(Json)
+}
+
+async fn stop(
+    State(s): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<StopOutcome>, Failure> {
+    let id = pipeline_id(id)?;
+    let request: StopRequest = parse_body(
+        body,
+        "stop request ({\"savepoint\": BOOL, \"drain\": BOOL, \"dir\": PATH})",
+    )?;
+    tracing::info!(
+        pipeline = %id,
+        savepoint = request.savepoint,
+        drain = request.drain,
+        "API: stop requested."
+    );
+    let control = Arc::clone(&s.control);
+    detached("stop", async move { control.stop(&id, request).await })
+        .await
+        .map(Json)
+}
+
+async fn reload(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ReloadOutcome>, Failure> {
+    let request: ReloadRequest = parse_body(
+        body,
+        "reload request ({\"file\": PATH, \"plan_only\": BOOL})",
+    )?;
+    tracing::info!(plan_only = request.plan_only, file = ?request.file, "API: reload requested.");
+    let control = Arc::clone(&s.control);
+    detached("reload", async move { control.reload(request).await })
+        .await
+        .map(Json)
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> Failure {
+    Failure {
+        status: StatusCode::NOT_FOUND,
+        error: ControlError::Invalid(format!(
+            "no route `{method} {}`; the API serves {ROUTES}",
+            uri.path()
+        )),
+    }
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Failure {
+    Failure {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        error: ControlError::Invalid(format!(
+            "`{}` does not answer to {method}; the API serves {ROUTES}",
+            uri.path()
+        )),
+    }
+}
+
+/// Checks the bearer token of every request that is not a `GET` (or `HEAD`).
+async fn authorize(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let open = request.method() == Method::GET || request.method() == Method::HEAD;
+    match &s.token {
+        Some(token) if !open => match check_bearer(request.headers(), token) {
+            Ok(()) => next.run(request).await,
+            Err(message) => {
+                tracing::warn!(
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    "API: refused a call without the right bearer token."
+                );
+                Failure::from(ControlError::Unauthorized(message)).into_response()
+            }
+        },
+        _ => next.run(request).await,
+    }
+}
+
+/// `Ok` when the request carries `Authorization: Bearer <token>`; otherwise says what is
+/// wrong and how to pass the token.
+fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), String> {
+    const HOW: &str = "pass the token `weir run` was started with (its --api-token or \
+                       WEIR_API_TOKEN) with --token or the WEIR_API_TOKEN environment variable";
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(format!(
+            "missing bearer token: this API requires `Authorization: Bearer <token>` on every \
+             POST; {HOW}"
+        ));
+    };
+    let given = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    match given {
+        None => Err(format!(
+            "the Authorization header is not `Bearer <token>`; {HOW}"
+        )),
+        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(format!(
+            "wrong bearer token: it is not the one this `weir run` was started with; {HOW}"
+        )),
+    }
+}
+
+/// Compares `given` with `expected` in a time that depends only on `expected`'s length.
+fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(0);
+        diff |= std::hint::black_box(g ^ e);
+    }
+    diff == 0
+}
+
+fn pipeline_id(id: Result<Path<String>, PathRejection>) -> Result<String, Failure> {
+    id.map(|Path(id)| id).map_err(|e| {
+        Failure::from(ControlError::Invalid(format!(
+            "the pipeline id in the path is not valid: {e}"
+        )))
+    })
+}
+
+/// The request body as `T`: an empty body is `T::default()`, and so is every field the body
+/// leaves out; a field `T` does not have is an error (a typo must not be ignored silently).
+fn parse_body<T: DeserializeOwned + Serialize + Default>(
+    body: Result<Bytes, BytesRejection>,
+    expected: &str,
+) -> Result<T, Failure> {
+    let invalid = |message: String| Failure::from(ControlError::Invalid(message));
+    let body = body.map_err(|e| Failure {
+        status: e.status(),
+        error: ControlError::Invalid(format!("cannot read the request body: {e}")),
+    })?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let given: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        invalid(format!(
+            "malformed JSON body: {e}; expected a {expected} or an empty body"
+        ))
+    })?;
+    let serde_json::Value::Object(given) = given else {
+        return Err(invalid(format!(
+            "the JSON body is not an object; expected a {expected} or an empty body"
+        )));
+    };
+    let mut merged = match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    for (field, value) in given {
+        if !merged.contains_key(&field) {
+            let mut known: Vec<&str> = merged.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(invalid(format!(
+                "unknown field `{field}` in the JSON body; expected a {expected} (fields: {})",
+                known.join(", ")
+            )));
+        }
+        merged.insert(field, value);
+    }
+    serde_path_to_error::deserialize(serde_json::Value::Object(merged)).map_err(|e| {
+        invalid(format!(
+            "malformed JSON body: field `{}`: {}; expected a {expected}",
+            e.path(),
+            e.inner()
+        ))
+    })
+}
+
+/// Runs a mutating call on its own task, so that it completes even if the client hangs up.
+async fn detached<T: Send + 'static>(
+    what: &str,
+    work: impl Future<Output = Result<T, ControlError>> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::spawn(work).await {
+        Ok(answer) => answer.map_err(Failure::from),
+        Err(e) => Err(Failure::from(ControlError::Failed(format!(
+            "the {what} call ended abnormally ({e}); this is a bug in Weir: the `weir run` log \
+             has the details"
+        )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_tokens() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"secret!", b"secret"));
+        assert!(!constant_time_eq(b"Secret", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn bearer_header_forms() {
+        let mut h = HeaderMap::new();
+        assert!(check_bearer(&h, "t").is_err_and(|m| m.starts_with("missing")));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic dDp0"),
+        );
+        assert!(check_bearer(&h, "t").is_err_and(|m| m.contains("not `Bearer")));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer t"));
+        assert!(check_bearer(&h, "t").is_ok());
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer u"));
+        assert!(check_bearer(&h, "t").is_err_and(|m| m.starts_with("wrong")));
+    }
+
+    #[test]
+    fn every_error_code_has_its_status() {
+        let s = |e: ControlError| status_code(&e).as_u16();
+        assert_eq!(s(ControlError::NoSuchPipeline("p".into())), 404);
+        assert_eq!(s(ControlError::Busy(String::new())), 409);
+        assert_eq!(s(ControlError::Invalid(String::new())), 400);
+        assert_eq!(s(ControlError::Failed(String::new())), 500);
+        assert_eq!(s(ControlError::Unauthorized(String::new())), 401);
+    }
+}

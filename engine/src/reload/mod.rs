@@ -1,0 +1,20 @@
+//! Hot reload, the two self-contained halves: noticing that the pipeline file (or a script file
+//! it references) changed, and deciding what a new version of the file means for the running
+//! one.
+//!
+//! - `watch` owns the [`FileWatcher`]: it watches the directories holding the files (never the
+//!   files themselves), follows symlinks, and reports a debounced [`Changed`] only when a
+//!   file's content really changed.
+//! - `plan` owns [`diff`]: a pure comparison of two compiled [`FilePlan`](crate::plan::FilePlan)s
+//!   into one [`PipelineReloadPlan`](crate::control::PipelineReloadPlan) per pipeline, with the
+//!   reasons a plan cannot be applied.
+//!
+//! Neither half validates files, takes savepoints or restarts pipelines: the job drives a
+//! reload (validate, diff, savepoint, stop, start the new version, roll back on failure) and
+//! uses these two as building blocks.
+
+pub mod plan;
+pub mod watch;
+
+pub use plan::{diff, is_applicable};
+pub use watch::{Changed, FileWatcher, WatchError, referenced_files};

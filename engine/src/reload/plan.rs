@@ -1,0 +1,913 @@
+//! The reload plan: what a new version of the pipeline file means for the running one, per
+//! pipeline (`unchanged`, `changed`, `added`, `removed`) and, for a changed pipeline, per
+//! source, operator and sink (its state is `kept`, `migrated`, `new`, `dropped`, or it is
+//! `stateless`), with every reason the plan cannot be applied.
+//!
+//! Pure logic over two compiled [`FilePlan`]s: no I/O, no savepoints, no running tasks. The
+//! job applies the plan; this module only decides it, so that `weir reload --plan` and the
+//! reload itself can never disagree.
+//!
+//! What holds state (and so what a reload must carry over):
+//! - every source (its read positions);
+//! - the keyed operators, `reduce`, `aggregate` and `process` (their keyed state, in
+//!   `max_parallelism` key groups);
+//! - the `file` sink when it commits in two phases (checkpoints on, `exactly_once`): its
+//!   pending part files. `stdout` holds nothing.
+//!
+//! Rules: state moves only between nodes with the same id and the same kind (section and
+//! `type:`); state that would be lost needs `allow_non_restored_state`; `max_parallelism`
+//! cannot change (key groups cannot be remapped); a `generator` source cannot change its
+//! parallelism (its interleaving depends on it), a `file` source can (its files are
+//! redistributed). A change of state backend is fine: savepoints are backend-independent.
+
+use weir_schema::{OperatorSpec, SinkSpec, SourceSpec};
+
+use crate::control::{OperatorReloadPlan, PipelineReloadPlan};
+use crate::plan::{FilePlan, NodeKind, PipelinePlan, PlanNode};
+
+/// The values of [`PipelineReloadPlan::change`].
+pub mod change {
+    /// Same spec, same scripts: keeps running, no pause.
+    pub const UNCHANGED: &str = "unchanged";
+    /// Savepoint, stop, start the new graph, restore.
+    pub const CHANGED: &str = "changed";
+    /// Only in the new file: starts empty.
+    pub const ADDED: &str = "added";
+    /// Only in the running file: stopped with a savepoint.
+    pub const REMOVED: &str = "removed";
+}
+
+/// The values of [`OperatorReloadPlan::state`].
+pub mod state {
+    /// Restored as is.
+    pub const KEPT: &str = "kept";
+    /// Restored through the new script's `migrate(old)`.
+    pub const MIGRATED: &str = "migrated";
+    /// Holds state but has nothing to restore: starts empty.
+    pub const NEW: &str = "new";
+    /// Gone from the new file; its state is not restored.
+    pub const DROPPED: &str = "dropped";
+    /// Holds no state.
+    pub const STATELESS: &str = "stateless";
+}
+
+/// Compares the running file's plan with a new one: one entry per pipeline of the new file,
+/// in its order, then one per pipeline only the running file has, in the running order.
+///
+/// A pipeline is `unchanged` when its spec (compared through a canonical serialisation), every
+/// node's loaded script text and its base directory are identical. For a `changed` pipeline
+/// the entry lists every node of the new plan (sources, operators, sinks, in declaration
+/// order), then every node only the old plan has, and the reasons it cannot be applied:
+/// state that would be lost (unless `allow_non_restored_state`), a node whose kind changed
+/// while it held state, a changed `max_parallelism`, a source that cannot rescale.
+pub fn diff(
+    old: &FilePlan,
+    new: &FilePlan,
+    allow_non_restored_state: bool,
+) -> Vec<PipelineReloadPlan> {
+    let mut plans = Vec::with_capacity(new.pipelines.len());
+    for pipeline in &new.pipelines {
+        let plan = match old.pipelines.iter().find(|p| p.id == pipeline.id) {
+            None => PipelineReloadPlan {
+                pipeline: pipeline.id.clone(),
+                change: change::ADDED.to_owned(),
+                ..PipelineReloadPlan::default()
+            },
+            Some(running) if same_version(running, pipeline) => PipelineReloadPlan {
+                pipeline: pipeline.id.clone(),
+                change: change::UNCHANGED.to_owned(),
+                ..PipelineReloadPlan::default()
+            },
+            Some(running) => diff_pipeline(running, pipeline, allow_non_restored_state),
+        };
+        plans.push(plan);
+    }
+    for running in &old.pipelines {
+        if !new.pipelines.iter().any(|p| p.id == running.id) {
+            plans.push(PipelineReloadPlan {
+                pipeline: running.id.clone(),
+                change: change::REMOVED.to_owned(),
+                ..PipelineReloadPlan::default()
+            });
+        }
+    }
+    plans
+}
+
+/// Whether every pipeline's plan can be applied (none has a problem).
+pub fn is_applicable(plans: &[PipelineReloadPlan]) -> bool {
+    plans.iter().all(|p| p.problems.is_empty())
+}
+
+/// Whether two versions of a pipeline are the same: spec, scripts and base directory.
+fn same_version(old: &PipelinePlan, new: &PipelinePlan) -> bool {
+    if old.base_dir != new.base_dir || old.nodes.len() != new.nodes.len() {
+        return false;
+    }
+    let scripts_equal = new.nodes.iter().all(|node| {
+        old.node_by_id(&node.id)
+            .is_some_and(|before| before.script == node.script)
+    });
+    // A spec that does not serialise (it always does) counts as changed: reloading is the
+    // safe side.
+    let spec_equal = match (
+        serde_json::to_string(&old.spec),
+        serde_json::to_string(&new.spec),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    scripts_equal && spec_equal
+}
+
+fn diff_pipeline(
+    old: &PipelinePlan,
+    new: &PipelinePlan,
+    allow_non_restored_state: bool,
+) -> PipelineReloadPlan {
+    let mut problems = Vec::new();
+    if old.max_parallelism != new.max_parallelism {
+        problems.push(max_parallelism_problem(old, new));
+    }
+
+    let mut operators = Vec::with_capacity(new.nodes.len());
+    for node in declared(new) {
+        let plan = match old.node_by_id(&node.id) {
+            None => OperatorReloadPlan {
+                id: node.id.clone(),
+                state: if is_stateful(node, new) {
+                    state::NEW
+                } else {
+                    state::STATELESS
+                }
+                .to_owned(),
+                script_changed: false,
+                parallelism: None,
+            },
+            Some(before) => plan_kept_node(old, before, new, node, &mut problems),
+        };
+        operators.push(plan);
+    }
+
+    for before in declared(old) {
+        if new.node_by_id(&before.id).is_some() {
+            continue;
+        }
+        let stateful = is_stateful(before, old);
+        if stateful && !allow_non_restored_state {
+            problems.push(format!(
+                "{} `{}` ({}) held state in the running version and is gone from the new \
+                 file: its state would be lost. Keep the {0}, or allow it with \
+                 `allow_non_restored_state: true` (or `--allow-non-restored-state`)",
+                section(before),
+                before.id,
+                before.type_name(),
+            ));
+        }
+        operators.push(OperatorReloadPlan {
+            id: before.id.clone(),
+            state: if stateful {
+                state::DROPPED
+            } else {
+                state::STATELESS
+            }
+            .to_owned(),
+            script_changed: false,
+            parallelism: None,
+        });
+    }
+
+    PipelineReloadPlan {
+        pipeline: new.id.clone(),
+        change: change::CHANGED.to_owned(),
+        operators,
+        problems,
+    }
+}
+
+/// A node present (by id) in both versions.
+fn plan_kept_node(
+    old: &PipelinePlan,
+    before: &PlanNode,
+    new: &PipelinePlan,
+    node: &PlanNode,
+    problems: &mut Vec<String>,
+) -> OperatorReloadPlan {
+    let held_state = is_stateful(before, old);
+    let holds_state = is_stateful(node, new);
+    let script_changed = before.script != node.script;
+    let parallelism =
+        (before.parallelism != node.parallelism).then_some((before.parallelism, node.parallelism));
+    let same_kind = section(before) == section(node) && before.type_name() == node.type_name();
+
+    let state = if !same_kind {
+        if held_state {
+            problems.push(kind_change_problem(before, node));
+        }
+        if holds_state {
+            state::NEW
+        } else {
+            state::STATELESS
+        }
+    } else if held_state {
+        if let Some((from, to)) = parallelism
+            && let Some(problem) = rescale_problem(node, from, to)
+        {
+            problems.push(problem);
+        }
+        // `migrate` runs only when the script changed (the runtime compares script hashes
+        // recorded in the savepoint), so that an edit elsewhere never migrates twice.
+        if holds_state && before.script != node.script && defines_migrate(node, new) {
+            state::MIGRATED
+        } else {
+            // Also when the new version holds no state of its own (a `file` sink that no
+            // longer commits in two phases): it still restores, and commits, what the old
+            // one left pending.
+            state::KEPT
+        }
+    } else if holds_state {
+        state::NEW
+    } else {
+        state::STATELESS
+    };
+
+    OperatorReloadPlan {
+        id: node.id.clone(),
+        state: state.to_owned(),
+        script_changed,
+        parallelism,
+    }
+}
+
+/// The nodes in declaration order: sources, operators, sinks, each as written.
+fn declared(plan: &PipelinePlan) -> impl Iterator<Item = &PlanNode> {
+    let spec = &plan.spec;
+    let ids = spec
+        .sources
+        .iter()
+        .map(SourceSpec::id)
+        .chain(spec.operators.iter().map(OperatorSpec::id))
+        .chain(spec.sinks.iter().map(SinkSpec::id));
+    ids.filter_map(|id| plan.node_by_id(id))
+}
+
+/// `source`, `operator` or `sink`.
+fn section(node: &PlanNode) -> &'static str {
+    match node.kind {
+        NodeKind::Source(_) => "source",
+        NodeKind::Operator(_) => "operator",
+        NodeKind::Sink(_) => "sink",
+    }
+}
+
+/// Whether a node keeps state that a savepoint carries: every source (positions), the keyed
+/// operators, and a `file` sink committing in two phases (pending parts).
+fn is_stateful(node: &PlanNode, plan: &PipelinePlan) -> bool {
+    match &node.kind {
+        NodeKind::Source(_) => true,
+        NodeKind::Operator(op) => op.is_keyed(),
+        NodeKind::Sink(SinkSpec::File(_)) => {
+            crate::connectors::file_sink::uses_two_phase_commit(&plan.spec.checkpoints)
+        }
+        NodeKind::Sink(SinkSpec::Stdout(_)) => false,
+    }
+}
+
+/// Whether the node's script defines `migrate(old)` (one parameter), the hook that rewrites
+/// restored state. Compiled with the pipeline's sandboxed engine; a script that does not
+/// compile (validation rejects it first) defines nothing.
+fn defines_migrate(node: &PlanNode, plan: &PipelinePlan) -> bool {
+    let Some(script) = node.script.as_deref() else {
+        return false;
+    };
+    let engine = crate::script::build_engine(&plan.spec.limits);
+    crate::script::compile(&engine, script)
+        .is_ok_and(|ast| crate::script::defines(&ast, "migrate", 1))
+}
+
+fn max_parallelism_problem(old: &PipelinePlan, new: &PipelinePlan) -> String {
+    let (from, to) = (old.max_parallelism, new.max_parallelism);
+    let derived = if new.spec.max_parallelism.is_none() {
+        format!(
+            " (it is derived from `parallelism` when not set: add `max_parallelism: {from}` \
+             to change the parallelism and keep the key groups)"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "max_parallelism changed from {from} to {to}: keyed state is split into \
+         max_parallelism key groups, and a savepoint taken with one number cannot be restored \
+         with another (key groups cannot be remapped). Keep max_parallelism {from}{derived}, \
+         or give the pipeline a new id to start it empty"
+    )
+}
+
+fn kind_change_problem(before: &PlanNode, node: &PlanNode) -> String {
+    let (from, to) = if section(before) == section(node) {
+        (before.type_name().to_owned(), node.type_name().to_owned())
+    } else {
+        (
+            format!("{} {}", before.type_name(), section(before)),
+            format!("{} {}", node.type_name(), section(node)),
+        )
+    };
+    format!(
+        "{} `{}` changed type from {from} to {to}: its state cannot be carried over; give it \
+         a new id to start it empty, or keep the type",
+        section(before),
+        node.id,
+    )
+}
+
+/// Why a kept stateful node cannot change its parallelism, if it cannot.
+fn rescale_problem(node: &PlanNode, from: u32, to: u32) -> Option<String> {
+    match &node.kind {
+        NodeKind::Source(SourceSpec::Generator(_)) => Some(format!(
+            "source `{}` (generator) changed parallelism from {from} to {to}: subtask s of p \
+             produces records s, s+p, s+2p, ..., so the positions saved at parallelism {from} \
+             mean nothing at {to}. Keep parallelism {from}, or give the source a new id to \
+             start it from the beginning",
+            node.id
+        )),
+        // A file source's files are redistributed; keyed state moves by key group; `stdin`
+        // always runs one subtask.
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn plan(yaml: &str) -> FilePlan {
+        let validation = crate::validate::validate_str("test.yaml", yaml, Path::new("."));
+        assert!(
+            !validation.diagnostics.has_errors(),
+            "test YAML is invalid: {:?}",
+            validation.diagnostics
+        );
+        validation
+            .plan()
+            .expect("a valid file plans")
+            .expect("the plan compiles")
+    }
+
+    /// A keyed pipeline in the shape of `pipelines/orders_totals.yaml`, with knobs.
+    struct Totals<'a> {
+        id: &'a str,
+        max_parallelism: Option<u32>,
+        parallelism: u32,
+        source_parallelism: u32,
+        reduce: &'a str,
+        keyed_type: &'a str,
+        extra_operator: bool,
+        backend: &'a str,
+    }
+
+    impl Default for Totals<'_> {
+        fn default() -> Self {
+            Self {
+                id: "totals",
+                max_parallelism: None,
+                parallelism: 2,
+                source_parallelism: 2,
+                reduce: "fn reduce(acc, r) { acc.amount += r.amount; acc }",
+                keyed_type: "reduce",
+                extra_operator: false,
+                backend: "fs",
+            }
+        }
+    }
+
+    impl Totals<'_> {
+        fn yaml(&self) -> String {
+            let max = self
+                .max_parallelism
+                .map(|m| format!("    max_parallelism: {m}\n"))
+                .unwrap_or_default();
+            let (keyed, input) = if self.keyed_type == "reduce" {
+                (
+                    format!(
+                        "      - id: sum\n        type: reduce\n        input: by_customer\n        script: |\n          {}\n",
+                        self.reduce
+                    ),
+                    "sum",
+                )
+            } else {
+                (
+                    "      - id: sum\n        type: aggregate\n        input: by_customer\n        aggregations:\n          - {fn: sum, field: amount, as: amount}\n".to_owned(),
+                    "sum",
+                )
+            };
+            let (extra, sink_input) = if self.extra_operator {
+                (
+                    format!(
+                        "      - id: enrich\n        type: map\n        input: {input}\n        script: |\n          fn map(r) {{ r.big = r.amount > 100; r }}\n"
+                    ),
+                    "enrich",
+                )
+            } else {
+                (String::new(), input)
+            };
+            format!(
+                r#"version: 1
+pipelines:
+  - id: {id}
+    parallelism: {parallelism}
+{max}    state:
+      backend: {backend}
+    checkpoints:
+      mode: exactly_once
+      interval: 1s
+    sources:
+      - id: orders
+        type: generator
+        seed: 1
+        count: 100
+        parallelism: {source_parallelism}
+        fields:
+          customer: {{ kind: key, prefix: c-, cardinality: 4 }}
+          amount: {{ kind: int, min: 1, max: 200 }}
+    operators:
+      - id: by_customer
+        type: key_by
+        input: orders
+        field: customer
+{keyed}{extra}    sinks:
+      - id: out
+        type: file
+        input: {sink_input}
+        path: out/totals
+"#,
+                id = self.id,
+                parallelism = self.parallelism,
+                source_parallelism = self.source_parallelism,
+                backend = self.backend,
+            )
+        }
+
+        fn plan(&self) -> FilePlan {
+            plan(&self.yaml())
+        }
+    }
+
+    /// A stateless pipeline: a generator through a map to stdout.
+    fn synthetic(script: &str) -> String {
+        format!(
+            r#"  - id: synthetic
+    sources:
+      - id: readings
+        type: generator
+        seed: 7
+        count: 10
+        fields:
+          celsius: {{ kind: int, min: -10, max: 40 }}
+    operators:
+      - id: to_fahrenheit
+        type: map
+        input: readings
+        script: |
+          {script}
+    sinks:
+      - id: shown
+        type: stdout
+        input: to_fahrenheit
+"#
+        )
+    }
+
+    fn op<'a>(plan: &'a PipelineReloadPlan, id: &str) -> &'a OperatorReloadPlan {
+        plan.operators
+            .iter()
+            .find(|o| o.id == id)
+            .unwrap_or_else(|| panic!("no operator `{id}` in {plan:?}"))
+    }
+
+    fn states(plan: &PipelineReloadPlan) -> Vec<(&str, &str)> {
+        plan.operators
+            .iter()
+            .map(|o| (o.id.as_str(), o.state.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn identical_files_are_unchanged() {
+        let old = Totals::default().plan();
+        let new = Totals::default().plan();
+        let plans = diff(&old, &new, false);
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].pipeline, "totals");
+        assert_eq!(plans[0].change, change::UNCHANGED);
+        assert!(plans[0].operators.is_empty());
+        assert!(is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_script_edit_keeps_state_and_marks_the_script() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            reduce: "fn reduce(acc, r) { acc.amount += r.amount * 2; acc }",
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, false);
+        let p = &plans[0];
+        assert_eq!(p.change, change::CHANGED);
+        assert_eq!(
+            states(p),
+            vec![
+                ("orders", "kept"),
+                ("by_customer", "stateless"),
+                ("sum", "kept"),
+                ("out", "kept"),
+            ]
+        );
+        assert!(op(p, "sum").script_changed);
+        assert!(!op(p, "orders").script_changed);
+        assert_eq!(op(p, "sum").parallelism, None);
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(is_applicable(&plans));
+    }
+
+    #[test]
+    fn an_added_operator_is_new() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            extra_operator: true,
+            ..Totals::default()
+        }
+        .plan();
+        let p = &diff(&old, &new, false)[0];
+        assert_eq!(p.change, change::CHANGED);
+        assert_eq!(op(p, "enrich").state, state::STATELESS);
+        assert!(!op(p, "enrich").script_changed);
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+
+        // A new keyed operator starts empty; the one it replaces is dropped.
+        let renamed = Totals::default()
+            .yaml()
+            .replace("id: sum\n", "id: sum_v2\n")
+            .replace("input: sum\n", "input: sum_v2\n");
+        let p = &diff(&old, &plan(&renamed), true)[0];
+        assert_eq!(op(p, "sum_v2").state, state::NEW);
+        assert_eq!(op(p, "sum").state, state::DROPPED);
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+    }
+
+    #[test]
+    fn a_removed_stateful_operator_is_dropped_and_refused_unless_allowed() {
+        let old = Totals {
+            keyed_type: "reduce",
+            ..Totals::default()
+        }
+        .plan();
+        let new = plan(&format!(
+            "version: 1\npipelines:\n{}",
+            synthetic("fn map(r) { r }")
+        ));
+        // Same pipeline id, the keyed part removed.
+        let new_yaml = format!(
+            "version: 1\npipelines:\n{}",
+            synthetic("fn map(r) { r }").replace("id: synthetic", "id: totals")
+        );
+        let new_totals = plan(&new_yaml);
+        let p = &diff(&old, &new_totals, false)[0];
+        assert_eq!(p.change, change::CHANGED);
+        assert_eq!(
+            states(p),
+            vec![
+                ("readings", "new"),
+                ("to_fahrenheit", "stateless"),
+                ("shown", "stateless"),
+                ("orders", "dropped"),
+                ("by_customer", "stateless"),
+                ("sum", "dropped"),
+                ("out", "dropped"),
+            ]
+        );
+        assert!(
+            p.problems.iter().any(|m| m.contains(
+                "operator `sum` (reduce) held state in the running version and is gone from \
+                 the new file: its state would be lost. Keep the operator, or allow it with \
+                 `allow_non_restored_state: true` (or `--allow-non-restored-state`)"
+            )),
+            "{:?}",
+            p.problems
+        );
+        assert!(
+            p.problems
+                .iter()
+                .any(|m| m.starts_with("source `orders` (generator)"))
+        );
+        assert!(
+            p.problems
+                .iter()
+                .any(|m| m.starts_with("sink `out` (file)"))
+        );
+        assert!(!p.problems.iter().any(|m| m.contains("by_customer")));
+        assert!(!is_applicable(&diff(&old, &new_totals, false)));
+
+        let allowed = diff(&old, &new_totals, true);
+        assert_eq!(states(&allowed[0]), states(p));
+        assert!(allowed[0].problems.is_empty(), "{:?}", allowed[0].problems);
+        assert!(is_applicable(&allowed));
+
+        // Different pipeline ids: one added, one removed, no operators listed.
+        let plans = diff(&old, &new, false);
+        assert_eq!(plans.len(), 2);
+        assert_eq!(
+            (plans[0].pipeline.as_str(), plans[0].change.as_str()),
+            ("synthetic", change::ADDED)
+        );
+        assert_eq!(
+            (plans[1].pipeline.as_str(), plans[1].change.as_str()),
+            ("totals", change::REMOVED)
+        );
+        assert!(plans.iter().all(|p| p.operators.is_empty()));
+        assert!(is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_parallelism_change_is_reported_per_operator() {
+        // The generator keeps its own parallelism; everything else goes from 2 to 3.
+        let old = Totals::default().plan();
+        let new = Totals {
+            parallelism: 3,
+            ..Totals::default()
+        }
+        .plan();
+        let p = &diff(&old, &new, false)[0];
+        assert_eq!(p.change, change::CHANGED);
+        assert_eq!(op(p, "orders").parallelism, None);
+        assert_eq!(op(p, "sum").parallelism, Some((2, 3)));
+        assert_eq!(op(p, "sum").state, state::KEPT);
+        assert_eq!(op(p, "out").parallelism, Some((2, 3)));
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+    }
+
+    #[test]
+    fn a_generator_cannot_rescale() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            source_parallelism: 1,
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, true);
+        let p = &plans[0];
+        assert_eq!(op(p, "orders").parallelism, Some((2, 1)));
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(
+            p.problems[0]
+                .starts_with("source `orders` (generator) changed parallelism from 2 to 1")
+        );
+        assert!(!is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_file_source_can_rescale() {
+        let yaml = |p: u32| {
+            format!(
+                r#"version: 1
+pipelines:
+  - id: big_orders
+    checkpoints: {{ mode: exactly_once }}
+    sources:
+      - {{ id: orders, type: file, path: data/orders.jsonl, parallelism: {p} }}
+    sinks:
+      - {{ id: big, type: file, input: orders, path: out/big }}
+"#
+            )
+        };
+        let plans = diff(&plan(&yaml(1)), &plan(&yaml(2)), false);
+        assert_eq!(op(&plans[0], "orders").parallelism, Some((1, 2)));
+        assert_eq!(op(&plans[0], "orders").state, state::KEPT);
+        assert!(is_applicable(&plans), "{:?}", plans[0].problems);
+    }
+
+    #[test]
+    fn a_max_parallelism_change_is_refused() {
+        let old = Totals {
+            max_parallelism: Some(128),
+            ..Totals::default()
+        }
+        .plan();
+        let new = Totals {
+            max_parallelism: Some(256),
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, true);
+        assert_eq!(plans[0].change, change::CHANGED);
+        assert_eq!(plans[0].problems.len(), 1);
+        assert!(
+            plans[0].problems[0].starts_with("max_parallelism changed from 128 to 256"),
+            "{}",
+            plans[0].problems[0]
+        );
+        assert!(!plans[0].problems[0].contains("derived"));
+        assert!(!is_applicable(&plans));
+
+        // Derived from the parallelism: 80 → 128 key groups, 100 → 256.
+        let old = Totals {
+            parallelism: 80,
+            source_parallelism: 80,
+            ..Totals::default()
+        }
+        .plan();
+        let new = Totals {
+            parallelism: 100,
+            source_parallelism: 80,
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, true);
+        assert!(
+            plans[0].problems[0].contains("add `max_parallelism: 128`"),
+            "{:?}",
+            plans[0].problems
+        );
+    }
+
+    #[test]
+    fn a_state_backend_change_is_fine() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            backend: "memory",
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, false);
+        assert_eq!(plans[0].change, change::CHANGED);
+        assert_eq!(op(&plans[0], "sum").state, state::KEPT);
+        assert!(is_applicable(&plans), "{:?}", plans[0].problems);
+    }
+
+    #[test]
+    fn a_migrate_function_is_detected() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            reduce: "fn reduce(acc, r) { acc.total += r.amount; acc } fn migrate(old) { #{ total: old.amount } }",
+            ..Totals::default()
+        }
+        .plan();
+        let p = &diff(&old, &new, false)[0];
+        assert_eq!(op(p, "sum").state, state::MIGRATED);
+        assert!(op(p, "sum").script_changed);
+        // The same script again (another element changed): already migrated, kept.
+        let again = diff(&new, &new, false);
+        assert_eq!(again[0].change, change::UNCHANGED);
+
+        // Only with one parameter; a mention in a comment is no definition.
+        for script in [
+            "fn reduce(acc, r) { acc } fn migrate() { 1 }",
+            "fn reduce(acc, r) { acc } // fn migrate(old) { old }",
+        ] {
+            let new = Totals {
+                reduce: script,
+                ..Totals::default()
+            }
+            .plan();
+            assert_eq!(
+                op(&diff(&old, &new, false)[0], "sum").state,
+                state::KEPT,
+                "{script}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_type_change_of_a_stateful_operator_is_refused() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            keyed_type: "aggregate",
+            ..Totals::default()
+        }
+        .plan();
+        let plans = diff(&old, &new, true);
+        let p = &plans[0];
+        assert_eq!(op(p, "sum").state, state::NEW);
+        assert_eq!(
+            p.problems,
+            vec![
+                "operator `sum` changed type from reduce to aggregate: its state cannot be \
+                 carried over; give it a new id to start it empty, or keep the type"
+                    .to_owned()
+            ]
+        );
+        assert!(!is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_type_change_of_a_stateless_operator_is_fine() {
+        let old = plan(&format!(
+            "version: 1\npipelines:\n{}",
+            synthetic("fn map(r) { r }")
+        ));
+        let new_yaml = format!(
+            "version: 1\npipelines:\n{}",
+            synthetic("fn filter(r) { true }")
+        )
+        .replace("type: map", "type: filter");
+        let plans = diff(&old, &plan(&new_yaml), false);
+        assert_eq!(op(&plans[0], "to_fahrenheit").state, state::STATELESS);
+        assert!(op(&plans[0], "to_fahrenheit").script_changed);
+        assert!(is_applicable(&plans), "{:?}", plans[0].problems);
+    }
+
+    #[test]
+    fn an_unchanged_pipeline_next_to_a_changed_one() {
+        let file = |reduce: &str, map: &str| {
+            let totals = Totals {
+                reduce,
+                ..Totals::default()
+            }
+            .yaml();
+            format!("{totals}{}", synthetic(map))
+        };
+        let old = plan(&file("fn reduce(acc, r) { acc }", "fn map(r) { r }"));
+        let new = plan(&file(
+            "fn reduce(acc, r) { acc }",
+            "fn map(r) { r.f = 1; r }",
+        ));
+        let plans = diff(&old, &new, false);
+        assert_eq!(
+            plans
+                .iter()
+                .map(|p| (p.pipeline.as_str(), p.change.as_str()))
+                .collect::<Vec<_>>(),
+            vec![("totals", "unchanged"), ("synthetic", "changed")]
+        );
+        assert!(plans[0].operators.is_empty());
+        assert_eq!(
+            states(&plans[1]),
+            vec![
+                ("readings", "kept"),
+                ("to_fahrenheit", "stateless"),
+                ("shown", "stateless"),
+            ]
+        );
+        assert!(op(&plans[1], "to_fahrenheit").script_changed);
+        assert!(is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_script_file_edit_is_a_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let yaml = synthetic("x").replace("script: |\n          x", "script_file: scripts/m.rhai");
+        let yaml = format!("version: 1\npipelines:\n{yaml}");
+        std::fs::create_dir(dir.path().join("scripts")).expect("mkdir");
+        let script = dir.path().join("scripts/m.rhai");
+        std::fs::write(&script, "fn map(r) { r }").expect("write");
+        let load = |yaml: &str| {
+            crate::validate::validate_str("p.yaml", yaml, dir.path())
+                .plan()
+                .expect("valid")
+                .expect("plans")
+        };
+        let old = load(&yaml);
+        assert_eq!(diff(&old, &load(&yaml), false)[0].change, change::UNCHANGED);
+        std::fs::write(&script, "fn map(r) { r.x = 1; r }").expect("write");
+        let plans = diff(&old, &load(&yaml), false);
+        assert_eq!(plans[0].change, change::CHANGED);
+        assert!(op(&plans[0], "to_fahrenheit").script_changed);
+    }
+
+    #[test]
+    fn an_at_least_once_file_sink_holds_no_state() {
+        let yaml = |mode: &str, extra: &str| {
+            format!(
+                r#"version: 1
+pipelines:
+  - id: p
+    checkpoints: {{ mode: {mode} }}
+    sources:
+      - {{ id: orders, type: file, path: data/orders.jsonl }}
+    sinks:
+      - {{ id: big, type: file, input: orders, path: out/big }}
+{extra}"#
+            )
+        };
+        let old = plan(&yaml("at_least_once", ""));
+        let new = plan(&yaml(
+            "at_least_once",
+            "      - { id: shown, type: stdout, input: orders }\n",
+        ));
+        let p = &diff(&old, &new, false)[0];
+        assert_eq!(op(p, "big").state, state::STATELESS);
+        assert_eq!(op(p, "shown").state, state::STATELESS);
+
+        // Removing it loses nothing; removing a two-phase one would.
+        let p = &diff(&new, &old, false)[0];
+        assert_eq!(op(p, "shown").state, state::STATELESS);
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        let old = plan(&yaml("exactly_once", ""));
+        let new = plan(&yaml("exactly_once", "").replace("id: big", "id: big2"));
+        let p = &diff(&old, &new, false)[0];
+        assert_eq!(op(p, "big").state, state::DROPPED);
+        assert_eq!(op(p, "big2").state, state::NEW);
+        assert_eq!(p.problems.len(), 1);
+    }
+}

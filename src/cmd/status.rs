@@ -1,0 +1,184 @@
+//! `weir status [--json]`: the pipelines of a running `weir run` as a table (state, records,
+//! checkpoints, restarts, what each restored from), its reload count and last reload; or the
+//! API's `JobStatus` as JSON.
+
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::Args;
+use weir_engine::control::JobStatus;
+
+use super::api_args::{self, ApiArgs};
+
+/// Arguments of `weir status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print the status as JSON (the API's `JobStatus`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// Runs `weir status`.
+pub fn run(args: &StatusArgs) -> ExitCode {
+    let client = match args.api.client() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let status = match client.status() {
+        Ok(s) => s,
+        Err(e) => return api_args::fail(Some(&client), &e),
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&status) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("error: cannot print the status as JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", render(&status));
+    }
+    ExitCode::SUCCESS
+}
+
+/// The status as a table, then failures and reloads.
+pub fn render(status: &JobStatus) -> String {
+    let mut rows = vec![
+        [
+            "PIPELINE",
+            "STATE",
+            "SOURCE RECORDS",
+            "SINK RECORDS",
+            "CHECKPOINTS",
+            "LATEST",
+            "RESTARTS",
+            "RESTORED FROM",
+        ]
+        .map(str::to_owned),
+    ];
+    for p in &status.pipelines {
+        rows.push([
+            p.id.clone(),
+            p.state.clone(),
+            p.source_records.to_string(),
+            p.sink_records.to_string(),
+            p.checkpoints.to_string(),
+            p.latest_checkpoint
+                .map_or("-".to_owned(), |c| c.to_string()),
+            p.restarts.to_string(),
+            p.restored_from.clone().unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    let mut widths = [0usize; 8];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    // Numbers align right, text left; the last column is not padded.
+    let right = [false, false, true, true, true, true, true, false];
+    let mut out = format!("file: {}\n", status.file.display());
+    if status.pipelines.is_empty() {
+        out.push_str("no pipelines\n");
+    } else {
+        for row in &rows {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(widths)
+                .zip(right)
+                .enumerate()
+                .map(|(i, ((cell, w), r))| match (r, i + 1 == row.len()) {
+                    (true, _) => format!("{cell:>w$}"),
+                    (false, true) => cell.clone(),
+                    (false, false) => format!("{cell:<w$}"),
+                })
+                .collect();
+            out.push_str(&cells.join("  "));
+            out.push('\n');
+        }
+    }
+    for p in &status.pipelines {
+        if let Some(error) = &p.error {
+            out.push_str(&format!("pipeline {} failed: {error}\n", p.id));
+        }
+    }
+    out.push_str(&format!("reloads: {}", status.reloads));
+    match &status.last_reload {
+        None => out.push('\n'),
+        Some(last) => {
+            let at =
+                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(last.at_ms));
+            let pause = last
+                .pause_ms
+                .map(|ms| format!(", longest pause {}", api_args::duration(ms)))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "; last reload {} at {at}{pause}\n",
+                last.result.replace('_', " ")
+            ));
+            for message in &last.messages {
+                for line in message.trim_end().lines() {
+                    out.push_str(&format!("  {line}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use weir_engine::control::{PipelineStatus, ReloadOutcome};
+
+    use super::*;
+
+    #[test]
+    fn renders_a_table() {
+        let status = JobStatus {
+            file: PathBuf::from("p.yaml"),
+            pipelines: vec![
+                PipelineStatus {
+                    id: "totals".into(),
+                    state: "running".into(),
+                    source_records: 1200,
+                    sink_records: 1100,
+                    checkpoints: 3,
+                    latest_checkpoint: Some(3),
+                    ..PipelineStatus::default()
+                },
+                PipelineStatus {
+                    id: "a".into(),
+                    state: "failed".into(),
+                    restarts: 4,
+                    restored_from: Some("/s/chk-2".into()),
+                    error: Some("boom".into()),
+                    ..PipelineStatus::default()
+                },
+            ],
+            reloads: 1,
+            last_reload: Some(ReloadOutcome {
+                result: "rolled_back".into(),
+                messages: vec!["x failed\ny".into()],
+                pause_ms: Some(1500),
+                at_ms: 0,
+                ..ReloadOutcome::default()
+            }),
+        };
+        assert_eq!(
+            render(&status),
+            "file: p.yaml\n\
+             PIPELINE  STATE    SOURCE RECORDS  SINK RECORDS  CHECKPOINTS  LATEST  RESTARTS  RESTORED FROM\n\
+             totals    running            1200          1100            3       3         0  -\n\
+             a         failed                0             0            0       -         4  /s/chk-2\n\
+             pipeline a failed: boom\n\
+             reloads: 1; last reload rolled back at 1970-01-01T00:00:00Z, longest pause 1.5 s\n\
+             \x20 x failed\n\
+             \x20 y\n"
+        );
+    }
+}
