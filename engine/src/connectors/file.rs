@@ -12,6 +12,28 @@
 //! follow yield exactly the records that followed the snapshot, in the same order; the split
 //! plan is the checkpoint's, not recomputed from today's file sizes.
 //!
+//! Rescaling (a savepoint restored at another parallelism): the positions are list state.
+//! Old reader `j`'s snapshot goes to new reader `j % p_new`, so the old readers' splits are
+//! partitioned over the new readers and every new reader simply takes over, at their recorded
+//! positions, the splits of the old readers it received. A reader that receives no snapshot
+//! (one added by a scale-up) owns no split of the old run; without `follow` it finishes at
+//! once. Files that appear after the restore are not read without `follow` (as on a plain
+//! restore, the split plan is the checkpoint's).
+//!
+//! Follow-mode ownership, the rule that keeps discovery exactly-once across rescales: a file
+//! belongs to reader `fnv1a(path) mod l_1 mod l_2 ... mod l_k mod p`, where `p` is the
+//! current parallelism and `l_1 > l_2 > ... > l_k` the *lineage*, the parallelisms of the
+//! earlier runs this run descends from (empty on a fresh start: plain `hash mod p`). A
+//! rescaled restore appends the old parallelism to the lineage (unless it cannot change the
+//! result: `x mod l mod p_old = x mod l` when `l <= p_old`). Why this rule: only old reader
+//! `j` knew which of its files it had already discovered (its snapshot's `known`), and that
+//! snapshot goes to new reader `j % p_new` alone; so a file old reader `j` would own must go
+//! to `j % p_new`, whether `j` had seen it or not, and no other reader may take it. Every
+//! snapshot records its lineage; a reader added by a scale-up has none to inherit and owns no
+//! file at all (lineage "none") until the next fresh start, which is correct because the rule
+//! never maps a file to a reader at or beyond the smallest earlier parallelism. The price:
+//! after a scale-up, new files keep going to the old readers only.
+//!
 //! The sink (two-phase commit) lives in [`super::file_sink`] and is re-exported here. This
 //! module reads files and never writes them.
 
@@ -147,10 +169,44 @@ struct FileSourceState {
     splits: Vec<SplitState>,
     /// Follow mode: the files discovered so far (each has a split above).
     known: Vec<PathBuf>,
+    /// The ownership lineage of follow mode (see the module docs); `None`: this reader owns
+    /// no file it was not handed. Absent from version 1 snapshots, whose runs always used
+    /// the plain rule (an empty lineage).
+    #[serde(default = "fresh_lineage")]
+    lineage: Option<Vec<u32>>,
 }
 
 impl FileSourceState {
-    const VERSION: u32 = 1;
+    /// Written by this build; version 1 (no lineage) is still read.
+    const VERSION: u32 = 2;
+}
+
+/// The lineage of a run that started fresh: no earlier parallelism.
+fn fresh_lineage() -> Option<Vec<u32>> {
+    Some(Vec::new())
+}
+
+/// The lineage after a rescale from `old_parallelism`: `lineage` plus the old parallelism,
+/// unless that cannot change any owner (it is not smaller than the last entry).
+fn extend_lineage(mut lineage: Vec<u32>, old_parallelism: u32) -> Vec<u32> {
+    let old = old_parallelism.max(1);
+    if lineage.last().is_none_or(|&last| old < last) {
+        lineage.push(old);
+    }
+    lineage
+}
+
+/// The follow-mode owner of `path` under `lineage` at `parallelism` (see the module docs).
+fn follow_owner(path: &Path, lineage: &[u32], parallelism: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.to_string_lossy().bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    for &l in lineage {
+        h %= u64::from(l.max(1));
+    }
+    // The remainder is below `parallelism`, a `u32`.
+    u32::try_from(h % u64::from(parallelism.max(1))).unwrap_or(u32::MAX)
 }
 
 /// A split waiting to be opened, fresh or resumed.
@@ -198,6 +254,8 @@ pub struct FileSource {
     /// Splits read to their end (bounded mode).
     finished: Vec<Split>,
     known: Vec<PathBuf>,
+    /// Follow-mode ownership lineage (see the module docs); `None` owns no new file.
+    lineage: Option<Vec<u32>>,
     /// `(pipeline, source)` for errors raised outside a poll, from `open`.
     ids: (String, String),
 }
@@ -253,16 +311,16 @@ impl FileSource {
             active: Vec::new(),
             finished: Vec::new(),
             known: Vec::new(),
+            lineage: fresh_lineage(),
             ids: (String::new(), String::new()),
         }
     }
 
+    /// Whether this reader owns a newly discovered file in follow mode (see the module docs).
     fn owns_in_follow(&self, path: &Path) -> bool {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in path.to_string_lossy().bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h % u64::from(self.parallelism.max(1)) == u64::from(self.subtask)
+        self.lineage
+            .as_deref()
+            .is_some_and(|l| follow_owner(path, l, self.parallelism) == self.subtask)
     }
 
     fn rescan(&mut self, ctx: &SourceContext) -> Result<()> {
@@ -463,7 +521,82 @@ impl FileSource {
             follow: self.follow,
             splits,
             known: self.known.clone(),
+            lineage: self.lineage.clone(),
         }
+    }
+
+    /// A `Build` error about this source.
+    fn build_error(&self, message: String) -> RunError {
+        RunError::Build {
+            pipeline: self.ids.0.clone(),
+            element: self.ids.1.clone(),
+            message,
+        }
+    }
+
+    /// Decodes and version-checks a snapshot.
+    fn decode_state(&self, bytes: &[u8]) -> Result<FileSourceState> {
+        let source = &self.ids.1;
+        let state: FileSourceState = crate::record::decode(bytes).map_err(|e| {
+            RunError::State(format!(
+                "source `{source}`: malformed file source snapshot: {e}"
+            ))
+        })?;
+        if state.version == 0 || state.version > FileSourceState::VERSION {
+            return Err(RunError::State(format!(
+                "source `{source}`: file source snapshot version {} is not supported (this \
+                 build reads versions 1 to {})",
+                state.version,
+                FileSourceState::VERSION
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Refuses a snapshot taken with another `follow` setting.
+    fn check_follow(&self, state: &FileSourceState) -> Result<()> {
+        if state.follow == self.follow {
+            return Ok(());
+        }
+        Err(self.build_error(format!(
+            "cannot restore: the checkpoint was taken with `follow: {}`, the pipeline now says \
+             `follow: {}`",
+            state.follow, self.follow
+        )))
+    }
+
+    /// Replaces the split plan with the splits of `states`, in order, each at its position.
+    fn load(&mut self, states: Vec<FileSourceState>) -> Result<()> {
+        let mut finished = Vec::new();
+        let mut pending = VecDeque::new();
+        let mut known = Vec::new();
+        for state in states {
+            for s in state.splits {
+                match s.progress {
+                    Progress::Done => finished.push(s.split),
+                    Progress::Unread => {
+                        self.check_resumable(&s.split.path, s.split.start)?;
+                        pending.push_back(Queued {
+                            split: s.split,
+                            resume: None,
+                        });
+                    }
+                    Progress::Reading(resume) => {
+                        self.check_resumable(&s.split.path, resume.offset)?;
+                        pending.push_back(Queued {
+                            split: s.split,
+                            resume: Some(resume),
+                        });
+                    }
+                }
+            }
+            known.extend(state.known);
+        }
+        self.finished = finished;
+        self.pending = pending;
+        self.active.clear();
+        self.known = known;
+        Ok(())
     }
 
     /// The error for an input that no longer holds what the checkpoint read from it.
@@ -591,67 +724,91 @@ impl Source for FileSource {
     /// checkpoint).
     fn restore(&mut self, snapshot: &[u8]) -> Result<()> {
         let (pipeline, source) = self.ids.clone();
-        let state: FileSourceState = crate::record::decode(snapshot).map_err(|e| {
-            RunError::State(format!(
-                "source `{source}`: malformed file source snapshot: {e}"
-            ))
-        })?;
-        if state.version != FileSourceState::VERSION {
-            return Err(RunError::State(format!(
-                "source `{source}`: file source snapshot version {} is not supported (this \
-                 build reads version {})",
-                state.version,
-                FileSourceState::VERSION
-            )));
-        }
+        let state = self.decode_state(snapshot)?;
         if state.parallelism != self.parallelism || state.subtask != self.subtask {
             return Err(RunError::Build {
                 pipeline,
                 element: source,
                 message: format!(
                     "cannot restore file reader {} of {} from a snapshot of reader {} of {}: a \
-                     file source cannot change its parallelism across a restore",
+                     plain restore keeps the parallelism (a savepoint can change it)",
                     self.subtask, self.parallelism, state.subtask, state.parallelism
                 ),
             });
         }
-        if state.follow != self.follow {
-            return Err(RunError::Build {
-                pipeline,
-                element: source,
-                message: format!(
-                    "cannot restore: the checkpoint was taken with `follow: {}`, the pipeline \
-                     now says `follow: {}`",
-                    state.follow, self.follow
-                ),
-            });
+        self.check_follow(&state)?;
+        self.lineage = state.lineage.clone();
+        self.load(vec![state])
+    }
+
+    /// Takes over the splits of the old readers whose snapshots this reader received (see
+    /// the module docs): each at its recorded position, in old-reader order. With no
+    /// snapshot (a reader added by a scale-up) it owns nothing from the old run, and in
+    /// follow mode no new file either.
+    ///
+    /// # Errors
+    /// A malformed snapshot; one of an old reader that does not map to this reader, or of
+    /// another follow setting; snapshots of different runs; a file missing or shorter than
+    /// its recorded offset.
+    fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &SourceContext) -> Result<()> {
+        if self.ids.1.is_empty() {
+            self.ids = (ctx.pipeline.clone(), ctx.source.clone());
         }
-        let mut finished = Vec::new();
-        let mut pending = VecDeque::new();
-        for s in state.splits {
-            match s.progress {
-                Progress::Done => finished.push(s.split),
-                Progress::Unread => {
-                    self.check_resumable(&s.split.path, s.split.start)?;
-                    pending.push_back(Queued {
-                        split: s.split,
-                        resume: None,
-                    });
-                }
-                Progress::Reading(resume) => {
-                    self.check_resumable(&s.split.path, resume.offset)?;
-                    pending.push_back(Queued {
-                        split: s.split,
-                        resume: Some(resume),
-                    });
-                }
+        let mut states = Vec::with_capacity(snapshots.len());
+        for bytes in snapshots {
+            let state = self.decode_state(bytes)?;
+            self.check_follow(&state)?;
+            states.push(state);
+        }
+        states.sort_by_key(|s| s.subtask);
+        let mut lineage: Option<Vec<u32>> = None;
+        let mut previous: Option<&FileSourceState> = None;
+        for st in &states {
+            if st.subtask >= st.parallelism || st.subtask % self.parallelism != self.subtask {
+                return Err(self.build_error(format!(
+                    "the snapshot of file reader {} of {} does not belong to reader {} of {} \
+                     (old reader j goes to new reader j % {}); the savepoint is inconsistent, \
+                     restore from another one",
+                    st.subtask, st.parallelism, self.subtask, self.parallelism, self.parallelism
+                )));
             }
+            if let Some(prev) = previous
+                && (prev.subtask == st.subtask || prev.parallelism != st.parallelism)
+            {
+                return Err(self.build_error(format!(
+                    "the snapshots of file reader {} of {} and reader {} of {} do not come \
+                     from one run; the savepoint is inconsistent, restore from another one",
+                    prev.subtask, prev.parallelism, st.subtask, st.parallelism
+                )));
+            }
+            if let Some(l) = &st.lineage {
+                if lineage.as_ref().is_some_and(|known| known != l) {
+                    return Err(self.build_error(format!(
+                        "the snapshot of file reader {} of {} records another follow-mode file \
+                         assignment than its siblings; the savepoint is inconsistent, restore \
+                         from another one",
+                        st.subtask, st.parallelism
+                    )));
+                }
+                lineage = Some(l.clone());
+            }
+            previous = Some(st);
         }
-        self.finished = finished;
-        self.pending = pending;
-        self.active.clear();
-        self.known = state.known;
-        Ok(())
+        let old_parallelism = states.first().map(|s| s.parallelism);
+        self.lineage = match (lineage, old_parallelism) {
+            (Some(l), Some(old)) => Some(extend_lineage(l, old)),
+            _ => None,
+        };
+        tracing::info!(
+            pipeline = %self.ids.0,
+            source = %self.ids.1,
+            subtask = self.subtask,
+            parallelism = self.parallelism,
+            old_parallelism = ?old_parallelism,
+            old_readers = ?states.iter().map(|s| s.subtask).collect::<Vec<_>>(),
+            "File reader takes over the splits of earlier readers after a rescale."
+        );
+        self.load(states)
     }
 }
 
@@ -987,5 +1144,336 @@ mod tests {
         b.open(&mut c).expect("open");
         b.restore(&snap).expect("restore");
         assert_eq!(poll_until_idle(&mut b, &mut c), tail);
+    }
+
+    /// Writes `files` jsonl files of `n` records `{"f":f,"i":i}` into `dir`; returns the
+    /// records as texts, sorted.
+    fn write_files(dir: &Path, files: usize, n: usize) -> Vec<String> {
+        let mut all = Vec::new();
+        for f in 0..files {
+            let mut body = String::new();
+            for i in 0..n {
+                let line = format!("{{\"f\":{f},\"i\":{i}}}");
+                body.push_str(&line);
+                body.push('\n');
+                all.push(line);
+            }
+            std::fs::write(dir.join(format!("in-{f}.jsonl")), body).expect("write");
+        }
+        all.sort();
+        all
+    }
+
+    /// The snapshots of old readers `j` with `j % p == s`, in old-reader order (what the
+    /// runtime hands new reader `s` of `p`).
+    fn share(snaps: &[Vec<u8>], s: u32, p: u32) -> Vec<&[u8]> {
+        snaps
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j as u32 % p == s)
+            .map(|(_, b)| b.as_slice())
+            .collect()
+    }
+
+    /// A reader `s` of `p` restored (rescaled) from the old readers' snapshots.
+    fn rescaled(
+        make: &dyn Fn(u32, u32) -> FileSource,
+        snaps: &[Vec<u8>],
+        s: u32,
+        p: u32,
+    ) -> (FileSource, SourceContext) {
+        let mut src = make(s, p);
+        let mut c = ctx(s, p, Some(1));
+        src.open(&mut c).expect("open");
+        src.restore_rescaled(&share(snaps, s, p), &c)
+            .expect("rescaled restore");
+        (src, c)
+    }
+
+    /// Runs a chain of parallelisms: at each but the last, every reader polls `polls` times
+    /// and snapshots; the next parallelism restores from those snapshots; the last reads to
+    /// the end. Returns every record read, sorted.
+    fn run_chain(
+        make: &dyn Fn(u32, u32) -> FileSource,
+        chain: &[u32],
+        polls: usize,
+    ) -> Vec<String> {
+        let mut snaps: Option<Vec<Vec<u8>>> = None;
+        let mut all = Vec::new();
+        for (i, &p) in chain.iter().enumerate() {
+            let mut next = Vec::new();
+            for s in 0..p {
+                let (mut src, mut c) = match &snaps {
+                    Some(old) => rescaled(make, old, s, p),
+                    None => {
+                        let mut src = make(s, p);
+                        let mut c = ctx(s, p, None);
+                        src.open(&mut c).expect("open");
+                        (src, c)
+                    }
+                };
+                if i + 1 == chain.len() {
+                    all.extend(drain_all(&mut src, &mut c));
+                    continue;
+                }
+                for _ in 0..polls {
+                    let mut out = Vec::new();
+                    src.poll(&mut out, &mut c).expect("poll");
+                    all.extend(text(&out));
+                }
+                next.push(src.snapshot().expect("snapshot"));
+            }
+            snaps = Some(next);
+        }
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn rescaled_restore_reads_exactly_the_remaining_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let everything = write_files(dir.path(), 2, 3000);
+        let make = source(dir.path(), weir_schema::RecordFormat::Jsonl, false);
+        // Two readers, each one file partly read.
+        let mut snaps = Vec::new();
+        let mut head = Vec::new();
+        for s in 0..2 {
+            let mut a = make(s, 2);
+            let mut c = ctx(s, 2, None);
+            a.open(&mut c).expect("open");
+            let mut out = Vec::new();
+            assert_eq!(a.poll(&mut out, &mut c).expect("poll"), Poll::Ready);
+            assert!(!out.is_empty() && out.len() < 3000, "mid-file");
+            head.extend(text(&out));
+            snaps.push(a.snapshot().expect("snapshot"));
+        }
+        let mut remaining: Vec<String> = everything
+            .iter()
+            .filter(|r| !head.contains(r))
+            .cloned()
+            .collect();
+        remaining.sort();
+        assert_eq!(remaining.len(), everything.len() - head.len());
+        for p in [1u32, 3] {
+            let mut tail = Vec::new();
+            for s in 0..p {
+                let (mut b, mut c) = rescaled(&make, &snaps, s, p);
+                let got = drain_all(&mut b, &mut c);
+                if s >= 2 {
+                    assert!(
+                        got.is_empty(),
+                        "reader {s} of {p} was added: it owns nothing"
+                    );
+                }
+                tail.extend(got);
+            }
+            tail.sort();
+            assert!(tail == remaining, "restored into {p} readers");
+        }
+    }
+
+    #[test]
+    fn chains_of_rescales_read_everything_exactly_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let everything = write_files(dir.path(), 3, 2500);
+        let make = source(dir.path(), weir_schema::RecordFormat::Jsonl, false);
+        for chain in [&[1u32, 3, 2][..], &[3, 1, 2], &[2, 4, 3, 1]] {
+            assert!(run_chain(&make, chain, 1) == everything, "chain {chain:?}");
+        }
+
+        // One big file cut into byte ranges, the ranges moving between readers.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big.jsonl");
+        let mut body = String::new();
+        let mut big = Vec::new();
+        let mut i = 0;
+        while body.len() < MIN_SPLIT_BYTES as usize + 4096 {
+            let line = format!("{{\"i\":{i},\"pad\":\"{}\"}}", "x".repeat(i % 17));
+            body.push_str(&line);
+            body.push('\n');
+            big.push(line);
+            i += 1;
+        }
+        std::fs::write(&path, &body).expect("write");
+        big.sort();
+        let make = source(&path, weir_schema::RecordFormat::Jsonl, false);
+        for chain in [&[2u32, 3, 1][..], &[3, 2], &[1, 3, 2]] {
+            assert!(run_chain(&make, chain, 3) == big, "chain {chain:?}");
+        }
+    }
+
+    #[test]
+    fn rescaled_restore_refuses_foreign_snapshots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_files(dir.path(), 2, 10);
+        let make = source(dir.path(), weir_schema::RecordFormat::Jsonl, false);
+        let mut a = make(1, 2);
+        let mut c = ctx(1, 2, None);
+        a.open(&mut c).expect("open");
+        let snap = a.snapshot().expect("snapshot");
+        // Old reader 1 goes to new reader 1 of 3, not to reader 0.
+        let mut b = make(0, 3);
+        let c = ctx(0, 3, Some(1));
+        let err = b
+            .restore_rescaled(&[snap.as_slice()], &c)
+            .expect_err("wrong reader");
+        assert!(err.to_string().contains("does not belong"), "{err}");
+        let follow = source(dir.path(), weir_schema::RecordFormat::Jsonl, true);
+        let mut b = follow(1, 3);
+        let c = ctx(1, 3, Some(1));
+        let err = b
+            .restore_rescaled(&[snap.as_slice()], &c)
+            .expect_err("follow changed");
+        assert!(err.to_string().contains("follow"), "{err}");
+        assert!(b.restore_rescaled(&[b"junk".as_slice()], &c).is_err());
+    }
+
+    #[test]
+    fn version_one_snapshots_restore_with_the_plain_follow_rule() {
+        #[derive(Serialize)]
+        struct V1 {
+            version: u32,
+            subtask: u32,
+            parallelism: u32,
+            follow: bool,
+            splits: Vec<SplitState>,
+            known: Vec<PathBuf>,
+        }
+        let bytes = crate::record::encode(&V1 {
+            version: 1,
+            subtask: 0,
+            parallelism: 2,
+            follow: true,
+            splits: Vec::new(),
+            known: Vec::new(),
+        })
+        .expect("encode");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut b = source(dir.path(), weir_schema::RecordFormat::Lines, true)(0, 2);
+        b.restore(&bytes).expect("restore version 1");
+        assert_eq!(b.lineage, Some(Vec::new()));
+        let mut b = source(dir.path(), weir_schema::RecordFormat::Lines, true)(0, 3);
+        b.restore_rescaled(&[bytes.as_slice()], &ctx(0, 3, Some(1)))
+            .expect("rescale version 1");
+        assert_eq!(b.lineage, Some(vec![2]));
+    }
+
+    #[test]
+    fn lineage_keeps_only_entries_that_change_owners() {
+        assert_eq!(extend_lineage(Vec::new(), 3), [3]);
+        assert_eq!(extend_lineage(vec![3], 5), [3], "mod 3 mod 5 = mod 3");
+        assert_eq!(extend_lineage(vec![3], 2), [3, 2]);
+        assert_eq!(extend_lineage(vec![3, 2], 2), [3, 2]);
+        for n in 0..200 {
+            let path = PathBuf::from(format!("/in/file-{n}.log"));
+            assert!(follow_owner(&path, &[], 4) < 4);
+            assert!(follow_owner(&path, &[3, 2], 5) < 2);
+        }
+    }
+
+    /// Polls a follow-mode reader until it has been idle twice in a row.
+    fn poll_until_quiet(src: &mut FileSource, c: &mut SourceContext) -> Vec<String> {
+        let mut all = Vec::new();
+        let mut idle = 0;
+        for _ in 0..100 {
+            let mut out = Vec::new();
+            match src.poll(&mut out, c).expect("poll") {
+                Poll::Idle(_) => idle += 1,
+                _ => idle = 0,
+            }
+            all.extend(text(&out));
+            if idle == 2 {
+                break;
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn follow_mode_rescales_discover_every_file_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let make = source(dir.path(), weir_schema::RecordFormat::Lines, true);
+        let mut written = Vec::new();
+        let add = |name: &str, lines: std::ops::Range<usize>, written: &mut Vec<String>| {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.path().join(name))
+                .expect("open");
+            for i in lines {
+                let line = format!("{name}-{i}");
+                std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()).expect("write");
+                written.push(format!("{{\"line\":\"{line}\"}}"));
+            }
+        };
+        for f in 0..6 {
+            add(&format!("a{f}.log"), 0..3, &mut written);
+        }
+        let mut read = Vec::new();
+        let mut snaps: Option<Vec<Vec<u8>>> = None;
+        let mut old_p = u32::MAX;
+        for (stage, p) in [2u32, 3, 1, 2, 4].into_iter().enumerate() {
+            let mut readers = Vec::new();
+            for s in 0..p {
+                let (mut src, mut c) = match &snaps {
+                    Some(old) => rescaled(&make, old, s, p),
+                    None => {
+                        let mut src = make(s, p);
+                        let mut c = ctx(s, p, None);
+                        src.open(&mut c).expect("open");
+                        (src, c)
+                    }
+                };
+                let got = poll_until_quiet(&mut src, &mut c);
+                if s >= old_p {
+                    assert!(
+                        got.is_empty(),
+                        "reader {s} of {p} was added: it owns nothing"
+                    );
+                }
+                read.extend(got);
+                readers.push((src, c));
+            }
+            old_p = p;
+            // More lines in old files and new files, some read before the snapshot and
+            // some discovered only after the restore.
+            for f in 0..6 {
+                add(
+                    &format!("a{f}.log"),
+                    3 + stage * 2..5 + stage * 2,
+                    &mut written,
+                );
+            }
+            for f in 0..3 {
+                add(&format!("b{stage}-{f}.log"), 0..2, &mut written);
+            }
+            for (src, c) in readers.iter_mut().take(1) {
+                read.extend(poll_until_quiet(src, c));
+            }
+            for f in 0..3 {
+                add(&format!("c{stage}-{f}.log"), 0..2, &mut written);
+            }
+            snaps = Some(
+                readers
+                    .iter_mut()
+                    .map(|(src, _)| src.snapshot().expect("snapshot"))
+                    .collect(),
+            );
+        }
+        // The last stage's snapshots, restored once more, pick up what is left.
+        if let Some(old) = &snaps {
+            for s in 0..3 {
+                let (mut src, mut c) = rescaled(&make, old, s, 3);
+                read.extend(poll_until_quiet(&mut src, &mut c));
+            }
+        }
+        read.sort();
+        written.sort();
+        assert!(
+            read == written,
+            "read {} of {} lines",
+            read.len(),
+            written.len()
+        );
     }
 }

@@ -15,6 +15,26 @@
 //!   and numbers on from `next_seq`;
 //! - at the end of a bounded input everything is committed at once.
 //!
+//! Rescaling (a savepoint restored at another parallelism `p`): snapshots are list state, old
+//! subtask `j`'s going to new subtask `j % p`. Part names keep the number of the subtask that
+//! wrote them, so new subtask `s` reconciles every part *name* `n` with `n % p == s` (and no
+//! other subtask touches those names, nor writes them: `s` writes under its own number `s`
+//! only):
+//!
+//! - a name with a snapshot (old subtask `n` received): as a plain restore of that snapshot:
+//!   commit its pending parts, remove the name's hidden parts and, two-phase, its final parts
+//!   numbered at or after the snapshot's `next_seq`;
+//! - a name without a snapshot (an old subtask that had finished, so its output is all
+//!   committed; or a subtask of an earlier run at a higher parallelism, whose committed output
+//!   is part of the result): its final parts are kept, always; its hidden parts are removed
+//!   (no snapshot of the restored checkpoint claims them, so nobody would ever commit them).
+//!
+//! Then `s` numbers on from its own snapshot's `next_seq` (when it received old subtask `s`'s)
+//! and after every part already named `s`, so it never overwrites a committed part. A
+//! subtask added by a scale-up thus deletes no committed output (unlike a fresh start). The
+//! snapshot records its subtask (format version 2); a version 1 snapshot restores only at its
+//! own parallelism.
+//!
 //! Without exactly-once (no checkpoints, or `at_least_once`), final parts are written directly;
 //! the snapshot only fsyncs the current part and records `next_seq`, and a restore only goes on
 //! numbering after every existing part: committed output is never deleted.
@@ -119,10 +139,17 @@ struct FileSinkState {
     next_seq: u64,
     /// Closed parts not committed at the snapshot, oldest first (empty without two phases).
     pending: Vec<PendingPart>,
+    /// The subtask that took the snapshot, whose number its parts carry (absent in version 1).
+    #[serde(default)]
+    subtask: Option<u32>,
+    /// The sink's parallelism at the snapshot (absent in version 1).
+    #[serde(default)]
+    parallelism: Option<u32>,
 }
 
 impl FileSinkState {
-    const VERSION: u32 = 1;
+    /// Written by this build; version 1 (no subtask recorded) is still read.
+    const VERSION: u32 = 2;
 }
 
 /// The part being written.
@@ -193,7 +220,12 @@ impl FileSink {
     }
 
     fn path(&self, kind: PartKind, seq: u64) -> PathBuf {
-        let name = format!("{}-{}-{seq}.{}", self.prefix, self.subtask, self.ext);
+        self.path_of(self.subtask, kind, seq)
+    }
+
+    /// The path of part `seq` written under subtask number `subtask`.
+    fn path_of(&self, subtask: u32, kind: PartKind, seq: u64) -> PathBuf {
+        let name = format!("{}-{subtask}-{seq}.{}", self.prefix, self.ext);
         match kind {
             PartKind::Final => self.dir.join(name),
             _ => self.dir.join(format!(".{name}.{}", kind.suffix())),
@@ -280,8 +312,19 @@ impl FileSink {
     /// Commits pending part `seq` (of `checkpoint`), idempotently: a part already committed is
     /// fine; a part that is neither pending nor committed is lost output, an error.
     fn commit(&self, seq: u64, checkpoint: Option<u64>, ctx: &OperatorContext) -> Result<()> {
-        let pending = self.path(PartKind::Pending, seq);
-        let committed = self.path(PartKind::Final, seq);
+        self.commit_of(self.subtask, seq, checkpoint, ctx)
+    }
+
+    /// [`commit`](Self::commit) for a part written under subtask number `subtask`.
+    fn commit_of(
+        &self,
+        subtask: u32,
+        seq: u64,
+        checkpoint: Option<u64>,
+        ctx: &OperatorContext,
+    ) -> Result<()> {
+        let pending = self.path_of(subtask, PartKind::Pending, seq);
+        let committed = self.path_of(subtask, PartKind::Final, seq);
         match std::fs::rename(&pending, &committed) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -347,6 +390,85 @@ impl FileSink {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Self::io(ctx, "cannot remove", path.to_path_buf(), e)),
         }
+    }
+
+    /// Decodes and version-checks a snapshot.
+    fn decode_state(bytes: &[u8], ctx: &OperatorContext) -> Result<FileSinkState> {
+        let state: FileSinkState = crate::record::decode(bytes).map_err(|e| {
+            RunError::State(format!(
+                "sink `{}`: malformed file sink state: {e}",
+                ctx.operator
+            ))
+        })?;
+        if state.version == 0 || state.version > FileSinkState::VERSION {
+            return Err(RunError::State(format!(
+                "sink `{}`: file sink state version {} is not supported (this build reads \
+                 versions 1 to {})",
+                ctx.operator,
+                state.version,
+                FileSinkState::VERSION
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Warns when the checkpoint mode changed since the snapshot.
+    fn warn_mode_change(&self, state: &FileSinkState, ctx: &OperatorContext) {
+        if state.two_phase != self.two_phase {
+            tracing::warn!(
+                pipeline = %ctx.pipeline,
+                sink = %ctx.operator,
+                checkpoint = ?ctx.restored_from,
+                "The checkpoint mode changed since the checkpoint; output around it may be duplicated."
+            );
+        }
+    }
+
+    /// Reconciles the directory with `states` (each the snapshot of the subtask number its
+    /// parts carry) for every part name `n` that `owns(n)` (see the module docs): commits the
+    /// snapshots' pending parts, removes hidden parts, and (two-phase) removes final parts a
+    /// snapshot says were written after it. Names without a snapshot keep their final parts.
+    /// Then numbers on after every part of this subtask and resets the writer.
+    fn reconcile(
+        &mut self,
+        states: &[(u32, FileSinkState)],
+        owns: impl Fn(u32) -> bool,
+        ctx: &OperatorContext,
+    ) -> Result<()> {
+        for (name, state) in states {
+            self.warn_mode_change(state, ctx);
+            let mut pending = state.pending.clone();
+            pending.sort_by_key(|p| p.seq);
+            for p in &pending {
+                self.commit_of(*name, p.seq, Some(p.checkpoint), ctx)?;
+            }
+        }
+        let snapshot_of = |n: u32| states.iter().find(|(name, _)| *name == n).map(|(_, s)| s);
+        let mut next_seq = snapshot_of(self.subtask).map_or(0, |s| s.next_seq);
+        for (kind, subtask, seq, path) in self.list_parts(ctx)? {
+            if !owns(subtask) {
+                continue;
+            }
+            let state = snapshot_of(subtask);
+            match kind {
+                PartKind::InProgress | PartKind::Pending => Self::remove(ctx, &path)?,
+                PartKind::Final if self.two_phase && state.is_some_and(|s| seq >= s.next_seq) => {
+                    Self::remove(ctx, &path)?;
+                }
+                // Committed output: kept, and this subtask numbers on after its own.
+                PartKind::Final if subtask == self.subtask => next_seq = next_seq.max(seq + 1),
+                PartKind::Final => {}
+            }
+        }
+        self.sync_dir(ctx)?;
+        self.next_seq = next_seq;
+        self.current = None;
+        self.rolled.clear();
+        self.pending.clear();
+        self.ended = false;
+        self.buf.clear();
+        self.writer = RecordWriter::new(self.csv);
+        Ok(())
     }
 
     /// A fresh start: removes this subtask's parts (final and hidden) left by an earlier run;
@@ -415,6 +537,8 @@ impl Operator for FileSink {
             two_phase: self.two_phase,
             next_seq: self.next_seq,
             pending: self.pending.clone(),
+            subtask: Some(self.subtask),
+            parallelism: Some(ctx.parallelism),
         };
         crate::record::encode(&state).map(Some).map_err(|e| {
             RunError::State(format!(
@@ -452,56 +576,64 @@ impl Operator for FileSink {
         let Some(bytes) = snapshot else {
             return self.clear_for_fresh_start(ctx);
         };
-        let state: FileSinkState = crate::record::decode(bytes).map_err(|e| {
-            RunError::State(format!(
-                "sink `{}`: malformed file sink state: {e}",
-                ctx.operator
-            ))
-        })?;
-        if state.version != FileSinkState::VERSION {
+        let state = Self::decode_state(bytes, ctx)?;
+        if let Some(taken_by) = state.subtask
+            && taken_by != self.subtask
+        {
             return Err(RunError::State(format!(
-                "sink `{}`: file sink state version {} is not supported (this build reads \
-                 version {})",
-                ctx.operator,
-                state.version,
-                FileSinkState::VERSION
+                "pipeline `{}`, sink `{}`: subtask {} was handed the snapshot of subtask \
+                 {taken_by}; the checkpoint is inconsistent, restore from another one",
+                ctx.pipeline, ctx.operator, self.subtask
             )));
         }
-        if state.two_phase != self.two_phase {
-            tracing::warn!(
-                pipeline = %ctx.pipeline,
-                sink = %ctx.operator,
-                checkpoint = ?ctx.restored_from,
-                "The checkpoint mode changed since the checkpoint; output around it may be duplicated."
-            );
-        }
-        let mut pending = state.pending.clone();
-        pending.sort_by_key(|p| p.seq);
-        for p in &pending {
-            self.commit(p.seq, Some(p.checkpoint), ctx)?;
-        }
-        let mut next_seq = state.next_seq;
-        for (kind, subtask, seq, path) in self.list_parts(ctx)? {
-            if subtask != self.subtask {
-                continue;
+        let me = self.subtask;
+        self.reconcile(&[(me, state)], |n| n == me, ctx)
+    }
+
+    /// Reconciles after a change of parallelism (see the module docs): settles the parts of
+    /// every old subtask whose snapshot this one received, clears uncommitted leftovers of
+    /// the part names it is responsible for, keeps every committed part without a snapshot,
+    /// and writes on under its own number.
+    ///
+    /// # Errors
+    /// A malformed or version 1 snapshot, one of an old subtask that does not map to this
+    /// one, a pending part that is gone, or an I/O failure.
+    fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &mut OperatorContext) -> Result<()> {
+        let parallelism = ctx.parallelism.max(1);
+        let mut states: Vec<(u32, FileSinkState)> = Vec::with_capacity(snapshots.len());
+        for bytes in snapshots {
+            let state = Self::decode_state(bytes, ctx)?;
+            let Some(old) = state.subtask else {
+                return Err(RunError::State(format!(
+                    "pipeline `{}`, sink `{}`: the checkpoint's file sink state predates \
+                     rescaling (format version {}, which does not record its subtask), so it \
+                     cannot be restored at parallelism {parallelism}; restore it at its old \
+                     parallelism, take a savepoint, and rescale from that",
+                    ctx.pipeline, ctx.operator, state.version
+                )));
+            };
+            if old % parallelism != self.subtask || states.iter().any(|(j, _)| *j == old) {
+                return Err(RunError::State(format!(
+                    "pipeline `{}`, sink `{}`: subtask {} of {parallelism} was handed the \
+                     snapshot of old subtask {old} (old subtask j goes to j % {parallelism}, \
+                     once); the savepoint is inconsistent, restore from another one",
+                    ctx.pipeline, ctx.operator, self.subtask
+                )));
             }
-            match kind {
-                PartKind::InProgress | PartKind::Pending => Self::remove(ctx, &path)?,
-                PartKind::Final if self.two_phase && seq >= state.next_seq => {
-                    Self::remove(ctx, &path)?;
-                }
-                // At-least-once keeps committed output and numbers on after it.
-                PartKind::Final => next_seq = next_seq.max(seq + 1),
-            }
+            states.push((old, state));
         }
-        self.sync_dir(ctx)?;
-        self.next_seq = next_seq;
-        self.current = None;
-        self.rolled.clear();
-        self.pending.clear();
-        self.ended = false;
-        self.buf.clear();
-        self.writer = RecordWriter::new(self.csv);
+        states.sort_by_key(|(j, _)| *j);
+        let me = self.subtask;
+        self.reconcile(&states, |n| n % parallelism == me, ctx)?;
+        tracing::info!(
+            pipeline = %ctx.pipeline,
+            sink = %ctx.operator,
+            subtask = me,
+            parallelism,
+            old_subtasks = ?states.iter().map(|(j, _)| *j).collect::<Vec<_>>(),
+            next_seq = self.next_seq,
+            "File sink reconciled the parts of earlier subtasks after a rescale."
+        );
         Ok(())
     }
 
@@ -879,5 +1011,219 @@ mod tests {
             std::fs::read_to_string(out.join("part-0-1.csv")).expect("read"),
             "i\n2\n"
         );
+    }
+
+    /// Subtask `s` of `p`, two-phase, restored from `restored_from` (or fresh).
+    fn harness_at(out: &Path, s: u32, p: u32, restored_from: Option<u64>) -> Harness {
+        let op =
+            FileSink::new(out.to_path_buf(), "part".into(), false, None, s).two_phase_commit(true);
+        let mut c = ctx(restored_from);
+        c.subtask = s;
+        c.parallelism = p;
+        Harness::new(Box::new(op), c).expect("open")
+    }
+
+    /// `p` subtasks restored from the snapshots of the old subtasks (indexed by old subtask),
+    /// each given its share as the runtime does (`j % p == s`, in old-subtask order).
+    fn rescaled(out: &Path, snaps: &[Vec<u8>], p: u32, from: u64) -> Vec<Harness> {
+        (0..p)
+            .map(|s| {
+                let mut h = harness_at(out, s, p, Some(from));
+                let share: Vec<&[u8]> = snaps
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j as u32 % p == s)
+                    .map(|(_, b)| b.as_slice())
+                    .collect();
+                h.operator
+                    .restore_rescaled(&share, &mut h.ctx)
+                    .expect("rescaled restore");
+                h
+            })
+            .collect()
+    }
+
+    fn snapshot_all(hs: &mut [Harness], checkpoint: u64) -> Vec<Vec<u8>> {
+        hs.iter_mut()
+            .map(|h| {
+                h.operator
+                    .snapshot(checkpoint, &mut h.ctx)
+                    .expect("snapshot")
+                    .expect("state")
+            })
+            .collect()
+    }
+
+    fn complete_all(hs: &mut [Harness], checkpoint: u64) {
+        for h in hs {
+            h.operator
+                .notify_checkpoint_complete(checkpoint, &mut h.ctx)
+                .expect("commit");
+        }
+    }
+
+    /// Pushes `range` dealt round-robin over the subtasks, in small batches.
+    fn push_spread(hs: &mut [Harness], range: std::ops::Range<i64>) {
+        let n = hs.len() as i64;
+        for i in range {
+            let h = &mut hs[usize::try_from(i % n).expect("index")];
+            h.push(records(i..i + 1)).expect("push");
+        }
+    }
+
+    fn sorted(mut v: Vec<i64>) -> Vec<i64> {
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn rescale_from_3_to_2_keeps_the_savepoint_and_goes_on_exactly_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let mut hs: Vec<Harness> = (0..3).map(|s| harness_at(&out, s, 3, None)).collect();
+        push_spread(&mut hs, 0..30);
+        snapshot_all(&mut hs, 1);
+        complete_all(&mut hs, 1);
+        push_spread(&mut hs, 30..60);
+        let savepoint = snapshot_all(&mut hs, 2); // Pending, never completed.
+        push_spread(&mut hs, 60..90);
+        // Subtask 2 even committed a part after the savepoint (a later checkpoint).
+        let late = &mut hs[2];
+        late.operator.snapshot(3, &mut late.ctx).expect("snapshot");
+        late.operator
+            .notify_checkpoint_complete(3, &mut late.ctx)
+            .expect("commit");
+        push_spread(&mut hs, 90..99);
+        drop(hs); // Crash.
+        assert!(
+            visible(&out).len() > 30,
+            "a part was committed after the savepoint"
+        );
+
+        let mut hs = rescaled(&out, &savepoint, 2, 2);
+        assert_eq!(sorted(visible(&out)), (0..60).collect::<Vec<_>>());
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+        // The replayed input after the savepoint, then more.
+        push_spread(&mut hs, 60..120);
+        snapshot_all(&mut hs, 4);
+        complete_all(&mut hs, 4);
+        push_spread(&mut hs, 120..130);
+        for h in &mut hs {
+            h.finish().expect("finish");
+        }
+        assert_eq!(sorted(visible(&out)), (0..130).collect::<Vec<_>>());
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+    }
+
+    #[test]
+    fn rescale_from_1_to_3_to_2_is_exactly_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let mut hs = vec![harness_at(&out, 0, 1, None)];
+        push_spread(&mut hs, 0..10);
+        snapshot_all(&mut hs, 1);
+        complete_all(&mut hs, 1);
+        push_spread(&mut hs, 10..20);
+        let first = snapshot_all(&mut hs, 2);
+        push_spread(&mut hs, 20..25);
+        drop(hs);
+
+        let mut hs = rescaled(&out, &first, 3, 2);
+        assert_eq!(sorted(visible(&out)), (0..20).collect::<Vec<_>>());
+        push_spread(&mut hs, 20..40);
+        snapshot_all(&mut hs, 3);
+        complete_all(&mut hs, 3);
+        assert_eq!(sorted(visible(&out)), (0..40).collect::<Vec<_>>());
+        push_spread(&mut hs, 40..50);
+        let second = snapshot_all(&mut hs, 4);
+        push_spread(&mut hs, 50..55);
+        drop(hs);
+
+        let mut hs = rescaled(&out, &second, 2, 4);
+        assert_eq!(sorted(visible(&out)), (0..50).collect::<Vec<_>>());
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+        push_spread(&mut hs, 50..60);
+        for h in &mut hs {
+            h.finish().expect("finish");
+        }
+        assert_eq!(sorted(visible(&out)), (0..60).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn scale_up_never_deletes_committed_parts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let mut hs: Vec<Harness> = (0..3).map(|s| harness_at(&out, s, 3, None)).collect();
+        push_spread(&mut hs, 0..30);
+        let at3 = snapshot_all(&mut hs, 1);
+        complete_all(&mut hs, 1);
+        drop(hs);
+        // Committed output of a long-gone run at parallelism 6, and an uncommitted leftover.
+        std::fs::write(out.join("part-5-0.jsonl"), "{\"i\":1000}\n").expect("write");
+        std::fs::write(out.join(".part-2-7.jsonl.inprogress"), "{\"i\":-1}\n").expect("write");
+
+        // 3 -> 2: subtask 0 settles names 0 and 2, subtask 1 names 1 (and 5's final stays).
+        let mut hs = rescaled(&out, &at3, 2, 1);
+        let mut expected: Vec<i64> = (0..30).chain([1000]).collect();
+        assert_eq!(sorted(visible(&out)), expected);
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+        push_spread(&mut hs, 30..40);
+        let at2 = snapshot_all(&mut hs, 2);
+        complete_all(&mut hs, 2);
+        drop(hs);
+        expected.extend(30..40);
+        std::fs::write(out.join(".part-2-9.jsonl.pending"), "{\"i\":-2}\n").expect("write");
+
+        // 2 -> 3: subtask 2 gets no snapshot; the parts named 2 (and 5) are committed output.
+        let mut hs = rescaled(&out, &at2, 3, 2);
+        assert_eq!(sorted(visible(&out)), sorted(expected.clone()));
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+        push_spread(&mut hs, 40..61);
+        for h in &mut hs {
+            h.finish().expect("finish");
+        }
+        expected.extend(40..61);
+        assert_eq!(sorted(visible(&out)), sorted(expected));
+        assert!(out.join("part-2-0.jsonl").is_file(), "kept");
+    }
+
+    #[test]
+    fn rescaled_restore_refuses_foreign_and_old_snapshots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let mut hs: Vec<Harness> = (0..2).map(|s| harness_at(&out, s, 2, None)).collect();
+        push_spread(&mut hs, 0..4);
+        let snaps = snapshot_all(&mut hs, 1);
+        drop(hs);
+        let mut h = harness_at(&out, 0, 3, Some(1));
+        let err = h
+            .operator
+            .restore_rescaled(&[snaps[1].as_slice()], &mut h.ctx)
+            .expect_err("old subtask 1 goes to new subtask 1");
+        assert!(err.to_string().contains("old subtask 1"), "{err}");
+
+        #[derive(Serialize)]
+        struct V1 {
+            version: u32,
+            two_phase: bool,
+            next_seq: u64,
+            pending: Vec<PendingPart>,
+        }
+        let v1 = crate::record::encode(&V1 {
+            version: 1,
+            two_phase: true,
+            next_seq: 0,
+            pending: Vec::new(),
+        })
+        .expect("encode");
+        let err = h
+            .operator
+            .restore_rescaled(&[v1.as_slice()], &mut h.ctx)
+            .expect_err("version 1");
+        assert!(err.to_string().contains("old parallelism"), "{err}");
+        let mut h = harness_at(&out, 0, 1, Some(1));
+        h.operator
+            .restore(Some(&v1), &mut h.ctx)
+            .expect("version 1 still restores at its parallelism");
     }
 }

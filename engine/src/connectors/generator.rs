@@ -6,6 +6,15 @@
 //! `i`), so a snapshot is the next sequence number plus bookkeeping, and a restored subtask
 //! continues the identical sequence. The rate limit restarts its window at the restore (no
 //! burst to "catch up" the downtime). This module must not touch channels or checkpoints.
+//!
+//! Rescaling is refused: the sequence is interleaved over the subtasks (`i = s + k*p`), so
+//! the old subtasks' positions cannot be recombined into a new interleaving without losing
+//! or repeating records. The one exception is a bounded generator whose old subtasks had all
+//! produced their whole sequence: nothing is left to redistribute, so every new subtask
+//! accepts and produces nothing. A new subtask that receives no snapshot (added by a
+//! scale-up) cannot see the others' positions; it accepts for a bounded generator and
+//! produces nothing (if any old subtask had records left, the new subtask that received its
+//! snapshot refuses, and with it the whole restore) and refuses for an unbounded one.
 
 use std::time::{Duration, Instant};
 
@@ -284,6 +293,81 @@ impl Source for GeneratorSource {
         self.produced = 0;
         Ok(())
     }
+
+    /// Refuses a change of parallelism (see the module docs), unless every old subtask this
+    /// one takes over had produced its whole bounded sequence: then this subtask produces
+    /// nothing. With no snapshot, a bounded generator produces nothing and an unbounded one
+    /// refuses.
+    ///
+    /// # Errors
+    /// A change of parallelism with records left, or a malformed snapshot.
+    fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &SourceContext) -> Result<()> {
+        if self.ids.1.is_empty() {
+            self.ids = (ctx.pipeline.clone(), ctx.source.clone());
+        }
+        let mut old_parallelism = None;
+        let mut left = Vec::new();
+        for bytes in snapshots {
+            // Version 1 snapshots are `(1, next)`: no subtask or parallelism recorded.
+            let (subtask, parallelism, next) = match crate::record::decode::<GeneratorState>(bytes)
+            {
+                Ok(state) => (
+                    state.subtask.to_string(),
+                    Some(state.parallelism),
+                    state.next,
+                ),
+                Err(e) => match crate::record::decode::<(u32, u64)>(bytes) {
+                    Ok((1, next)) => ("(unrecorded)".to_owned(), None, next),
+                    _ => {
+                        return Err(RunError::State(format!(
+                            "source `{}`: malformed generator snapshot: {e}",
+                            self.ids.1
+                        )));
+                    }
+                },
+            };
+            old_parallelism = old_parallelism.or(parallelism);
+            if self.count.is_none_or(|c| next < c) {
+                left.push(subtask);
+            }
+        }
+        if (snapshots.is_empty() && self.count.is_none()) || !left.is_empty() {
+            let old = old_parallelism.map_or_else(
+                || "another parallelism".to_owned(),
+                |p| format!("parallelism {p}"),
+            );
+            let which = if left.is_empty() {
+                String::new()
+            } else {
+                format!(" (old subtask(s) {} had records left)", left.join(", "))
+            };
+            return Err(RunError::Build {
+                pipeline: self.ids.0.clone(),
+                element: self.ids.1.clone(),
+                message: format!(
+                    "a generator cannot change its parallelism across a restore: its sequence \
+                     is interleaved over the subtasks (subtask s of p produces records s, s+p, \
+                     s+2p, ...), so the positions saved at {old} cannot be dealt out again to \
+                     subtask {} of {} without losing or repeating records{which}. To fix: keep \
+                     this source's old parallelism, or give the source a new id to start its \
+                     sequence over",
+                    self.subtask, self.parallelism
+                ),
+            });
+        }
+        // Everything this subtask takes over was produced; with no snapshot, the subtasks
+        // that received the others' positions decide (see the module docs).
+        self.next = self.count.unwrap_or(u64::MAX);
+        self.started = None;
+        self.produced = 0;
+        tracing::info!(
+            pipeline = %self.ids.0,
+            source = %self.ids.1,
+            subtask = self.subtask,
+            "Generator restored at a new parallelism with its whole sequence produced; it produces nothing more."
+        );
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -466,5 +550,73 @@ mod tests {
         let err = b.restore(&snap).expect_err("parallelism changed");
         assert!(err.to_string().contains("parallelism"), "{err}");
         assert!(b.restore(b"\xff\x00junk").is_err());
+    }
+
+    #[test]
+    fn rescaled_restore_is_refused_with_a_clear_message() {
+        let mut snaps = Vec::new();
+        for s in 0..2 {
+            let mut a = GeneratorSource::new(7, Some(5000), None, &fields(), s, 2).expect("gen");
+            let mut c = ctx(s, 2, None);
+            a.open(&mut c).expect("open");
+            a.poll(&mut Vec::new(), &mut c).expect("poll");
+            snaps.push(a.snapshot().expect("snapshot"));
+        }
+        let mut b = GeneratorSource::new(7, Some(5000), None, &fields(), 0, 3).expect("gen");
+        let c = ctx(0, 3, Some(1));
+        b.open(&mut c.clone()).expect("open");
+        let err = b
+            .restore_rescaled(&[snaps[0].as_slice()], &c)
+            .expect_err("records left");
+        let msg = err.to_string();
+        assert!(msg.contains("interleaved"), "{msg}");
+        assert!(msg.contains("parallelism 2"), "{msg}");
+        assert!(msg.contains("new id"), "{msg}");
+        assert!(msg.contains("old subtask(s) 0"), "{msg}");
+
+        // A subtask added by a scale-up: refused when unbounded, nothing to do when bounded.
+        let mut u = GeneratorSource::new(7, None, None, &fields(), 2, 3).expect("gen");
+        let err = u
+            .restore_rescaled(&[], &ctx(2, 3, Some(1)))
+            .expect_err("unbounded");
+        assert!(
+            err.to_string()
+                .contains("keep this source's old parallelism"),
+            "{err}"
+        );
+        let mut n = GeneratorSource::new(7, Some(5000), None, &fields(), 2, 3).expect("gen");
+        let mut c = ctx(2, 3, Some(1));
+        n.restore_rescaled(&[], &c).expect("bounded, no snapshot");
+        assert!(drain(&mut n, &mut c).is_empty());
+        assert!(n.restore_rescaled(&[b"junk".as_slice()], &c).is_err());
+    }
+
+    #[test]
+    fn a_finished_bounded_generator_may_rescale() {
+        let mut snaps = Vec::new();
+        for s in 0..3 {
+            let mut a = GeneratorSource::new(7, Some(100), None, &fields(), s, 3).expect("gen");
+            let mut c = ctx(s, 3, None);
+            drain(&mut a, &mut c);
+            snaps.push(a.snapshot().expect("snapshot"));
+        }
+        for s in 0..2 {
+            let mut b = GeneratorSource::new(7, Some(100), None, &fields(), s, 2).expect("gen");
+            let refs: Vec<&[u8]> = snaps
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| j % 2 == s as usize)
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            let mut c = ctx(s, 2, Some(1));
+            b.restore_rescaled(&refs, &c).expect("all produced");
+            assert!(drain(&mut b, &mut c).is_empty());
+        }
+        // A larger count since: records are left, refused.
+        let mut b = GeneratorSource::new(7, Some(200), None, &fields(), 0, 2).expect("gen");
+        assert!(
+            b.restore_rescaled(&[snaps[0].as_slice()], &ctx(0, 2, Some(1)))
+                .is_err()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `aggregate` (keyed): built-in `sum`/`count`/`min`/`max`/`avg` over field paths at native
 //! speed (the per-key accumulator is updated in place in the state backend), or a Rhai
-//! script with `fn init()`, `fn add(acc, r)` and optional `fn finish(acc)`. Emits
+//! script with `fn init()`, `fn add(acc, r)` and optional `fn finish(acc)` (and optional
+//! `fn migrate(old)` for the accumulators after a savepoint restore). Emits
 //! `{<key_field>: key, <as>: value, ...}` per `emit`.
 
 use std::cmp::Ordering;
@@ -8,7 +9,7 @@ use std::cmp::Ordering;
 use rhai::{Array, Dynamic, Map};
 use weir_schema::{AggregateFunction, AggregationSpec, EmitMode, StateKind};
 
-use super::reduce::{keyed_output, require_keys};
+use super::reduce::{ACC, keyed_output, migrate_keyed_state, require_keys};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::runtime::Batch;
@@ -227,8 +228,24 @@ fn apply(aggs: &[Aggregation], values: &[Dynamic], slot: &mut Option<Dynamic>) {
 
 impl Operator for AggregateOperator {
     fn open(&mut self, ctx: &mut OperatorContext) -> Result<()> {
-        self.state = Some(ctx.state_mut()?.register("acc", StateKind::Value)?);
+        self.state = Some(ctx.state_mut()?.register(ACC, StateKind::Value)?);
         Ok(())
+    }
+
+    /// The scripted form rewrites its restored accumulators through `fn migrate`
+    /// ([`migrate_keyed_state`]); the built-in form has no script and keeps them.
+    fn migrate_state(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        let Kind::Script(s) = &mut self.kind else {
+            return Ok(());
+        };
+        let id = self
+            .state
+            .ok_or_else(|| RunError::Internal("aggregate used before open".into()))?;
+        migrate_keyed_state(
+            &mut s.script,
+            &[(ACC.to_owned(), StateKind::Value, id)],
+            ctx,
+        )
     }
 
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {

@@ -77,11 +77,7 @@ pub trait Operator: Send {
     ///
     /// # Errors
     /// An operator whose local state cannot be split or merged.
-    fn restore_rescaled(
-        &mut self,
-        snapshots: &[&[u8]],
-        ctx: &mut OperatorContext,
-    ) -> Result<()> {
+    fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &mut OperatorContext) -> Result<()> {
         if snapshots.is_empty() {
             return self.restore(None, ctx);
         }
@@ -180,8 +176,9 @@ pub struct OperatorContext {
     pub state: Option<Box<dyn StateBackend>>,
     /// The checkpoint this run restored from (`None` on a fresh start).
     pub restored_from: Option<u64>,
-    /// The restore is from a savepoint into a possibly changed pipeline: keyed values go
-    /// through the operator's `migrate` hook ([`Operator::migrate_state`]).
+    /// The restore is from a savepoint taken while the operator had another script: keyed
+    /// values go through its `migrate` hook ([`Operator::migrate_state`]). Restoring a
+    /// savepoint of the same script, or any checkpoint, never migrates.
     pub migrate: bool,
 }
 

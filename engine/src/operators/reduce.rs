@@ -2,16 +2,130 @@
 //! is its initial accumulator. Emits `{<key_field>: key, ...acc}` (or `value: acc` when the
 //! accumulator is not a map) after every record (`updates`) or once per key at the end
 //! (`final`).
+//!
+//! Also home of [`migrate_keyed_state`], the savepoint `migrate` hook shared by the scripted
+//! keyed operators (`reduce`, `process`, scripted `aggregate`).
 
 use rhai::{Dynamic, Map};
 use weir_schema::{EmitMode, StateKind};
 
 use crate::operators::{ErrorPolicy, Operator, OperatorContext};
-use crate::record::Key;
+use crate::record::{Key, excerpt};
 use crate::runtime::Batch;
 use crate::runtime::error::{Result, RunError};
-use crate::script::runtime::ScriptFn;
-use crate::state::StateId;
+use crate::script::runtime::{ScriptFn, set_key, with_frame};
+use crate::state::{StateBackend, StateId};
+
+/// Rewrites every restored keyed value through the script's `migrate` function, after a
+/// savepoint restore (`ctx.migrate`); does nothing otherwise, or when the script defines no
+/// `migrate`.
+///
+/// `fn migrate(old)` is preferred; `fn migrate(name, old)` (the state's name first) is used
+/// when there is no one-parameter form. It runs once per key and state with `key()` giving
+/// the key (other state functions are not available: `migrate` is a pure function of the old
+/// value); returning `()` deletes the value. A list state must stay an array and a map state
+/// a map. `states` lists every state the operator registered, as `(name, kind, handle)`.
+///
+/// # Errors
+/// The first failing call, under any `on_error` (a restore cannot skip state): an operator
+/// error naming the pipeline, the operator, the state, the key and the old value. A backend
+/// failure.
+pub fn migrate_keyed_state(
+    script: &mut ScriptFn,
+    states: &[(String, StateKind, StateId)],
+    ctx: &mut OperatorContext,
+) -> Result<()> {
+    if !ctx.migrate {
+        return Ok(());
+    }
+    let with_name = if script.defines("migrate", 1) {
+        false
+    } else if script.defines("migrate", 2) {
+        true
+    } else {
+        return Ok(());
+    };
+    let mut migrated = 0_u64;
+    let mut deleted = 0_u64;
+    for (name, kind, id) in states {
+        let keys = ctx.state_mut()?.keys(*id)?;
+        for k in keys {
+            // `(message, old value)` of a failed call.
+            let mut failure: Option<(String, Dynamic)> = None;
+            let mut removed = false;
+            let mut no_frame_state: Option<Box<dyn StateBackend>> = None;
+            let state = ctx.state_mut()?;
+            with_frame(&mut no_frame_state, &[], || {
+                set_key(Some(k.clone()));
+                state.update(*id, &k, &mut |slot| {
+                    let Some(old) = slot.take() else { return };
+                    let result = if with_name {
+                        script.call("migrate", (Dynamic::from(name.clone()), old.clone()))
+                    } else {
+                        script.call("migrate", (old.clone(),))
+                    };
+                    match result {
+                        Ok(new) if new.is_unit() => removed = true,
+                        Ok(new) => match shape_error(*kind, &new) {
+                            None => *slot = Some(new),
+                            Some(message) => {
+                                failure = Some((message, old.clone()));
+                                *slot = Some(old);
+                            }
+                        },
+                        Err(e) => {
+                            failure = Some((e, old.clone()));
+                            *slot = Some(old);
+                        }
+                    }
+                })
+            })?;
+            if let Some((message, old)) = failure {
+                let key = excerpt(&k.to_dynamic());
+                return Err(RunError::Operator {
+                    pipeline: ctx.pipeline.to_string(),
+                    operator: ctx.operator.to_string(),
+                    subtask: ctx.subtask,
+                    message: format!(
+                        "`fn migrate` failed on the value of key {key} in state `{name}` while \
+                         restoring a savepoint: {message}; fix `migrate` (or remove it to keep \
+                         the old values) and restore again"
+                    ),
+                    record: excerpt(&old),
+                });
+            }
+            if removed {
+                deleted += 1;
+            } else {
+                migrated += 1;
+            }
+        }
+    }
+    tracing::info!(
+        pipeline = %ctx.pipeline,
+        operator = %ctx.operator,
+        subtask = ctx.subtask,
+        migrated,
+        deleted,
+        "Migrated restored state through `fn migrate`."
+    );
+    Ok(())
+}
+
+/// Why `value` cannot be stored in a state of `kind`, if it cannot.
+fn shape_error(kind: StateKind, value: &Dynamic) -> Option<String> {
+    let (ok, state, holds) = match kind {
+        StateKind::Value => return None,
+        StateKind::List => (value.is_array(), "list", "arrays"),
+        StateKind::Map => (value.is_map(), "map", "object maps"),
+    };
+    (!ok).then(|| {
+        format!(
+            "it returned a value of type `{}`, but a {state} state holds {holds}",
+            value.type_name()
+        )
+    })
+}
 
 /// `{key_field: key, ...value}` when `value` is a map, else `{key_field: key, value: value}`.
 pub fn keyed_output(key_field: &str, key: &Key, value: &Dynamic) -> Dynamic {
@@ -40,6 +154,10 @@ pub(crate) fn require_keys(batch: &Batch, ctx: &OperatorContext) -> Result<()> {
     })
 }
 
+/// The name of the accumulator state of `reduce` (and `aggregate`), as `migrate(name, old)`
+/// sees it.
+pub const ACC: &str = "acc";
+
 /// The `reduce` operator.
 pub struct ReduceOperator {
     script: ScriptFn,
@@ -62,8 +180,20 @@ impl ReduceOperator {
 
 impl Operator for ReduceOperator {
     fn open(&mut self, ctx: &mut OperatorContext) -> Result<()> {
-        self.state = Some(ctx.state_mut()?.register("acc", StateKind::Value)?);
+        self.state = Some(ctx.state_mut()?.register(ACC, StateKind::Value)?);
         Ok(())
+    }
+
+    /// Rewrites the restored accumulators through `fn migrate` ([`migrate_keyed_state`]).
+    fn migrate_state(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        let id = self
+            .state
+            .ok_or_else(|| RunError::Internal("reduce used before open".into()))?;
+        migrate_keyed_state(
+            &mut self.script,
+            &[(ACC.to_owned(), StateKind::Value, id)],
+            ctx,
+        )
     }
 
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
@@ -125,5 +255,143 @@ impl Operator for ReduceOperator {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use weir_schema::ScriptLimitsSpec;
+
+    use super::*;
+    use crate::operators::Harness;
+    use crate::record::KeyGroupRange;
+    use crate::state::MemoryBackend;
+
+    const MAX: u32 = 128;
+
+    pub(crate) fn script(text: &str) -> ScriptFn {
+        let engine = Arc::new(crate::script::runtime::runtime_engine(
+            &ScriptLimitsSpec::default(),
+        ));
+        let ast = crate::script::compile(&engine, text).expect("compile");
+        ScriptFn::new(engine, Arc::new(ast))
+    }
+
+    pub(crate) fn keyed_ctx() -> OperatorContext {
+        let mut c = OperatorContext::standalone("p", "sum", MAX);
+        c.state = Some(Box::new(MemoryBackend::new(MAX, KeyGroupRange::all(MAX))));
+        c
+    }
+
+    pub(crate) fn key(k: &str) -> Key {
+        Key::from_dynamic(&Dynamic::from(k.to_owned()))
+    }
+
+    /// Sums `a: 1 + 2` and `b: 5` with the first script, snapshots the keyed state and
+    /// restores it into a reduce running `text` (a savepoint restore when `migrate`).
+    fn restored(text: &str, migrate: bool) -> Result<Harness> {
+        let sum = "fn reduce(acc, r) { acc + r }";
+        let mut first = Harness::new(
+            Box::new(ReduceOperator::new(
+                script(sum),
+                EmitMode::Final,
+                "k".into(),
+            )),
+            keyed_ctx(),
+        )?;
+        let records = [("a", 1_i64), ("a", 2), ("b", 5)];
+        first.push(Batch {
+            records: records.iter().map(|(_, n)| Dynamic::from(*n)).collect(),
+            keys: records.iter().map(|(k, _)| key(k)).collect(),
+        })?;
+        let snap = first.ctx.state_mut()?.snapshot(KeyGroupRange::all(MAX))?;
+        let mut ctx = keyed_ctx();
+        ctx.restored_from = Some(1);
+        let op = ReduceOperator::new(script(text), EmitMode::Updates, "k".into());
+        let mut h = Harness::new(Box::new(op), ctx)?;
+        h.ctx.state_mut()?.restore(&[snap.as_slice()])?;
+        h.ctx.migrate = migrate;
+        h.operator.migrate_state(&mut h.ctx)?;
+        Ok(h)
+    }
+
+    fn value(h: &mut Harness, k: &str) -> Option<String> {
+        let state = h.ctx.state_mut().expect("state");
+        let id = state.register(ACC, StateKind::Value).expect("handle");
+        state.get(id, &key(k)).expect("get").map(|v| excerpt(&v))
+    }
+
+    #[test]
+    fn migrate_rewrites_every_restored_accumulator() {
+        let reduce = "fn reduce(acc, r) { acc + r }";
+        let mut h =
+            restored(&format!("{reduce} fn migrate(old) {{ old * 10 }}"), true).expect("restore");
+        assert_eq!(value(&mut h, "a").as_deref(), Some("30"));
+        assert_eq!(value(&mut h, "b").as_deref(), Some("50"));
+        let out = h
+            .push(Batch {
+                records: vec![Dynamic::from(1_i64)],
+                keys: vec![key("a")],
+            })
+            .expect("push");
+        assert_eq!(excerpt(&out.records[0]), r#"{"k":"a","value":31}"#);
+
+        let mut h = restored(
+            "fn reduce(acc, r) { acc.total += r; acc } fn migrate(old) { #{total: old} }",
+            true,
+        )
+        .expect("restore");
+        assert_eq!(value(&mut h, "a").as_deref(), Some(r#"{"total":3}"#));
+
+        let mut h = restored(
+            &format!("{reduce} fn migrate(old) {{ if old > 4 {{ () }} else {{ old }} }}"),
+            true,
+        )
+        .expect("restore");
+        assert_eq!(value(&mut h, "a").as_deref(), Some("3"));
+        assert_eq!(value(&mut h, "b"), None, "`()` deletes");
+
+        let mut h = restored(
+            &format!("{reduce} fn migrate(name, old) {{ `${{name}}:${{old}}` }}"),
+            true,
+        )
+        .expect("restore");
+        assert_eq!(value(&mut h, "a").as_deref(), Some(r#""acc:3""#));
+    }
+
+    #[test]
+    fn a_failing_migrate_names_the_key_and_value() {
+        let err = restored(
+            r#"fn reduce(acc, r) { acc + r } fn migrate(old) { if old == 5 { throw "too big" } old }"#,
+            true,
+        )
+        .err()
+        .expect("migrate throws");
+        let msg = err.to_string();
+        for part in [
+            "pipeline `p`",
+            "operator `sum`",
+            "fn migrate",
+            "\"b\"",
+            "too big",
+            "record: 5",
+        ] {
+            assert!(msg.contains(part), "`{part}` missing from: {msg}");
+        }
+    }
+
+    #[test]
+    fn without_migrate_or_outside_a_savepoint_values_stay() {
+        let mut h = restored("fn reduce(acc, r) { acc + r }", true).expect("restore");
+        assert_eq!(value(&mut h, "a").as_deref(), Some("3"));
+        let mut h = restored(
+            r#"fn reduce(acc, r) { acc + r } fn migrate(old) { throw "must not run" }"#,
+            false,
+        )
+        .expect("a checkpoint restore never migrates");
+        assert_eq!(value(&mut h, "a").as_deref(), Some("3"));
+        assert_eq!(value(&mut h, "b").as_deref(), Some("5"));
     }
 }
