@@ -31,8 +31,34 @@ pub struct RunArgs {
     pub fresh: bool,
     /// Resume from this checkpoint directory (`<storage>/<pipeline>/chk-<n>`) instead of the
     /// latest one.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "from_savepoint")]
     pub from_checkpoint: Option<PathBuf>,
+    /// Start from this savepoint directory (`weir savepoint` prints it): state is restored by
+    /// operator id, into any state backend and parallelism. With several pipelines in the
+    /// file, each one restores the savepoint taken of it (`savepoint-<pipeline>-...`); give the
+    /// flag once per pipeline.
+    #[arg(long, value_name = "PATH", conflicts_with = "fresh")]
+    pub from_savepoint: Vec<PathBuf>,
+    /// Let a savepoint (or a reload) drop the state of operators the pipeline no longer has,
+    /// instead of refusing.
+    #[arg(long)]
+    pub allow_non_restored_state: bool,
+    /// Watch the file (and every script file it references) and hot-reload on changes: each
+    /// changed pipeline is stopped with a savepoint and restarted from it in its new version;
+    /// unchanged ones keep running. Off by default.
+    #[arg(long)]
+    pub watch: bool,
+    /// Port of the control API on 127.0.0.1 (`weir status`, `savepoint`, `stop`, `reload`).
+    /// Default 8642; when that is taken, the run goes on without the API. 0 picks a free
+    /// port (printed in the log).
+    #[arg(long, value_name = "PORT", conflicts_with = "no_api")]
+    pub api_port: Option<u16>,
+    /// Do not serve the control API.
+    #[arg(long)]
+    pub no_api: bool,
+    /// Bearer token the API requires on mutating calls (default: `WEIR_API_TOKEN`).
+    #[arg(long, env = "WEIR_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
 }
 
 fn init_logs() {
@@ -136,6 +162,9 @@ fn print_summary(s: &JobSummary) {
         if p.restarts > 0 {
             notes.push(format!("{} restarts", p.restarts));
         }
+        if p.reloads > 0 {
+            notes.push(format!("{} reloads applied", p.reloads));
+        }
         if p.degraded > 0 {
             notes.push(format!("DEGRADED: {} tasks down", p.degraded));
         }
@@ -181,6 +210,42 @@ fn failure_report(pipeline: &str, e: &weir_engine::runtime::error::RunError) -> 
     )
 }
 
+/// Matches `--from-savepoint` paths to pipelines: with one pipeline, the one path; otherwise
+/// by the `savepoint-<pipeline>-<id>-<ms>` directory name, or the pipeline recorded in the
+/// savepoint's metadata.
+fn savepoints_by_pipeline(
+    plan: &weir_engine::plan::FilePlan,
+    paths: &[PathBuf],
+) -> Result<Vec<(String, PathBuf)>, miette::Report> {
+    let mut out = Vec::new();
+    for path in paths {
+        let owner = if plan.pipelines.len() == 1 {
+            plan.pipelines.first().map(|p| p.id.clone())
+        } else {
+            weir_engine::checkpoint::savepoint::read_savepoint(path)
+                .ok()
+                .map(|(m, _)| m.pipeline)
+                .filter(|id| plan.pipelines.iter().any(|p| &p.id == id))
+        };
+        let Some(owner) = owner else {
+            return Err(miette::miette!(
+                code = "weir::run::savepoint_pipeline",
+                help = "give the savepoint of each pipeline; `weir savepoint PIPELINE` prints its path",
+                "cannot tell which pipeline savepoint `{}` belongs to (it is missing, damaged, or was taken of a pipeline this file does not have)",
+                path.display()
+            ));
+        };
+        if out.iter().any(|(p, _)| p == &owner) {
+            return Err(miette::miette!(
+                code = "weir::run::savepoint_pipeline",
+                "two savepoints given for pipeline `{owner}`"
+            ));
+        }
+        out.push((owner, path.clone()));
+    }
+    Ok(out)
+}
+
 /// Runs `weir run`.
 pub fn run(args: &RunArgs) -> ExitCode {
     let started = std::time::Instant::now();
@@ -211,6 +276,19 @@ pub fn run(args: &RunArgs) -> ExitCode {
             let _ = err.flush();
         }) as job::ProgressFn
     });
+    let savepoints = match savepoints_by_pipeline(&plan, &args.from_savepoint) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{:?}", e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let api = (!args.no_api).then(|| {
+        weir_engine::api::ApiConfig::local(
+            args.api_port.unwrap_or(weir_engine::api::DEFAULT_PORT),
+            args.api_token.clone().filter(|t| !t.is_empty()),
+        )
+    });
     let options = JobOptions {
         handle_signals: true,
         progress,
@@ -219,7 +297,18 @@ pub fn run(args: &RunArgs) -> ExitCode {
         recovery: job::RecoveryOptions {
             fresh: args.fresh,
             from_checkpoint: args.from_checkpoint.clone(),
+            from_savepoint: None,
+            allow_non_restored_state: args.allow_non_restored_state,
         },
+        file: Some(args.file.clone()),
+        watch: args.watch,
+        api,
+        api_optional: args.api_port.is_none(),
+        api_ready: Some(Arc::new(|addr| {
+            eprintln!("control API on http://{addr}");
+        })),
+        render: Some(Arc::new(|d: &[&Diagnostic]| super::validate::render(d))),
+        from_savepoints: savepoints,
         ..JobOptions::default()
     };
     match job::run(plan, options) {

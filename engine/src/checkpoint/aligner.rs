@@ -244,7 +244,8 @@ impl BarrierAligner {
             return Ok(AlignerStep::new(AlignerAction::Snapshot(done.0), aborted));
         }
         let action = match (self.mode, barrier.kind) {
-            (AlignmentMode::ExactlyOnce, _) | (_, BarrierKind::Savepoint)
+            (AlignmentMode::ExactlyOnce, _)
+            | (_, BarrierKind::Savepoint)
             | (_, BarrierKind::SavepointThenStop) => AlignerAction::Park,
             (AlignmentMode::AtLeastOnce, BarrierKind::Checkpoint) => AlignerAction::Continue,
         };

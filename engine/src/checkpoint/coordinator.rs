@@ -106,6 +106,7 @@ impl CheckpointPlan {
                 .map(|n| OperatorInfo {
                     id: n.id.clone(),
                     parallelism: n.parallelism,
+                    script_hash: n.script.as_deref().map(super::metadata::script_hash),
                 })
                 .collect(),
             tasks,
@@ -732,6 +733,7 @@ mod tests {
                 .map(|id| OperatorInfo {
                     id: id.into(),
                     parallelism: 1,
+                    script_hash: None,
                 })
                 .into(),
             tasks: vec![

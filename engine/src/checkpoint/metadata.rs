@@ -148,6 +148,20 @@ pub struct OperatorInfo {
     pub id: String,
     /// Its parallelism when the checkpoint was taken.
     pub parallelism: u32,
+    /// [`script_hash`] of its Rhai script, if it has one: a restore from a savepoint runs
+    /// the operator's `migrate` hook only when the script changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script_hash: Option<String>,
+}
+
+/// A short stable hash of a script's text (FNV-1a, 64 bits, hex).
+pub fn script_hash(script: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in script.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// Everything needed to restore a pipeline from one completed checkpoint.
@@ -336,6 +350,7 @@ pub(crate) mod tests {
             operators: vec![OperatorInfo {
                 id: "count".into(),
                 parallelism: 2,
+                script_hash: None,
             }],
             subtasks: (0..2)
                 .map(|s| SubtaskState {

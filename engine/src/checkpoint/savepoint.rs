@@ -34,7 +34,10 @@ pub fn savepoint_dir_name(pipeline: &str, id: u64, unix_ms: u128) -> String {
     format!("savepoint-{pipeline}-{id}-{unix_ms}")
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CheckpointError + 'a {
+fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> CheckpointError + 'a {
     move |source| CheckpointError::Io {
         what,
         path: path.to_path_buf(),
@@ -187,6 +190,7 @@ mod tests {
             operators: vec![OperatorInfo {
                 id: "sum".into(),
                 parallelism: 1,
+                script_hash: None,
             }],
             subtasks: vec![
                 SubtaskState {
@@ -218,8 +222,8 @@ mod tests {
             };
             let meta = meta_with(&*store);
             let name = savepoint_dir_name("p", 4, u128::from(local));
-            let sp = write_savepoint(&*store, &meta, &dir.path().join("sp"), &name)
-                .expect("savepoint");
+            let sp =
+                write_savepoint(&*store, &meta, &dir.path().join("sp"), &name).expect("savepoint");
             assert_eq!(sp.size, 19);
             // Move it elsewhere and drop the checkpoint storage: it still restores.
             let moved = dir.path().join(format!("moved-{local}"));

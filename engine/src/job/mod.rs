@@ -6,15 +6,17 @@
 //! applies the restart and failover strategies; a pipeline that fails for good never stops
 //! the others.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::plan::{FilePlan, NodeKind, PipelinePlan};
+use crate::plan::{FilePlan, PipelinePlan};
 use crate::runtime::error::{Result, RunError};
 use crate::runtime::task::{Control, Fault};
 use crate::runtime::{NodeMetrics, NodeReport};
 
+mod manager;
 mod pipeline;
 mod wiring;
 
@@ -54,7 +56,25 @@ pub struct JobOptions {
     pub recovery: RecoveryOptions,
     /// Faults to inject (recovery tests): `(pipeline id, operator id, fault)`.
     pub faults: Vec<(String, String, Arc<Fault>)>,
+    /// The pipeline file the plan came from (reloads re-read it).
+    pub file: Option<PathBuf>,
+    /// Watch `file` and every script it references; reload on changes.
+    pub watch: bool,
+    /// Serve the control API.
+    pub api: Option<crate::api::ApiConfig>,
+    /// When the API's address is in use, run without the API (with a warning) instead of
+    /// failing (the default port was not asked for explicitly).
+    pub api_optional: bool,
+    /// Called with the API's address once it listens.
+    pub api_ready: Option<Arc<dyn Fn(std::net::SocketAddr) + Send + Sync>>,
+    /// Renders validation diagnostics for reload reports (the CLI's miette rendering).
+    pub render: Option<RenderFn>,
+    /// Savepoints to start pipelines from: `(pipeline id, savepoint directory)`.
+    pub from_savepoints: Vec<(String, PathBuf)>,
 }
+
+/// Renders diagnostics as text.
+pub type RenderFn = Arc<dyn Fn(&[&weir_schema::Diagnostic]) -> String + Send + Sync>;
 
 /// One node's totals.
 #[derive(Clone, Debug)]
@@ -103,6 +123,8 @@ pub struct PipelineSummary {
     /// Time from the job's start until every operator had processed a record (after a
     /// restore: until processing was going again everywhere).
     pub all_processing: Option<Duration>,
+    /// Reloads the job applied.
+    pub reloads: u64,
 }
 
 impl PipelineSummary {
@@ -145,7 +167,8 @@ impl JobSummary {
 /// Runs every pipeline of `plan` to completion (or until stopped) on a new tokio runtime.
 ///
 /// # Errors
-/// When the runtime cannot start; pipeline failures are reported in the summary.
+/// When the runtime cannot start, or the control API cannot listen; pipeline failures are
+/// reported in the summary.
 pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("weir-worker");
@@ -155,8 +178,8 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let rt = builder
         .build()
         .map_err(|e| RunError::Internal(format!("cannot start the tokio runtime: {e}")))?;
-    // The control plane (supervisors, checkpoint timers, progress) runs on its own thread, so
-    // that checkpoints trigger on time however busy the workers are.
+    // The control plane (supervisors, checkpoint timers, progress, the API) runs on its own
+    // thread, so that checkpoints trigger on time however busy the workers are.
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weir-control")
@@ -166,166 +189,144 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let summary = control.block_on(run_async(plan, options, workers));
     drop(control);
     drop(rt);
-    Ok(summary)
+    summary
 }
 
 /// Runs every pipeline of `plan` concurrently: supervisors on the current tokio runtime,
-/// tasks on `workers`.
+/// tasks on `workers`; serves the control API and watches the file when asked to.
+///
+/// # Errors
+/// When the control API cannot listen or the file watcher cannot start.
 pub async fn run_async(
     plan: FilePlan,
     options: JobOptions,
     workers: tokio::runtime::Handle,
-) -> JobSummary {
+) -> Result<JobSummary> {
     let started = options.started.unwrap_or_else(Instant::now);
-    let controls: Vec<Arc<Control>> = plan
-        .pipelines
-        .iter()
-        .map(|_| Arc::new(Control::default()))
-        .collect();
+    let job = manager::Job::new(&options, workers, started);
+    let _api = match &options.api {
+        Some(config) => {
+            let control: Arc<dyn crate::control::JobControl> = Arc::new(Arc::clone(&job));
+            match crate::api::serve(control, config.clone()).await {
+                Ok(server) => {
+                    let addr = server.local_addr();
+                    tracing::info!(%addr, "Control API listening on http://{addr}");
+                    if let Some(cb) = &options.api_ready {
+                        cb(addr);
+                    }
+                    Some(server)
+                }
+                Err(e @ crate::api::ApiError::AddressInUse { .. }) if options.api_optional => {
+                    tracing::warn!("Control API off: {e}");
+                    None
+                }
+                Err(e) => return Err(RunError::Internal(e.to_string())),
+            }
+        }
+        None => None,
+    };
     if options.handle_signals {
         spawn_signal_watch(Arc::clone(&options.stop));
     }
     {
         let stop = Arc::clone(&options.stop);
-        let controls = controls.clone();
+        let job = Arc::clone(&job);
         tokio::spawn(async move {
             loop {
                 if stop.load(Ordering::Relaxed) {
-                    for c in &controls {
-                        c.stop.store(true, Ordering::Relaxed);
-                        c.stop_requested.notify_one();
-                    }
+                    job.stop_all();
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
     }
-    let mut running = Vec::new();
-    let mut reports_all = Vec::new();
-    for (pipeline, control) in plan.pipelines.into_iter().zip(controls) {
-        let reports: Arc<Vec<NodeReport>> = Arc::new(
-            pipeline
-                .nodes
-                .iter()
-                .map(|n| NodeReport {
-                    id: n.id.clone(),
-                    role: match n.kind {
-                        NodeKind::Source(_) => "source",
-                        NodeKind::Operator(_) => "operator",
-                        NodeKind::Sink(_) => "sink",
-                    },
-                    type_name: n.type_name(),
-                    parallelism: n.parallelism,
-                    metrics: Arc::new(NodeMetrics::default()),
-                })
-                .collect(),
-        );
-        reports_all.push((pipeline.id.clone(), Arc::clone(&reports)));
-        let r = Arc::clone(&reports);
-        let recovery = options.recovery.clone();
-        let faults: Vec<(String, Arc<Fault>)> = options
-            .faults
+    let watcher = match (&options.file, options.watch) {
+        (Some(file), true) => Some(spawn_watch(&job, file)?),
+        _ => None,
+    };
+    for pipeline in plan.pipelines {
+        let mut recovery = options.recovery.clone();
+        if let Some((_, path)) = options
+            .from_savepoints
             .iter()
-            .filter(|(p, _, _)| *p == pipeline.id)
-            .map(|(_, op, f)| (op.clone(), Arc::clone(f)))
-            .collect();
-        let workers = workers.clone();
-        running.push(tokio::spawn(async move {
-            run_pipeline(pipeline, r, control, started, recovery, faults, workers).await
-        }));
+            .find(|(id, _)| *id == pipeline.id)
+        {
+            recovery.from_savepoint = Some(path.clone());
+        }
+        drop(job.launch(pipeline, recovery, pipeline::StartWatch::default()));
     }
-    let done = Arc::new(std::sync::Mutex::new(vec![false; running.len()]));
     let progress_task = options.progress.clone().map(|cb| {
-        let reports_all = reports_all.clone();
-        let done = Arc::clone(&done);
+        let job = Arc::clone(&job);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
-                let finished = done.lock().map(|d| d.clone()).unwrap_or_default();
-                let p = progress_of(&reports_all, &finished);
-                cb(&p, started.elapsed());
+                cb(&job.progress(), started.elapsed());
             }
         })
     });
-    let mut summaries = Vec::new();
-    for (i, handle) in running.into_iter().enumerate() {
-        let (id, reports) = &reports_all[i];
-        let outcome = handle.await.unwrap_or_else(|e| PipelineOutcome {
-            error: Some(RunError::Internal(format!("pipeline task panicked: {e}"))),
-            wall: started.elapsed(),
-            first_output: None,
-            first_record: None,
-            restarts: 0,
-            checkpoints: 0,
-            restored_from: None,
-            degraded: 0,
-            stats: Vec::new(),
-            all_processing: None,
-        });
-        if let Ok(mut d) = done.lock() {
-            d[i] = true;
-        }
-        summaries.push(PipelineSummary {
-            id: id.clone(),
-            nodes: reports
-                .iter()
-                .map(|r| {
-                    let (i, o, e) = r.metrics.read();
-                    NodeSummary {
-                        id: r.id.clone(),
-                        role: r.role,
-                        type_name: r.type_name,
-                        parallelism: r.parallelism,
-                        records_in: i,
-                        records_out: o,
-                        errors: e,
-                    }
-                })
-                .collect(),
-            error: outcome.error,
-            wall: outcome.wall,
-            first_output: outcome.first_output,
-            first_record: outcome.first_record,
-            restarts: outcome.restarts,
-            checkpoints: outcome.checkpoints,
-            restored_from: outcome.restored_from,
-            degraded: outcome.degraded,
-            checkpoint_stats: outcome.stats,
-            all_processing: outcome.all_processing,
-        });
-    }
+    job.wait().await;
     if let Some(t) = progress_task {
         t.abort();
     }
-    JobSummary {
-        pipelines: summaries,
-        wall: started.elapsed(),
+    if let Some(w) = watcher {
+        w.abort();
     }
+    Ok(JobSummary {
+        pipelines: job.summaries(),
+        wall: started.elapsed(),
+    })
 }
 
-fn progress_of(
-    reports: &[(String, Arc<Vec<NodeReport>>)],
-    finished: &[bool],
-) -> Vec<PipelineProgress> {
-    reports
-        .iter()
-        .enumerate()
-        .map(|(i, (id, nodes))| PipelineProgress {
-            id: id.clone(),
-            source_records: nodes
-                .iter()
-                .filter(|n| n.role == "source")
-                .map(|n| n.metrics.read().0)
-                .sum(),
-            sink_records: nodes
-                .iter()
-                .filter(|n| n.role == "sink")
-                .map(|n| n.metrics.read().0)
-                .sum(),
-            finished: finished.get(i).copied().unwrap_or(false),
-        })
-        .collect()
+/// Watches the pipeline file and its scripts; reloads on every change.
+fn spawn_watch(
+    job: &Arc<manager::Job>,
+    file: &std::path::Path,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use crate::control::JobControl;
+    let files = watched_files(file).unwrap_or_else(|| vec![file.to_path_buf()]);
+    let (mut watcher, mut changes) =
+        crate::reload::watch::FileWatcher::new(&files, manager::WATCH_DEBOUNCE)
+            .map_err(|e| RunError::Internal(e.to_string()))?;
+    tracing::info!(files = ?files, "Watching the pipeline file for changes (hot reload).");
+    let job = Arc::clone(job);
+    let file = file.to_path_buf();
+    Ok(tokio::spawn(async move {
+        while let Some(changed) = changes.recv().await {
+            tracing::info!(files = ?changed.paths, "Pipeline file changed; reloading.");
+            let control = Arc::clone(&job);
+            match control
+                .reload(crate::control::ReloadRequest::default())
+                .await
+            {
+                Ok(outcome) => {
+                    let text = crate::api::render::render_reload(&outcome);
+                    match outcome.result.as_str() {
+                        "applied" | "unchanged" => {
+                            tracing::info!("Reload {}:\n{text}", outcome.result)
+                        }
+                        _ => tracing::error!("Reload {}:\n{text}", outcome.result),
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "Reload failed."),
+            }
+            if let Some(files) = watched_files(&file)
+                && let Err(e) = watcher.set_files(&files)
+            {
+                tracing::warn!(error = %e, "Cannot watch every referenced file.");
+            }
+        }
+    }))
+}
+
+/// The file plus every script file it references, from a fresh parse (so that scripts an
+/// edit adds are watched too); `None` when the file does not parse.
+fn watched_files(file: &std::path::Path) -> Option<Vec<PathBuf>> {
+    let loaded = crate::validate::validate_file(file);
+    loaded
+        .spec
+        .as_ref()
+        .map(|spec| crate::reload::watch::referenced_files(file, spec))
 }
 
 fn spawn_signal_watch(stop: Arc<AtomicBool>) {
@@ -353,7 +354,7 @@ fn spawn_signal_watch(stop: Arc<AtomicBool>) {
     });
 }
 
-struct PipelineOutcome {
+pub(super) struct PipelineOutcome {
     error: Option<RunError>,
     wall: Duration,
     first_output: Option<Duration>,
@@ -366,7 +367,8 @@ struct PipelineOutcome {
     all_processing: Option<Duration>,
 }
 
-async fn run_pipeline(
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_pipeline(
     plan: PipelinePlan,
     reports: Arc<Vec<NodeReport>>,
     control: Arc<Control>,
@@ -374,6 +376,7 @@ async fn run_pipeline(
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
     workers: tokio::runtime::Handle,
+    links: pipeline::SupervisorLinks,
 ) -> PipelineOutcome {
     let id = plan.id.clone();
     // Watch for the first record out of a source and into a sink (latency figures).
@@ -415,7 +418,7 @@ async fn run_pipeline(
             }
         })
     };
-    let ended = pipeline::supervise(plan, reports, control, recovery, faults, workers).await;
+    let ended = pipeline::supervise(plan, reports, control, recovery, faults, workers, links).await;
     watcher.abort();
     let wall = started.elapsed();
     match &ended.error {

@@ -7,12 +7,13 @@
 //! protocol decisions are the coordinator's and the strategies' (pure logic elsewhere); this
 //! module only carries them out.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinSet};
 use weir_schema::{FailoverSpec, StateSpec};
 
@@ -20,6 +21,7 @@ use super::wiring::{Channels, Topology};
 use crate::checkpoint::coordinator::DeclineReason;
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::retention::{CheckpointFiles, orphaned_shared};
+use crate::checkpoint::savepoint::{read_savepoint, savepoint_dir_name, write_savepoint};
 use crate::checkpoint::storage::{
     Verification, delete_checkpoint, latest_valid, read_metadata, write_metadata,
 };
@@ -28,6 +30,7 @@ use crate::checkpoint::{
     Coordinator, CoordinatorConfig, LocalStore, MemoryStore, TaskId, plan_retention,
 };
 use crate::connectors::SourceContext;
+use crate::control::{CheckpointInfo, ControlError, SavepointInfo, SubtaskCheckpointInfo};
 use crate::operators::registry::{self, BuildContext, NodeBuilder};
 use crate::operators::union::UnionOperator;
 use crate::operators::{ErrorPolicy, Operator, OperatorContext};
@@ -53,6 +56,88 @@ pub struct RecoveryOptions {
     /// Restore from this checkpoint directory (`.../<pipeline>/chk-<n>`) instead of the
     /// latest valid one.
     pub from_checkpoint: Option<PathBuf>,
+    /// Restore from this savepoint directory (state by operator id, rescaled, migrated).
+    pub from_savepoint: Option<PathBuf>,
+    /// Let a savepoint hold state of operators the pipeline no longer has (it is dropped).
+    pub allow_non_restored_state: bool,
+}
+
+/// A request from the job's control surface to one pipeline's supervisor.
+pub(crate) enum Request {
+    /// Take a checkpoint now; answer when it completed.
+    Checkpoint(oneshot::Sender<Result<CheckpointInfo, ControlError>>),
+    /// Take a savepoint into `dir` (default: `<storage>/savepoints`), then go on, stop or
+    /// drain; answer when it is on disk.
+    Savepoint {
+        dir: Option<PathBuf>,
+        after: AfterSavepoint,
+        reply: oneshot::Sender<Result<SavepointInfo, ControlError>>,
+    },
+    /// Stop without a savepoint; answer when every task stopped.
+    Stop(oneshot::Sender<Result<(), ControlError>>),
+}
+
+/// What a pipeline does once its savepoint is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AfterSavepoint {
+    /// Go on.
+    Continue,
+    /// Stop (sources stop at the savepoint's barrier; nothing after it is processed).
+    Stop,
+    /// End the input: end-of-stream flows down, `emit: final` results are flushed and
+    /// committed, then the pipeline ends.
+    Drain,
+}
+
+/// Live figures of a pipeline, read by the control surface.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LiveStatus {
+    /// `running`, `restarting`, `stopping`, `degraded` (the job adds the end states).
+    pub state: &'static str,
+    pub restarts: u32,
+    pub checkpoints: u64,
+    pub latest: Option<CheckpointId>,
+    /// The most recent completed checkpoints and savepoints (at most [`HISTORY`]).
+    pub history: VecDeque<CheckpointInfo>,
+    pub restored_from: Option<String>,
+}
+
+/// Checkpoints kept in [`LiveStatus::history`].
+const HISTORY: usize = 100;
+
+/// Shared [`LiveStatus`].
+pub(crate) type SharedStatus = Arc<std::sync::Mutex<LiveStatus>>;
+
+/// How the supervisor tells the job that the pipeline is up.
+#[derive(Default)]
+pub(crate) struct StartWatch {
+    /// When every task opened and restored.
+    pub all_started: Option<oneshot::Sender<Instant>>,
+    /// On probation (a reload), `Ok` once the first checkpoint after the start completed
+    /// (every task processed up to its barrier), `Err` with the failure when a task failed
+    /// before that: the pipeline then stops at once instead of restarting.
+    pub probation: Option<oneshot::Sender<std::result::Result<(), String>>>,
+}
+
+/// The links between the job and one supervisor.
+pub(crate) struct SupervisorLinks {
+    pub requests: UnboundedReceiver<Request>,
+    pub status: SharedStatus,
+    pub start: StartWatch,
+}
+
+enum Waiter {
+    Checkpoint(oneshot::Sender<Result<CheckpointInfo, ControlError>>),
+    Savepoint {
+        dir: PathBuf,
+        reply: oneshot::Sender<Result<SavepointInfo, ControlError>>,
+    },
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Figures of one completed checkpoint.
@@ -98,6 +183,10 @@ struct CheckpointSetup {
 
 enum Internal {
     MetadataWritten(CheckpointId, std::result::Result<(), String>),
+    SavepointWritten {
+        reply: oneshot::Sender<Result<SavepointInfo, ControlError>>,
+        result: std::result::Result<SavepointInfo, String>,
+    },
 }
 
 struct Running {
@@ -120,6 +209,7 @@ pub(super) async fn supervise(
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
     workers: tokio::runtime::Handle,
+    links: SupervisorLinks,
 ) -> Ended {
     let mut ended = Ended {
         error: None,
@@ -129,12 +219,23 @@ pub(super) async fn supervise(
         degraded: Vec::new(),
         stats: Vec::new(),
     };
+    let SupervisorLinks {
+        requests,
+        status,
+        start,
+    } = links;
     let mut sup = match Supervisor::new(plan, reports, control, &recovery, workers) {
         Ok(mut s) => {
             s.faults = faults.into_iter().collect();
+            s.requests = Some(requests);
+            s.status = status;
+            s.start = start;
             s
         }
         Err(e) => {
+            if let Some(tx) = start.probation {
+                let _ = tx.send(Err(e.to_string()));
+            }
             ended.error = Some(e);
             return ended;
         }
@@ -191,6 +292,31 @@ struct Supervisor {
     stopping: Option<CheckpointId>,
     /// When a stop stops waiting for its final checkpoint.
     stop_deadline: Option<Instant>,
+    /// The stop was asked for through the control surface (not a signal).
+    stop_by_request: bool,
+    /// After the stop's savepoint, drain instead of stopping.
+    draining: bool,
+    /// Answer to a stop without savepoint, sent when every task stopped.
+    stop_reply: Option<oneshot::Sender<Result<(), ControlError>>>,
+    /// Requests from the control surface.
+    requests: Option<UnboundedReceiver<Request>>,
+    /// What the control surface reads.
+    status: SharedStatus,
+    /// Start notifications.
+    start: StartWatch,
+    /// Tasks of the first attempt that have not reported `Started` yet.
+    not_started: BTreeSet<TaskId>,
+    /// The checkpoint that ends probation.
+    probation_checkpoint: Option<CheckpointId>,
+    probation_attempts: u32,
+    /// Requests waiting for a checkpoint to complete.
+    waiters: BTreeMap<CheckpointId, Waiter>,
+    /// Per-subtask figures of checkpoints in flight.
+    acks: BTreeMap<CheckpointId, Vec<SubtaskCheckpointInfo>>,
+    /// Savepoint copies in flight (retention waits for them).
+    savepoint_writes: usize,
+    /// Where savepoints go by default.
+    savepoint_dir: PathBuf,
 }
 
 fn build_error(plan: &PipelinePlan, message: impl Into<String>) -> RunError {
@@ -279,6 +405,24 @@ impl Supervisor {
             workers,
             stopping: None,
             stop_deadline: None,
+            stop_by_request: false,
+            draining: false,
+            stop_reply: None,
+            requests: None,
+            status: SharedStatus::default(),
+            start: StartWatch::default(),
+            not_started: BTreeSet::new(),
+            probation_checkpoint: None,
+            probation_attempts: 0,
+            waiters: BTreeMap::new(),
+            acks: BTreeMap::new(),
+            savepoint_writes: 0,
+            savepoint_dir: {
+                let d = plan
+                    .resolve_path(&plan.spec.checkpoints.storage)
+                    .join("savepoints");
+                std::path::absolute(&d).unwrap_or(d)
+            },
             plan: Arc::new(plan),
         })
     }
@@ -287,8 +431,17 @@ impl Supervisor {
         let all = self.all.clone();
         let restore = self.initial_restore.clone();
         self.channels.renew(&self.topology, &all);
+        let restored_finished: BTreeSet<TaskId> = restore
+            .as_ref()
+            .map(|r| r.metadata.finished_tasks.iter().copied().collect())
+            .unwrap_or_default();
+        self.not_started = all.difference(&restored_finished).copied().collect();
         for task in &all {
             self.spawn(*task, restore.clone())?;
+        }
+        self.publish("running");
+        if self.not_started.is_empty() {
+            self.on_all_started();
         }
         tracing::info!(
             pipeline = %self.plan.id,
@@ -299,6 +452,7 @@ impl Supervisor {
         loop {
             if self.pending_restart.is_none()
                 && self.running.is_empty()
+                && self.savepoint_writes == 0
                 && self
                     .all
                     .iter()
@@ -324,6 +478,7 @@ impl Supervisor {
                 () = self.control.stop_requested.notified(), if self.stopping.is_none() && self.coordinator.is_some() => {
                     self.begin_stop();
                 }
+                Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 Some(joined) = self.join.join_next_with_id(), if !self.join.is_empty() => {
                     let (id, result) = match joined {
                         Ok((id, r)) => (id, r),
@@ -374,9 +529,28 @@ impl Supervisor {
         }
         // Let the last metadata writes and retention settle before reporting the end.
         self.drain_internal().await;
+        self.end_probation(Ok(()));
+        for (_, w) in std::mem::take(&mut self.waiters) {
+            let e = ControlError::Failed(format!(
+                "pipeline `{}` ended before the checkpoint completed",
+                self.plan.id
+            ));
+            match w {
+                Waiter::Checkpoint(reply) => {
+                    let _ = reply.send(Err(e));
+                }
+                Waiter::Savepoint { reply, .. } => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        if let Some(reply) = self.stop_reply.take() {
+            let _ = reply.send(Ok(()));
+        }
         if let Some(ck) = &self.ck
             && ck.durable
             && !self.control.stop.load(std::sync::atomic::Ordering::Relaxed)
+            && self.stopping.is_none()
             && self.degraded.is_empty()
             && let Err(e) = ck.store.put(FINISHED_MARKER, b"finished\n")
         {
@@ -406,14 +580,45 @@ impl Supervisor {
     }
 
     fn on_task_event(&mut self, event: TaskEvent) {
+        if let TaskEvent::Started { task } = event {
+            if self.not_started.remove(&task) && self.not_started.is_empty() {
+                self.on_all_started();
+            }
+            return;
+        }
+        if let TaskEvent::Ack {
+            task,
+            checkpoint,
+            states,
+            alignment,
+        } = &event
+        {
+            let info = SubtaskCheckpointInfo {
+                task: self.task_name(*task),
+                subtask: task.subtask,
+                size: states
+                    .iter()
+                    .flat_map(|s| s.files.iter())
+                    .map(|f| f.size)
+                    .sum(),
+                ack_ms: self
+                    .triggered
+                    .get(checkpoint)
+                    .map_or(0, |t| t.elapsed().as_millis() as u64),
+                alignment_ms: alignment.as_millis() as u64,
+            };
+            self.acks.entry(*checkpoint).or_default().push(info);
+        }
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
         let cmds = match event {
+            TaskEvent::Started { .. } => Vec::new(),
             TaskEvent::Ack {
                 task,
                 checkpoint,
                 states,
+                ..
             } => match c.ack(checkpoint, task, states) {
                 Ok(cmds) => cmds,
                 Err(e) => {
@@ -439,7 +644,22 @@ impl Supervisor {
     }
 
     fn on_internal(&mut self, internal: Internal) {
-        let Internal::MetadataWritten(id, result) = internal;
+        let (id, result) = match internal {
+            Internal::MetadataWritten(id, result) => (id, result),
+            Internal::SavepointWritten { reply, result } => {
+                self.savepoint_writes = self.savepoint_writes.saturating_sub(1);
+                match &result {
+                    Ok(info) => {
+                        tracing::info!(pipeline = %self.plan.id, checkpoint = info.checkpoint, path = %info.path.display(), size_bytes = info.size, duration_ms = info.duration_ms, "Savepoint written.");
+                    }
+                    Err(e) => {
+                        tracing::error!(pipeline = %self.plan.id, error = %e, "Savepoint failed.");
+                    }
+                }
+                let _ = reply.send(result.map_err(ControlError::Failed));
+                return;
+            }
+        };
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
@@ -471,15 +691,9 @@ impl Supervisor {
     fn execute(&mut self, cmds: Vec<Command>) -> Result<()> {
         for cmd in cmds {
             match cmd {
-                Command::Trigger(barrier) => {
-                    self.triggered.insert(barrier.checkpoint, Instant::now());
-                    for (task, r) in &self.running {
-                        if self.topology.sources.contains(task) {
-                            let _ = r.commands.send(TaskCommand::Trigger(barrier));
-                        }
-                    }
-                }
-                Command::WriteMetadata(meta) => {
+                Command::Trigger(barrier) => self.inject(barrier),
+                Command::WriteMetadata(mut meta) => {
+                    meta.finished_operators = finished_operators(&self.plan, &meta.finished_tasks);
                     let Some(ck) = self.ck.as_mut() else { continue };
                     let id = meta.checkpoint;
                     ck.metadata.insert(id, (*meta).clone());
@@ -498,10 +712,19 @@ impl Supervisor {
                     }
                     if self.stopping == Some(id) {
                         self.stop_deadline = None;
-                        tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");
+                        let command = if self.draining {
+                            tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Savepoint complete; draining (sources end, results are flushed).");
+                            TaskCommand::Drain
+                        } else {
+                            tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");
+                            TaskCommand::Stop
+                        };
                         for r in self.running.values() {
-                            let _ = r.commands.send(TaskCommand::Stop);
+                            let _ = r.commands.send(command);
                         }
+                    }
+                    if self.probation_checkpoint.is_some_and(|p| p <= id) {
+                        self.end_probation(Ok(()));
                     }
                     let Some(ck) = self.ck.as_mut() else { continue };
                     let Some(meta) = ck.metadata.remove(&id) else {
@@ -535,13 +758,78 @@ impl Supervisor {
                         new_bytes,
                         "Checkpoint statistics."
                     );
+                    let now = SystemTime::now();
+                    let mut subtasks = self.acks.remove(&id).unwrap_or_default();
+                    self.acks.retain(|&k, _| k > id);
+                    subtasks.sort_by(|a, b| a.task.cmp(&b.task));
+                    let info = CheckpointInfo {
+                        id,
+                        kind: match barrier.kind {
+                            BarrierKind::Checkpoint => "checkpoint",
+                            _ => "savepoint",
+                        }
+                        .into(),
+                        trigger_time_ms: unix_ms(now - stats.duration),
+                        duration_ms: stats.duration.as_millis() as u64,
+                        size,
+                        new_bytes,
+                        alignment_ms: subtasks.iter().map(|s| s.alignment_ms).max().unwrap_or(0),
+                        subtasks,
+                    };
                     self.stats.push(stats);
                     ck.completed.push(CheckpointFiles::from_metadata(&meta));
+                    let meta = Arc::new(meta);
                     ck.latest = Some(TaskRestore {
                         store: Arc::clone(&ck.store),
-                        metadata: Arc::new(meta),
+                        metadata: Arc::clone(&meta),
                         savepoint: false,
                     });
+                    match self.waiters.remove(&id) {
+                        Some(Waiter::Checkpoint(reply)) => {
+                            let _ = reply.send(Ok(info.clone()));
+                        }
+                        Some(Waiter::Savepoint { dir, reply }) => {
+                            self.savepoint_writes += 1;
+                            let store = Arc::clone(&ck.store);
+                            let tx = self.internal_tx.clone();
+                            let pipeline = self.plan.id.clone();
+                            let started = instant_before(info.duration_ms);
+                            let meta = Arc::clone(&meta);
+                            tokio::task::spawn_blocking(move || {
+                                let name = savepoint_dir_name(
+                                    &pipeline,
+                                    id,
+                                    now.duration_since(UNIX_EPOCH)
+                                        .map(|d| d.as_millis())
+                                        .unwrap_or(0),
+                                );
+                                let result = write_savepoint(&*store, &meta, &dir, &name)
+                                    .map(|w| SavepointInfo {
+                                        pipeline: pipeline.clone(),
+                                        path: w.path,
+                                        checkpoint: id,
+                                        size: w.size,
+                                        duration_ms: started.elapsed().as_millis() as u64,
+                                    })
+                                    .map_err(|e| format!("savepoint {id} of pipeline `{pipeline}` completed but could not be written to `{}`: {e}", dir.display()));
+                                let _ = tx.send(Internal::SavepointWritten { reply, result });
+                            });
+                        }
+                        None => {}
+                    }
+                    if let Ok(mut st) = self.status.lock() {
+                        st.checkpoints = self.completed_count;
+                        st.latest = Some(id);
+                        st.history.push_back(info);
+                        while st.history.len() > HISTORY {
+                            st.history.pop_front();
+                        }
+                    }
+                    if self.savepoint_writes > 0 {
+                        // A savepoint is being copied out of a checkpoint: delete nothing
+                        // until it is done (the next completion catches up).
+                        continue;
+                    }
                     let retention = plan_retention(&ck.completed, ck.retain);
                     ck.completed
                         .retain(|c| retention.retained.contains(&c.checkpoint));
@@ -556,10 +844,48 @@ impl Supervisor {
                     }
                 }
                 Command::Abort { barrier, reason } => {
-                    if self.stopping == Some(barrier.checkpoint) {
+                    let id = barrier.checkpoint;
+                    self.acks.remove(&id);
+                    if let Some(w) = self.waiters.remove(&id) {
+                        let e = ControlError::Failed(format!(
+                            "checkpoint {id} of pipeline `{}` was aborted: {reason}",
+                            self.plan.id
+                        ));
+                        match w {
+                            Waiter::Checkpoint(reply) => {
+                                let _ = reply.send(Err(e));
+                            }
+                            Waiter::Savepoint { reply, .. } => {
+                                let _ = reply.send(Err(e));
+                            }
+                        }
+                    }
+                    if self.stopping == Some(id) && self.stop_by_request {
+                        tracing::warn!(pipeline = %self.plan.id, %reason, "The stop's savepoint failed; the pipeline goes on.");
+                        self.stopping = None;
+                        self.stop_by_request = false;
+                        self.draining = false;
+                        for (task, r) in &self.running {
+                            if self.topology.sources.contains(task) {
+                                let _ = r.commands.send(TaskCommand::Resume);
+                            }
+                        }
+                        self.publish("running");
+                    } else if self.stopping == Some(id) {
                         tracing::warn!(pipeline = %self.plan.id, %reason, "The final checkpoint failed; stopping anyway (the next run resumes from the last completed one).");
                         for r in self.running.values() {
                             let _ = r.commands.send(TaskCommand::Stop);
+                        }
+                    }
+                    if self.probation_checkpoint == Some(id) {
+                        self.probation_checkpoint = None;
+                        self.probation_attempts += 1;
+                        if self.probation_attempts >= 3 {
+                            self.end_probation(Err(format!(
+                                "the first checkpoints after the start failed: {reason}"
+                            )));
+                        } else {
+                            self.on_all_started_probation();
                         }
                     }
                     let Some(ck) = self.ck.as_mut() else { continue };
@@ -591,6 +917,14 @@ impl Supervisor {
     fn on_task_failed(&mut self, task: Option<TaskId>, error: RunError) -> Result<()> {
         let node = task.map_or_else(|| "pipeline".to_owned(), |t| self.task_name(t));
         tracing::error!(pipeline = %self.plan.id, task = %node, error = %error, "Task failed.");
+        if self.start.probation.is_some() {
+            // A new version on probation (a reload) failed before its first checkpoint: no
+            // restart; the job brings the previous version back.
+            self.end_probation(Err(error.to_string()));
+            self.abort_all();
+            self.pending_restart = None;
+            return Err(error);
+        }
         if self.control.stop.load(std::sync::atomic::Ordering::Relaxed) {
             // Stopping: no restart, the failure stands.
             self.abort_all();
@@ -642,6 +976,7 @@ impl Supervisor {
                     self.finished.remove(t);
                 }
                 self.restarts += 1;
+                self.publish("restarting");
                 tracing::warn!(
                     pipeline = %self.plan.id,
                     cause = %error,
@@ -691,7 +1026,162 @@ impl Supervisor {
         for t in &p.tasks {
             self.spawn(*t, restore.clone())?;
         }
+        self.publish(if self.degraded.is_empty() {
+            "running"
+        } else {
+            "degraded"
+        });
         Ok(())
+    }
+
+    /// Sends `barrier` to every running source task.
+    fn inject(&mut self, barrier: crate::runtime::Barrier) {
+        self.triggered.insert(barrier.checkpoint, Instant::now());
+        for (task, r) in &self.running {
+            if self.topology.sources.contains(task) {
+                let _ = r.commands.send(TaskCommand::Trigger(barrier));
+            }
+        }
+    }
+
+    /// Updates the live status.
+    fn publish(&self, state: &'static str) {
+        if let Ok(mut st) = self.status.lock() {
+            st.state = state;
+            st.restarts = self.restarts;
+            st.checkpoints = self.completed_count;
+            st.restored_from = self.restored_from.map(|c| format!("checkpoint {c}"));
+            if let Some(r) = &self.initial_restore
+                && r.savepoint
+            {
+                st.restored_from =
+                    Some(format!("savepoint (checkpoint {})", r.metadata.checkpoint));
+            }
+        }
+    }
+
+    /// Every task of the first attempt opened and restored.
+    fn on_all_started(&mut self) {
+        if let Some(tx) = self.start.all_started.take() {
+            let _ = tx.send(Instant::now());
+        }
+        if self.start.probation.is_some() {
+            self.on_all_started_probation();
+        }
+    }
+
+    /// Probation: a checkpoint right away; its completion proves every task processes.
+    fn on_all_started_probation(&mut self) {
+        let Some(c) = self.coordinator.as_mut() else {
+            self.end_probation(Ok(()));
+            return;
+        };
+        match c.trigger_now(Instant::now(), BarrierKind::Checkpoint) {
+            Ok(barrier) => {
+                self.probation_checkpoint = Some(barrier.checkpoint);
+                self.inject(barrier);
+            }
+            // Every task already finished (a short bounded input): nothing failed.
+            Err(_) => self.end_probation(Ok(())),
+        }
+    }
+
+    fn end_probation(&mut self, result: std::result::Result<(), String>) {
+        self.probation_checkpoint = None;
+        if let Some(tx) = self.start.probation.take() {
+            let _ = tx.send(result);
+        }
+    }
+
+    /// Carries out a request of the control surface.
+    fn on_request(&mut self, request: Request) {
+        let id = self.plan.id.clone();
+        let busy = |what: &str| {
+            ControlError::Busy(format!(
+                "pipeline `{id}` is {what}; try again when it is done"
+            ))
+        };
+        match request {
+            Request::Checkpoint(reply) => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    let _ = reply.send(Err(ControlError::Invalid(format!(
+                        "pipeline `{id}` takes no checkpoints (`checkpoints: {{enabled: false}}`)"
+                    ))));
+                    return;
+                };
+                match c.trigger_now(Instant::now(), BarrierKind::Checkpoint) {
+                    Ok(barrier) => {
+                        self.waiters
+                            .insert(barrier.checkpoint, Waiter::Checkpoint(reply));
+                        self.inject(barrier);
+                    }
+                    Err(e) => {
+                        let _ =
+                            reply.send(Err(ControlError::Invalid(format!("pipeline `{id}`: {e}"))));
+                    }
+                }
+            }
+            Request::Savepoint { dir, after, reply } => {
+                if self.stopping.is_some() {
+                    let _ = reply.send(Err(busy("stopping")));
+                    return;
+                }
+                if let Some((n, _)) = self
+                    .waiters
+                    .iter()
+                    .find(|(_, w)| matches!(w, Waiter::Savepoint { .. }))
+                {
+                    let _ = reply.send(Err(ControlError::Busy(format!(
+                        "a savepoint of pipeline `{id}` is already in progress (checkpoint {n})"
+                    ))));
+                    return;
+                }
+                let Some(c) = self.coordinator.as_mut() else {
+                    let _ = reply.send(Err(ControlError::Invalid(format!(
+                        "pipeline `{id}` takes no checkpoints (`checkpoints: {{enabled: false}}`), so it cannot take a savepoint; enable checkpoints to keep its state across stops and reloads"
+                    ))));
+                    return;
+                };
+                let kind = if after == AfterSavepoint::Continue {
+                    BarrierKind::Savepoint
+                } else {
+                    BarrierKind::SavepointThenStop
+                };
+                match c.trigger_now(Instant::now(), kind) {
+                    Ok(barrier) => {
+                        let dir = dir.unwrap_or_else(|| self.savepoint_dir.clone());
+                        tracing::info!(pipeline = %id, checkpoint = barrier.checkpoint, dir = %dir.display(), then = ?after, "Taking a savepoint.");
+                        self.waiters
+                            .insert(barrier.checkpoint, Waiter::Savepoint { dir, reply });
+                        if after != AfterSavepoint::Continue {
+                            self.stopping = Some(barrier.checkpoint);
+                            self.stop_by_request = true;
+                            self.draining = after == AfterSavepoint::Drain;
+                            self.publish("stopping");
+                        }
+                        self.inject(barrier);
+                    }
+                    Err(e) => {
+                        let _ =
+                            reply.send(Err(ControlError::Invalid(format!("pipeline `{id}`: {e}"))));
+                    }
+                }
+            }
+            Request::Stop(reply) => {
+                if self.stopping.is_some() {
+                    let _ = reply.send(Err(busy("stopping")));
+                    return;
+                }
+                tracing::info!(pipeline = %id, "Stop requested (no savepoint).");
+                self.stopping = Some(0);
+                self.stop_by_request = true;
+                self.stop_reply = Some(reply);
+                self.publish("stopping");
+                for r in self.running.values() {
+                    let _ = r.commands.send(TaskCommand::Stop);
+                }
+            }
+        }
     }
 
     /// A stop was requested: take a final checkpoint; the tasks stop when it completes.
@@ -904,7 +1394,9 @@ impl Supervisor {
                 errors: 0,
                 state,
                 restored_from,
-                migrate: false,
+                migrate: restore.as_ref().is_some_and(|r| {
+                    r.savepoint && script_changed(&r.metadata, &node.id, node.script.as_deref())
+                }),
             };
             let (outputs, dead_letters) = self.node_outputs(task, pos, nid)?;
             nodes.push(ChainNode {
@@ -1041,6 +1533,121 @@ fn panic_message(e: tokio::task::JoinError) -> String {
     }
 }
 
+/// The instant `ms` milliseconds ago.
+fn instant_before(ms: u64) -> Instant {
+    Instant::now()
+        .checked_sub(Duration::from_millis(ms))
+        .unwrap_or_else(Instant::now)
+}
+
+async fn recv_request(requests: &mut Option<UnboundedReceiver<Request>>) -> Option<Request> {
+    match requests {
+        Some(rx) => match rx.recv().await {
+            Some(r) => Some(r),
+            None => {
+                // The job dropped its end: no more requests.
+                *requests = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `operator`'s script differs from the one it had when `meta` was taken (an
+/// operator the checkpoint does not know, or one recorded without a hash, counts as changed
+/// only if it has a script now and had state then).
+fn script_changed(meta: &CheckpointMetadata, operator: &str, script: Option<&str>) -> bool {
+    let now = script.map(crate::checkpoint::metadata::script_hash);
+    match meta.operators.iter().find(|o| o.id == operator) {
+        Some(o) => o.script_hash != now,
+        None => false,
+    }
+}
+
+/// `(operator id, subtask)` of every node of the finished tasks' chains.
+fn finished_operators(plan: &PipelinePlan, tasks: &[TaskId]) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for t in tasks {
+        if let Some(chain) = plan.chains.get(t.chain as usize) {
+            for n in &chain.nodes {
+                out.push((plan.nodes[n.0].id.clone(), t.subtask));
+            }
+        }
+    }
+    out
+}
+
+/// The tasks of `plan` that a savepoint says had finished: those whose chain's head had
+/// finished as the same subtask at the same parallelism.
+fn finished_in(plan: &PipelinePlan, meta: &CheckpointMetadata) -> Vec<TaskId> {
+    let finished: BTreeSet<(&str, u32)> = meta
+        .finished_operators
+        .iter()
+        .map(|(o, s)| (o.as_str(), *s))
+        .collect();
+    let mut out = Vec::new();
+    for (c, chain) in plan.chains.iter().enumerate() {
+        let head = &plan.nodes[chain.nodes[0].0];
+        let same_parallelism = meta
+            .operators
+            .iter()
+            .any(|o| o.id == head.id && o.parallelism == chain.parallelism);
+        if !same_parallelism {
+            continue;
+        }
+        for s in 0..chain.parallelism {
+            if finished.contains(&(head.id.as_str(), s)) {
+                out.push(TaskId::new(c as u32, s));
+            }
+        }
+    }
+    out
+}
+
+/// The restore rules of a savepoint: state maps by operator id; state of an operator the
+/// pipeline no longer has fails the restore unless `allow_non_restored_state`.
+fn check_savepoint_mapping(
+    plan: &PipelinePlan,
+    meta: &CheckpointMetadata,
+    path: &std::path::Path,
+    allow_non_restored_state: bool,
+) -> Result<()> {
+    let mut orphans: BTreeMap<&str, u64> = BTreeMap::new();
+    for st in &meta.subtasks {
+        if !st.files.is_empty() && plan.node_by_id(&st.operator).is_none() {
+            *orphans.entry(st.operator.as_str()).or_default() +=
+                st.files.iter().map(|f| f.size).sum::<u64>();
+        }
+    }
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let list = orphans
+        .iter()
+        .map(|(o, b)| format!("`{o}` ({b} bytes)"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if allow_non_restored_state {
+        tracing::warn!(pipeline = %plan.id, operators = %list, "The savepoint holds state of operators this pipeline no longer has; it is dropped (allow_non_restored_state).");
+        return Ok(());
+    }
+    Err(build_error(
+        plan,
+        format!(
+            "savepoint `{}` holds state for {} that the pipeline no longer has: restoring \
+             would lose it. Put the operator back (same `id`), or drop its state with \
+             `--allow-non-restored-state`",
+            path.display(),
+            if orphans.len() == 1 {
+                format!("operator {list}")
+            } else {
+                format!("operators {list}")
+            }
+        ),
+    ))
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
@@ -1094,6 +1701,32 @@ fn choose_restore(
     recovery: &RecoveryOptions,
 ) -> Result<(Option<TaskRestore>, CheckpointId)> {
     let store = &*ck.store;
+    if let Some(path) = &recovery.from_savepoint {
+        let (mut meta, at) = read_savepoint(path).map_err(|e| {
+            build_error(
+                plan,
+                format!("cannot restore savepoint `{}`: {e}", path.display()),
+            )
+        })?;
+        if meta.pipeline != plan.id {
+            tracing::warn!(pipeline = %plan.id, savepoint = %path.display(), from = %meta.pipeline, "Restoring a savepoint taken by another pipeline; state maps by operator id.");
+            meta.pipeline = plan.id.clone();
+        }
+        check_compatible(plan, &meta)?;
+        check_savepoint_mapping(plan, &meta, path, recovery.allow_non_restored_state)?;
+        meta.finished_tasks = finished_in(plan, &meta);
+        let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
+        let last = last.max(meta.checkpoint);
+        tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from a savepoint.");
+        return Ok((
+            Some(TaskRestore {
+                store: Arc::new(at),
+                metadata: Arc::new(meta),
+                savepoint: true,
+            }),
+            last,
+        ));
+    }
     if let Some(path) = &recovery.from_checkpoint {
         let (meta, at) = read_checkpoint_at(plan, path)?;
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);

@@ -319,8 +319,7 @@ impl ChainTask {
                     .collect();
                 state.restore_files(store, &files)?;
             }
-            if from.savepoint {
-                n.ctx.migrate = true;
+            if from.savepoint && n.ctx.migrate {
                 n.operator.migrate_state(&mut n.ctx)?;
             }
         }
@@ -517,6 +516,12 @@ pub enum TaskCommand {
     /// Stop now, without end-of-input processing: the pipeline stops after a final
     /// checkpoint and resumes from it next time.
     Stop,
+    /// Sources paused after a stop-with-savepoint barrier: end the input now (end-of-stream
+    /// flows down, `emit: final` results are flushed, sinks commit); other tasks ignore it.
+    Drain,
+    /// Sources paused after a stop-with-savepoint barrier whose savepoint failed: go on
+    /// producing (the stop is called off).
+    Resume,
 }
 
 /// What a task tells the pipeline's supervisor.
@@ -530,6 +535,14 @@ pub enum TaskEvent {
         checkpoint: CheckpointId,
         /// One entry per node.
         states: Vec<SubtaskState>,
+        /// From the first barrier of this checkpoint on an input to the snapshot (zero for
+        /// sources and single-input tasks that never wait).
+        alignment: std::time::Duration,
+    },
+    /// The task opened its operators and restored its state; it is about to process.
+    Started {
+        /// The task.
+        task: TaskId,
     },
     /// The task could not take part in a checkpoint.
     Decline {
@@ -572,6 +585,10 @@ pub struct TaskEnv {
     /// Snapshot writes in flight; awaited before the task reports itself finished, so that
     /// its acknowledgements always precede its end.
     writes: Vec<JoinHandle<()>>,
+    /// When the alignment in progress saw its first barrier.
+    aligning_since: Option<std::time::Instant>,
+    /// How long the last completed alignment took.
+    alignment: std::time::Duration,
 }
 
 impl TaskEnv {
@@ -597,7 +614,14 @@ impl TaskEnv {
             restore,
             control,
             writes: Vec::new(),
+            aligning_since: None,
+            alignment: std::time::Duration::ZERO,
         }
+    }
+
+    /// Tells the supervisor the task is open and restored.
+    fn started(&self) {
+        let _ = self.events.send(TaskEvent::Started { task: self.task });
     }
 
     /// Starts writing a snapshot off the task; the ack (or decline) follows when it is done.
@@ -608,6 +632,7 @@ impl TaskEnv {
         let store = Arc::clone(&ck.store);
         let events = self.events.clone();
         let task = self.task;
+        let alignment = std::mem::take(&mut self.alignment);
         self.writes.retain(|h| !h.is_finished());
         self.writes.push(tokio::task::spawn_blocking(move || {
             let event = match write_snapshots(&*store, checkpoint, snapshots) {
@@ -615,6 +640,7 @@ impl TaskEnv {
                     task,
                     checkpoint,
                     states,
+                    alignment,
                 },
                 Err(e) => TaskEvent::Decline {
                     task,
@@ -701,6 +727,7 @@ pub async fn run_source(
             }
             chain.restore(&from, true)?;
         }
+        env.started();
         let mut paused = false;
         loop {
             while let Ok(cmd) = env.commands.try_recv() {
@@ -720,8 +747,11 @@ pub async fn run_source(
                 break;
             }
             if paused {
-                // After the final barrier: produce nothing more, wait for the stop.
+                // After the final barrier: produce nothing more, wait for the stop (or the
+                // drain, or a resume when the savepoint failed).
                 match env.commands.recv().await {
+                    Some(TaskCommand::Drain) => break,
+                    Some(TaskCommand::Resume) => paused = false,
                     Some(cmd) => {
                         if source_command(cmd, &mut chain, &mut env, &mut source).await? {
                             source.close()?;
@@ -794,6 +824,7 @@ async fn source_command(
         }
         TaskCommand::Complete(n) => chain.notify_complete(n).map(|()| false),
         TaskCommand::Stop => Ok(true),
+        TaskCommand::Drain | TaskCommand::Resume => Ok(false),
     }
 }
 
@@ -812,6 +843,7 @@ pub async fn run_chain(
         if let Some(from) = env.restore.clone() {
             chain.restore(&from, false)?;
         }
+        env.started();
         let n = inputs.get().len();
         let mode = env
             .checkpointing
@@ -834,7 +866,7 @@ pub async fn run_chain(
                             env.settle().await;
                             return Ok(());
                         }
-                        TaskCommand::Trigger(_) => {}
+                        TaskCommand::Trigger(_) | TaskCommand::Drain | TaskCommand::Resume => {}
                     }
                     continue;
                 }
@@ -855,10 +887,22 @@ pub async fn run_chain(
                     continue;
                 }
                 Message::Watermark(_) => continue,
-                Message::Barrier(b) => aligner.on_barrier(input, b),
+                Message::Barrier(b) => {
+                    if aligner.aligning().is_none() {
+                        env.aligning_since = Some(std::time::Instant::now());
+                    }
+                    aligner.on_barrier(input, b)
+                }
                 Message::EndOfStream => aligner.on_end_of_stream(input),
             };
             let step = step.map_err(|e| RunError::Internal(format!("{}: {e}", env.element)))?;
+            if matches!(step.action, AlignerAction::Snapshot(_)) {
+                env.alignment = env
+                    .aligning_since
+                    .take()
+                    .map(|t| t.elapsed())
+                    .unwrap_or_default();
+            }
             apply_step(step, &mut chain, &mut env).await?;
         }
         chain.end().await?;

@@ -1,0 +1,795 @@
+//! The running job as a set of pipeline slots that can change while it runs: one slot per
+//! pipeline of the running version of the file, each holding the current generation of the
+//! pipeline (its supervisor's request channel, live status and metrics) and, once it ended,
+//! its summary. The [`JobControl`] surface is implemented here, and so is hot reload:
+//! validate, diff, then per changed pipeline stop-with-savepoint → build the new version →
+//! restore → resume on probation, and bring the old version back from the same savepoint when
+//! the new one fails to start.
+//!
+//! Slots are guarded by one std mutex, never held across an await. Supervisors run on the
+//! control runtime; the job only talks to them through their request channels.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::pipeline::{
+    AfterSavepoint, LiveStatus, Request, SharedStatus, StartWatch, SupervisorLinks,
+};
+use super::{JobOptions, NodeSummary, PipelineSummary, RecoveryOptions, RenderFn, run_pipeline};
+use crate::control::{
+    BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineStatus, ReloadOutcome,
+    ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
+};
+use crate::plan::{FilePlan, NodeKind, PipelinePlan};
+use crate::runtime::task::{Control, Fault};
+use crate::runtime::{NodeMetrics, NodeReport};
+
+/// One pipeline of the running version.
+struct Slot {
+    plan: Arc<PipelinePlan>,
+    generation: u64,
+    requests: mpsc::UnboundedSender<Request>,
+    status: SharedStatus,
+    reports: Arc<Vec<NodeReport>>,
+    control: Arc<Control>,
+    /// Its summary once the current generation ended.
+    ended: Option<PipelineSummary>,
+    /// Stopped through the control surface.
+    stopped: bool,
+    /// Being replaced by a reload: its end does not end the job.
+    reloading: bool,
+    /// Removed from the file by a reload.
+    removed: bool,
+}
+
+/// What one launch reports when its supervisor ends.
+type Ended = oneshot::Receiver<Option<String>>;
+
+/// The running job.
+pub(super) struct Job {
+    file: Option<PathBuf>,
+    slots: Mutex<Vec<Slot>>,
+    /// Bumped whenever a slot ends or changes; the job waits on it.
+    changes: watch::Sender<u64>,
+    generations: AtomicU64,
+    reloads: AtomicU64,
+    last_reload: Mutex<Option<ReloadOutcome>>,
+    reload_lock: tokio::sync::Mutex<()>,
+    started: Instant,
+    workers: tokio::runtime::Handle,
+    faults: Vec<(String, String, Arc<Fault>)>,
+    render: Option<RenderFn>,
+    allow_non_restored_state: bool,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn reports_of(plan: &PipelinePlan) -> Arc<Vec<NodeReport>> {
+    Arc::new(
+        plan.nodes
+            .iter()
+            .map(|n| NodeReport {
+                id: n.id.clone(),
+                role: match n.kind {
+                    NodeKind::Source(_) => "source",
+                    NodeKind::Operator(_) => "operator",
+                    NodeKind::Sink(_) => "sink",
+                },
+                type_name: n.type_name(),
+                parallelism: n.parallelism,
+                metrics: Arc::new(NodeMetrics::default()),
+            })
+            .collect(),
+    )
+}
+
+fn node_summaries(reports: &[NodeReport]) -> Vec<NodeSummary> {
+    reports
+        .iter()
+        .map(|r| {
+            let (i, o, e) = r.metrics.read();
+            NodeSummary {
+                id: r.id.clone(),
+                role: r.role,
+                type_name: r.type_name,
+                parallelism: r.parallelism,
+                records_in: i,
+                records_out: o,
+                errors: e,
+            }
+        })
+        .collect()
+}
+
+impl Job {
+    pub(super) fn new(
+        options: &JobOptions,
+        workers: tokio::runtime::Handle,
+        started: Instant,
+    ) -> Arc<Self> {
+        let (changes, _) = watch::channel(0);
+        Arc::new(Self {
+            file: options
+                .file
+                .as_ref()
+                .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+            slots: Mutex::new(Vec::new()),
+            changes,
+            generations: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            last_reload: Mutex::new(None),
+            reload_lock: tokio::sync::Mutex::new(()),
+            started,
+            workers,
+            faults: options.faults.clone(),
+            render: options.render.clone(),
+            allow_non_restored_state: options.recovery.allow_non_restored_state,
+            stop: Arc::clone(&options.stop),
+        })
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Starts (a new generation of) `plan`, replacing the slot of the same id or appending
+    /// one. Returns the receiver of its end.
+    pub(super) fn launch(
+        self: &Arc<Self>,
+        plan: PipelinePlan,
+        recovery: RecoveryOptions,
+        start: StartWatch,
+    ) -> Ended {
+        let plan = Arc::new(plan);
+        let reports = reports_of(&plan);
+        let control = Arc::new(Control::default());
+        if self.stop.load(Ordering::Relaxed) {
+            control.stop.store(true, Ordering::Relaxed);
+        }
+        let status: SharedStatus = Arc::new(Mutex::new(LiveStatus {
+            state: "starting",
+            ..LiveStatus::default()
+        }));
+        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        {
+            let mut slots = self.slots();
+            let slot = Slot {
+                plan: Arc::clone(&plan),
+                generation,
+                requests: requests_tx,
+                status: Arc::clone(&status),
+                reports: Arc::clone(&reports),
+                control: Arc::clone(&control),
+                ended: None,
+                stopped: false,
+                reloading: false,
+                removed: false,
+            };
+            match slots.iter_mut().position(|s| s.plan.id == plan.id) {
+                Some(i) => {
+                    let reloading = slots[i].reloading;
+                    slots[i] = Slot { reloading, ..slot };
+                }
+                None => slots.push(slot),
+            }
+        }
+        let faults: Vec<(String, Arc<Fault>)> = self
+            .faults
+            .iter()
+            .filter(|(p, _, _)| *p == plan.id)
+            .map(|(_, op, f)| (op.clone(), Arc::clone(f)))
+            .collect();
+        let links = SupervisorLinks {
+            requests: requests_rx,
+            status,
+            start,
+        };
+        let (ended_tx, ended_rx) = oneshot::channel();
+        let job = Arc::clone(self);
+        let started = self.started;
+        let workers = self.workers.clone();
+        tokio::spawn(async move {
+            let id = plan.id.clone();
+            let outcome = run_pipeline(
+                (*plan).clone(),
+                Arc::clone(&reports),
+                control,
+                started,
+                recovery,
+                faults,
+                workers,
+                links,
+            )
+            .await;
+            let error = outcome.error.as_ref().map(ToString::to_string);
+            let summary = PipelineSummary {
+                id: id.clone(),
+                nodes: node_summaries(&reports),
+                error: outcome.error,
+                wall: outcome.wall,
+                first_output: outcome.first_output,
+                first_record: outcome.first_record,
+                restarts: outcome.restarts,
+                checkpoints: outcome.checkpoints,
+                restored_from: outcome.restored_from,
+                degraded: outcome.degraded,
+                checkpoint_stats: outcome.stats,
+                all_processing: outcome.all_processing,
+                reloads: 0,
+            };
+            {
+                let mut slots = job.slots();
+                if let Some(slot) = slots
+                    .iter_mut()
+                    .find(|s| s.plan.id == id && s.generation == generation)
+                {
+                    slot.ended = Some(summary);
+                }
+            }
+            let _ = ended_tx.send(error);
+            job.bump();
+        });
+        self.bump();
+        ended_rx
+    }
+
+    /// Waits until every pipeline ended and no reload is in progress.
+    pub(super) async fn wait(&self) {
+        let mut rx = self.changes.subscribe();
+        loop {
+            let done = {
+                let slots = self.slots();
+                slots.iter().all(|s| s.ended.is_some() && !s.reloading)
+            };
+            if done {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Asks every running pipeline to stop (SIGINT/SIGTERM).
+    pub(super) fn stop_all(&self) {
+        for s in self.slots().iter() {
+            s.control.stop.store(true, Ordering::Relaxed);
+            s.control.stop_requested.notify_one();
+        }
+    }
+
+    /// Summaries of the last generation of every pipeline, in file order.
+    pub(super) fn summaries(&self) -> Vec<PipelineSummary> {
+        let reloads = self.reloads.load(Ordering::Relaxed);
+        let mut slots = self.slots();
+        slots
+            .iter_mut()
+            .filter_map(|s| {
+                s.ended.take().map(|mut p| {
+                    p.reloads = reloads;
+                    p
+                })
+            })
+            .collect()
+    }
+
+    /// Every pipeline's progress (for status lines).
+    pub(super) fn progress(&self) -> Vec<super::PipelineProgress> {
+        self.slots()
+            .iter()
+            .filter(|s| !s.removed)
+            .map(|s| super::PipelineProgress {
+                id: s.plan.id.clone(),
+                source_records: role_records(&s.reports, "source"),
+                sink_records: role_records(&s.reports, "sink"),
+                finished: s.ended.is_some(),
+            })
+            .collect()
+    }
+
+    /// The running version of the file.
+    fn file_plan(&self) -> FilePlan {
+        FilePlan {
+            pipelines: self
+                .slots()
+                .iter()
+                .filter(|s| !s.removed)
+                .map(|s| (*s.plan).clone())
+                .collect(),
+        }
+    }
+
+    fn sender(&self, pipeline: &str) -> Result<mpsc::UnboundedSender<Request>, ControlError> {
+        let slots = self.slots();
+        let slot = slots
+            .iter()
+            .find(|s| s.plan.id == pipeline && !s.removed)
+            .ok_or_else(|| ControlError::NoSuchPipeline(pipeline.to_owned()))?;
+        if slot.ended.is_some() && !slot.reloading {
+            return Err(ControlError::Invalid(format!(
+                "pipeline `{pipeline}` is not running any more"
+            )));
+        }
+        Ok(slot.requests.clone())
+    }
+
+    /// Sends a request and waits for its answer.
+    async fn ask<T>(
+        &self,
+        pipeline: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T, ControlError>>) -> Request,
+    ) -> Result<T, ControlError> {
+        let tx = self.sender(pipeline)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        tx.send(make(reply_tx)).map_err(|_| {
+            ControlError::Invalid(format!("pipeline `{pipeline}` is not running any more"))
+        })?;
+        reply_rx.await.map_err(|_| {
+            ControlError::Failed(format!(
+                "pipeline `{pipeline}` ended before answering the request"
+            ))
+        })?
+    }
+
+    /// Waits for the current generation of `pipeline` to end.
+    async fn wait_ended(&self, pipeline: &str) {
+        let mut rx = self.changes.subscribe();
+        loop {
+            let ended = self
+                .slots()
+                .iter()
+                .find(|s| s.plan.id == pipeline)
+                .is_none_or(|s| s.ended.is_some());
+            if ended || rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn set_slot(&self, pipeline: &str, f: impl FnOnce(&mut Slot)) {
+        if let Some(s) = self.slots().iter_mut().find(|s| s.plan.id == pipeline) {
+            f(s);
+        }
+        self.bump();
+    }
+
+    /// Stops one pipeline as asked.
+    async fn stop_pipeline(
+        &self,
+        pipeline: &str,
+        request: StopRequest,
+    ) -> Result<StopOutcome, ControlError> {
+        let has_checkpoints = {
+            let slots = self.slots();
+            let slot = slots
+                .iter()
+                .find(|s| s.plan.id == pipeline && !s.removed)
+                .ok_or_else(|| ControlError::NoSuchPipeline(pipeline.to_owned()))?;
+            slot.plan.spec.checkpoints.enabled
+        };
+        let savepoint = if request.savepoint || (request.drain && has_checkpoints) {
+            let after = if request.drain {
+                AfterSavepoint::Drain
+            } else {
+                AfterSavepoint::Stop
+            };
+            let dir = request.dir.clone();
+            let info = self
+                .ask(pipeline, |reply| Request::Savepoint { dir, after, reply })
+                .await?;
+            Some(info)
+        } else if request.drain {
+            // No checkpoints: the sources stop and everything in flight drains.
+            let slots = self.slots();
+            if let Some(s) = slots.iter().find(|s| s.plan.id == pipeline) {
+                s.control.stop.store(true, Ordering::Relaxed);
+                s.control.stop_requested.notify_one();
+            }
+            None
+        } else {
+            self.ask(pipeline, Request::Stop).await?;
+            None
+        };
+        self.set_slot(pipeline, |s| s.stopped = true);
+        self.wait_ended(pipeline).await;
+        Ok(StopOutcome {
+            pipeline: pipeline.to_owned(),
+            savepoint,
+        })
+    }
+
+    fn render(&self, validation: &crate::validate::Validation) -> Vec<String> {
+        let diags: Vec<&weir_schema::Diagnostic> = validation.diagnostics.iter().collect();
+        match &self.render {
+            Some(r) => vec![r(&diags)],
+            None => diags.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    /// Applies (or plans) a reload.
+    async fn do_reload(
+        self: &Arc<Self>,
+        request: ReloadRequest,
+    ) -> Result<ReloadOutcome, ControlError> {
+        let file = request
+            .file
+            .clone()
+            .or_else(|| self.file.clone())
+            .ok_or_else(|| {
+                ControlError::Invalid(
+                    "this job was not started from a file, so it cannot reload".into(),
+                )
+            })?;
+        if request.file.is_some() && !request.plan_only {
+            return Err(ControlError::Invalid(
+                "a reload applies the running file; another file can only be compared (plan_only)"
+                    .into(),
+            ));
+        }
+        let _guard = self
+            .reload_lock
+            .try_lock()
+            .map_err(|_| ControlError::Busy("a reload is already in progress".into()))?;
+        let mut outcome = ReloadOutcome::default();
+        let validation = {
+            let file = file.clone();
+            tokio::task::spawn_blocking(move || crate::validate::validate_file(&file))
+                .await
+                .map_err(|e| ControlError::Failed(format!("validation panicked: {e}")))?
+        };
+        let new_plan = match validation.plan() {
+            Some(Ok(plan)) => plan,
+            Some(Err(e)) => {
+                outcome.result = "rejected".into();
+                outcome.messages = vec![format!("{}: {e}", file.display())];
+                return Ok(self.finish_reload(outcome, request.plan_only));
+            }
+            None => {
+                outcome.result = "rejected".into();
+                outcome.messages = self.render(&validation);
+                outcome.messages.push(format!(
+                    "{}: invalid; the running version is left untouched",
+                    file.display()
+                ));
+                return Ok(self.finish_reload(outcome, request.plan_only));
+            }
+        };
+        let old_plan = self.file_plan();
+        let plans = crate::reload::plan::diff(&old_plan, &new_plan, self.allow_non_restored_state);
+        outcome.pipelines = plans.clone();
+        if request.plan_only {
+            outcome.result = "planned".into();
+            return Ok(self.finish_reload(outcome, true));
+        }
+        if !crate::reload::plan::is_applicable(&plans) {
+            outcome.result = "rejected".into();
+            outcome.messages = plans
+                .iter()
+                .flat_map(|p| {
+                    p.problems
+                        .iter()
+                        .map(move |m| format!("pipeline `{}`: {m}", p.pipeline))
+                })
+                .collect();
+            outcome
+                .messages
+                .push("the running version is left untouched".into());
+            return Ok(self.finish_reload(outcome, false));
+        }
+        if plans.iter().all(|p| p.change == "unchanged") {
+            outcome.result = "unchanged".into();
+            return Ok(self.finish_reload(outcome, false));
+        }
+        let by_id: BTreeMap<&str, &PipelinePlan> = new_plan
+            .pipelines
+            .iter()
+            .map(|p| (p.id.as_str(), p))
+            .collect();
+        let mut result = "applied";
+        let mut pause: Option<u64> = None;
+        for p in &plans {
+            match p.change.as_str() {
+                "added" => {
+                    if let Some(plan) = by_id.get(p.pipeline.as_str()) {
+                        tracing::info!(pipeline = %p.pipeline, "Reload: starting a new pipeline.");
+                        drop(self.launch(
+                            (*plan).clone(),
+                            RecoveryOptions::default(),
+                            StartWatch::default(),
+                        ));
+                    }
+                }
+                "removed" => {
+                    tracing::info!(pipeline = %p.pipeline, "Reload: the pipeline is gone from the file; stopping it with a savepoint.");
+                    match self
+                        .stop_pipeline(
+                            &p.pipeline,
+                            StopRequest {
+                                savepoint: true,
+                                ..StopRequest::default()
+                            },
+                        )
+                        .await
+                    {
+                        Ok(o) => {
+                            if let Some(sp) = o.savepoint {
+                                outcome.messages.push(format!(
+                                    "pipeline `{}` removed; its state is in savepoint {}",
+                                    p.pipeline,
+                                    sp.path.display()
+                                ));
+                            }
+                        }
+                        Err(ControlError::Invalid(_)) => {}
+                        Err(e) => outcome
+                            .messages
+                            .push(format!("pipeline `{}`: {e}", p.pipeline)),
+                    }
+                    self.set_slot(&p.pipeline, |s| s.removed = true);
+                }
+                "changed" => {
+                    let Some(new) = by_id.get(p.pipeline.as_str()) else {
+                        continue;
+                    };
+                    match self.replace(new, &mut outcome.messages).await {
+                        Ok(ms) => pause = Some(pause.map_or(ms, |p| p.max(ms))),
+                        Err(r) => {
+                            result = r;
+                            if r == "failed" {
+                                break;
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        outcome.result = result.into();
+        outcome.pause_ms = pause;
+        Ok(self.finish_reload(outcome, false))
+    }
+
+    /// Replaces one running pipeline by its new version: savepoint and stop, start the new
+    /// version from the savepoint on probation; on failure start the old one again from the
+    /// same savepoint. `Ok(pause ms)`, or `Err("rolled_back" | "failed")`.
+    async fn replace(
+        self: &Arc<Self>,
+        new: &PipelinePlan,
+        messages: &mut Vec<String>,
+    ) -> Result<u64, &'static str> {
+        let id = new.id.clone();
+        let old = {
+            let slots = self.slots();
+            match slots.iter().find(|s| s.plan.id == id) {
+                Some(s) => Arc::clone(&s.plan),
+                None => return Err("failed"),
+            }
+        };
+        self.set_slot(&id, |s| s.reloading = true);
+        let paused_at = Instant::now();
+        let savepoint = if old.spec.checkpoints.enabled {
+            match self
+                .ask(&id, |reply| Request::Savepoint {
+                    dir: None,
+                    after: AfterSavepoint::Stop,
+                    reply,
+                })
+                .await
+            {
+                Ok(sp) => Some(sp),
+                Err(e) => {
+                    // The old version goes on (a failed stop-savepoint resumes it).
+                    self.set_slot(&id, |s| s.reloading = false);
+                    messages.push(format!(
+                        "pipeline `{id}`: the savepoint before the reload failed, the running version goes on: {e}"
+                    ));
+                    return Err("rejected");
+                }
+            }
+        } else {
+            messages.push(format!(
+                "pipeline `{id}` takes no checkpoints: it restarts without its state"
+            ));
+            let _ = self.ask(&id, Request::Stop).await;
+            None
+        };
+        self.wait_ended(&id).await;
+        let recovery = RecoveryOptions {
+            from_savepoint: savepoint.as_ref().map(|s| s.path.clone()),
+            allow_non_restored_state: self.allow_non_restored_state,
+            ..RecoveryOptions::default()
+        };
+        let (started_tx, started_rx) = oneshot::channel();
+        let (probation_tx, probation_rx) = oneshot::channel();
+        let ended = self.launch(
+            new.clone(),
+            recovery.clone(),
+            StartWatch {
+                all_started: Some(started_tx),
+                probation: Some(probation_tx),
+            },
+        );
+        let verdict = probation_rx
+            .await
+            .unwrap_or_else(|_| Err("the new version ended before it started".into()));
+        match verdict {
+            Ok(()) => {
+                let started_at = started_rx.await.unwrap_or_else(|_| Instant::now());
+                let pause = started_at.saturating_duration_since(paused_at).as_millis() as u64;
+                tracing::info!(pipeline = %id, pause_ms = pause, savepoint = ?savepoint.as_ref().map(|s| s.path.display().to_string()), "Reload applied.");
+                self.set_slot(&id, |s| s.reloading = false);
+                Ok(pause)
+            }
+            Err(why) => {
+                tracing::error!(pipeline = %id, error = %why, "The new version failed to start; bringing the previous version back.");
+                messages.push(format!(
+                    "pipeline `{id}`: the new version failed to start: {why}"
+                ));
+                // The failed version stops by itself on probation; wait for its end.
+                let _ = ended.await;
+                let (probation_tx, probation_rx) = oneshot::channel();
+                let _restarted = self.launch(
+                    (*old).clone(),
+                    RecoveryOptions {
+                        allow_non_restored_state: true,
+                        ..recovery
+                    },
+                    StartWatch {
+                        all_started: None,
+                        probation: Some(probation_tx),
+                    },
+                );
+                let back = probation_rx
+                    .await
+                    .unwrap_or_else(|_| Err("the previous version ended before it started".into()));
+                self.set_slot(&id, |s| s.reloading = false);
+                match back {
+                    Ok(()) => {
+                        messages.push(format!(
+                            "pipeline `{id}`: rolled back; the previous version runs again from the same savepoint"
+                        ));
+                        Err("rolled_back")
+                    }
+                    Err(e) => {
+                        messages.push(format!(
+                            "pipeline `{id}`: the previous version failed to come back too: {e}"
+                        ));
+                        Err("failed")
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_reload(&self, mut outcome: ReloadOutcome, plan_only: bool) -> ReloadOutcome {
+        outcome.at_ms = now_ms();
+        if !plan_only {
+            if outcome.result == "applied" {
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Ok(mut last) = self.last_reload.lock() {
+                *last = Some(outcome.clone());
+            }
+        }
+        outcome
+    }
+}
+
+fn role_records(reports: &[NodeReport], role: &str) -> u64 {
+    reports
+        .iter()
+        .filter(|n| n.role == role)
+        .map(|n| n.metrics.read().0)
+        .sum()
+}
+
+impl JobControl for Arc<Job> {
+    fn status(&self) -> JobStatus {
+        let slots = self.slots();
+        JobStatus {
+            file: self.file.clone().unwrap_or_default(),
+            pipelines: slots
+                .iter()
+                .filter(|s| !s.removed)
+                .map(|s| {
+                    let live = s.status.lock().map(|l| l.clone()).unwrap_or_default();
+                    let (state, error) = match &s.ended {
+                        Some(p) if p.error.is_some() => (
+                            "failed".to_owned(),
+                            p.error.as_ref().map(ToString::to_string),
+                        ),
+                        Some(_) if s.stopped => ("stopped".to_owned(), None),
+                        Some(_) if s.reloading => ("reloading".to_owned(), None),
+                        Some(_) => ("finished".to_owned(), None),
+                        None if s.reloading => ("reloading".to_owned(), None),
+                        None => (live.state.to_owned(), None),
+                    };
+                    PipelineStatus {
+                        id: s.plan.id.clone(),
+                        state,
+                        source_records: role_records(&s.reports, "source"),
+                        sink_records: role_records(&s.reports, "sink"),
+                        restarts: live.restarts,
+                        checkpoints: live.checkpoints,
+                        latest_checkpoint: live.latest,
+                        restored_from: live.restored_from,
+                        error,
+                    }
+                })
+                .collect(),
+            reloads: self.reloads.load(Ordering::Relaxed),
+            last_reload: self.last_reload.lock().ok().and_then(|l| l.clone()),
+        }
+    }
+
+    fn checkpoints(&self, pipeline: &str) -> Result<Vec<CheckpointInfo>, ControlError> {
+        let slots = self.slots();
+        let slot = slots
+            .iter()
+            .find(|s| s.plan.id == pipeline && !s.removed)
+            .ok_or_else(|| ControlError::NoSuchPipeline(pipeline.to_owned()))?;
+        Ok(slot
+            .status
+            .lock()
+            .map(|l| l.history.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn trigger_checkpoint(
+        &self,
+        pipeline: &str,
+    ) -> BoxFuture<'_, Result<CheckpointInfo, ControlError>> {
+        let pipeline = pipeline.to_owned();
+        Box::pin(async move { self.ask(&pipeline, Request::Checkpoint).await })
+    }
+
+    fn savepoint(
+        &self,
+        pipeline: &str,
+        request: SavepointRequest,
+    ) -> BoxFuture<'_, Result<SavepointInfo, ControlError>> {
+        let pipeline = pipeline.to_owned();
+        Box::pin(async move {
+            self.ask(&pipeline, |reply| Request::Savepoint {
+                dir: request.dir,
+                after: AfterSavepoint::Continue,
+                reply,
+            })
+            .await
+        })
+    }
+
+    fn stop(
+        &self,
+        pipeline: &str,
+        request: StopRequest,
+    ) -> BoxFuture<'_, Result<StopOutcome, ControlError>> {
+        let pipeline = pipeline.to_owned();
+        Box::pin(async move { self.stop_pipeline(&pipeline, request).await })
+    }
+
+    fn reload(&self, request: ReloadRequest) -> BoxFuture<'_, Result<ReloadOutcome, ControlError>> {
+        Box::pin(async move { self.do_reload(request).await })
+    }
+}
+
+/// How long the watcher waits for a burst of file events to settle.
+pub(super) const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
