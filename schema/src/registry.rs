@@ -398,8 +398,9 @@ operator_spec! {
 operator_spec! {
     /// `reduce` (keyed, after a `key_by`): the script defines `fn reduce(acc, r)` returning the
     /// new accumulator; a key's first record is its initial accumulator. Emits
-    /// `{key, ...accumulator}` per `emit`. An optional `fn migrate(name, old)` transforms the
-    /// accumulator restored from a savepoint.
+    /// `{key, ...accumulator}` per `emit`. An optional `fn migrate(old)` (or
+    /// `fn migrate(name, old)`) rewrites each accumulator restored from a savepoint taken
+    /// with another version of the script (returning `()` drops it).
     ReduceSpec {
         /// Inline Rhai script.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,7 +444,8 @@ operator_spec! {
     /// `process` (keyed, after a `key_by`): the script defines `fn process(r)` and reads and
     /// writes the named keyed `state` declared here through `state_get`, `state_set`,
     /// `list_push`, `map_put` and friends; it emits with `emit(record)`. An optional
-    /// `fn migrate(name, old)` transforms each state value restored from a savepoint, and an
+    /// `fn migrate(old)` (or `fn migrate(name, old)`, `name` being the state's) rewrites each
+    /// state value restored from a savepoint taken with another version of the script, and an
     /// optional `fn on_end(key)` runs per key at the end of a bounded input.
     ProcessSpec {
         /// Inline Rhai script.
