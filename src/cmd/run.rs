@@ -299,6 +299,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
             from_checkpoint: args.from_checkpoint.clone(),
             from_savepoint: None,
             allow_non_restored_state: args.allow_non_restored_state,
+            latest_into_new_version: false,
         },
         file: Some(args.file.clone()),
         watch: args.watch,

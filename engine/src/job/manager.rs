@@ -364,6 +364,13 @@ impl Job {
         }
     }
 
+    /// Whether the current generation of `pipeline` still runs.
+    fn is_running(&self, pipeline: &str) -> bool {
+        self.slots()
+            .iter()
+            .any(|s| s.plan.id == pipeline && !s.removed && s.ended.is_none())
+    }
+
     fn set_slot(&self, pipeline: &str, f: impl FnOnce(&mut Slot)) {
         if let Some(s) = self.slots().iter_mut().find(|s| s.plan.id == pipeline) {
             f(s);
@@ -518,30 +525,56 @@ impl Job {
                     }
                 }
                 "removed" => {
-                    tracing::info!(pipeline = %p.pipeline, "Reload: the pipeline is gone from the file; stopping it with a savepoint.");
-                    match self
+                    // With checkpoints, stopped with a savepoint that keeps its state;
+                    // without, a plain stop (a savepoint would be refused, and the pipeline
+                    // would run on unseen).
+                    let checkpoints = self
+                        .slots()
+                        .iter()
+                        .find(|s| s.plan.id == p.pipeline && !s.removed)
+                        .is_some_and(|s| s.plan.spec.checkpoints.enabled);
+                    tracing::info!(pipeline = %p.pipeline, savepoint = checkpoints, "Reload: the pipeline is gone from the file; stopping it.");
+                    let stopped = self
                         .stop_pipeline(
                             &p.pipeline,
                             StopRequest {
-                                savepoint: true,
+                                savepoint: checkpoints,
                                 ..StopRequest::default()
                             },
                         )
-                        .await
-                    {
-                        Ok(o) => {
-                            if let Some(sp) = o.savepoint {
-                                outcome.messages.push(format!(
-                                    "pipeline `{}` removed; its state is in savepoint {}",
-                                    p.pipeline,
-                                    sp.path.display()
-                                ));
+                        .await;
+                    match stopped {
+                        Ok(StopOutcome {
+                            savepoint: Some(sp),
+                            ..
+                        }) => outcome.messages.push(format!(
+                            "pipeline `{}` removed; its state is in savepoint {}",
+                            p.pipeline,
+                            sp.path.display()
+                        )),
+                        Ok(StopOutcome {
+                            savepoint: None, ..
+                        }) => outcome.messages.push(format!(
+                            "pipeline `{}` removed; it took no checkpoints, so no state was kept",
+                            p.pipeline
+                        )),
+                        Err(e) if self.is_running(&p.pipeline) => {
+                            // The savepoint failed: stop it anyway, it is gone from the file.
+                            outcome.messages.push(format!(
+                                "pipeline `{}` removed without a savepoint (it failed: {e})",
+                                p.pipeline
+                            ));
+                            if let Err(e) = self
+                                .stop_pipeline(&p.pipeline, StopRequest::default())
+                                .await
+                            {
+                                outcome
+                                    .messages
+                                    .push(format!("pipeline `{}`: {e}", p.pipeline));
                             }
                         }
-                        Err(ControlError::Invalid(_)) => {}
-                        Err(e) => outcome
-                            .messages
-                            .push(format!("pipeline `{}`: {e}", p.pipeline)),
+                        // It had ended already.
+                        Err(_) => {}
                     }
                     self.set_slot(&p.pipeline, |s| s.removed = true);
                 }
@@ -552,7 +585,7 @@ impl Job {
                     match self.replace(new, &mut outcome.messages).await {
                         Ok(ms) => pause = Some(pause.map_or(ms, |p| p.max(ms))),
                         Err(r) => {
-                            result = r;
+                            result = worse_result(result, r);
                             if r == "failed" {
                                 break;
                             }
@@ -585,6 +618,7 @@ impl Job {
         };
         self.set_slot(&id, |s| s.reloading = true);
         let paused_at = Instant::now();
+        let mut crash_looping = false;
         let savepoint = if old.spec.checkpoints.enabled {
             match self
                 .ask(&id, |reply| Request::Savepoint {
@@ -595,6 +629,18 @@ impl Job {
                 .await
             {
                 Ok(sp) => Some(sp),
+                Err(e) if self.live_state(&id) == Some("restarting") => {
+                    // A crash-looping pipeline cannot take a savepoint, and editing its file
+                    // is how it gets fixed: stop it, and start the new version from its latest
+                    // completed checkpoint instead.
+                    tracing::warn!(pipeline = %id, error = %e, "The pipeline is restarting after failures; the new version starts from its latest completed checkpoint.");
+                    messages.push(format!(
+                        "pipeline `{id}` was restarting after failures (no savepoint possible): the new version starts from its latest completed checkpoint"
+                    ));
+                    let _ = self.ask(&id, Request::Stop).await;
+                    crash_looping = true;
+                    None
+                }
                 Err(e) => {
                     // The old version goes on (a failed stop-savepoint resumes it).
                     self.set_slot(&id, |s| s.reloading = false);
@@ -615,6 +661,7 @@ impl Job {
         let recovery = RecoveryOptions {
             from_savepoint: savepoint.as_ref().map(|s| s.path.clone()),
             allow_non_restored_state: self.allow_non_restored_state,
+            latest_into_new_version: crash_looping,
             ..RecoveryOptions::default()
         };
         let (started_tx, started_rx) = oneshot::channel();
@@ -654,18 +701,25 @@ impl Job {
                     },
                     StartWatch {
                         all_started: None,
-                        probation: Some(probation_tx),
+                        // A version that was crash-looping goes back to its restart strategy.
+                        probation: (!crash_looping).then_some(probation_tx),
                     },
                 );
-                let back = probation_rx
-                    .await
-                    .unwrap_or_else(|_| Err("the previous version ended before it started".into()));
+                let back = if crash_looping {
+                    Ok(())
+                } else {
+                    probation_rx.await.unwrap_or_else(|_| {
+                        Err("the previous version ended before it started".into())
+                    })
+                };
                 self.set_slot(&id, |s| s.reloading = false);
                 match back {
                     Ok(()) => {
-                        messages.push(format!(
-                            "pipeline `{id}`: rolled back; the previous version runs again from the same savepoint"
-                        ));
+                        messages.push(if crash_looping {
+                            format!("pipeline `{id}`: rolled back; the previous version runs again from its latest checkpoint")
+                        } else {
+                            format!("pipeline `{id}`: rolled back; the previous version runs again from the same savepoint")
+                        });
                         Err("rolled_back")
                     }
                     Err(e) => {
@@ -679,6 +733,16 @@ impl Job {
         }
     }
 
+    /// The live state of a running pipeline (`running`, `restarting`, ...).
+    fn live_state(&self, pipeline: &str) -> Option<&'static str> {
+        let slots = self.slots();
+        let slot = slots.iter().find(|s| s.plan.id == pipeline)?;
+        if slot.ended.is_some() {
+            return None;
+        }
+        slot.status.lock().ok().map(|l| l.state)
+    }
+
     fn finish_reload(&self, mut outcome: ReloadOutcome, plan_only: bool) -> ReloadOutcome {
         outcome.at_ms = now_ms();
         if !plan_only {
@@ -690,6 +754,23 @@ impl Job {
             }
         }
         outcome
+    }
+}
+
+/// The overall result of a reload from its current one and one more pipeline's: the worst
+/// wins (`failed`, then `rolled_back`, then `rejected`, then `applied`), so that a pipeline
+/// reloaded later in the same file never hides an earlier pipeline's rollback or failure.
+fn worse_result(current: &'static str, next: &'static str) -> &'static str {
+    let rank = |r: &str| match r {
+        "failed" => 3,
+        "rolled_back" => 2,
+        "rejected" => 1,
+        _ => 0,
+    };
+    if rank(next) > rank(current) {
+        next
+    } else {
+        current
     }
 }
 
@@ -793,3 +874,19 @@ impl JobControl for Arc<Job> {
 
 /// How long the watcher waits for a burst of file events to settle.
 pub(super) const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::worse_result;
+
+    #[test]
+    fn the_worst_pipeline_result_is_the_reload_result() {
+        assert_eq!(worse_result("applied", "rejected"), "rejected");
+        assert_eq!(worse_result("applied", "rolled_back"), "rolled_back");
+        // A pipeline rejected after another one rolled back does not hide the rollback.
+        assert_eq!(worse_result("rolled_back", "rejected"), "rolled_back");
+        assert_eq!(worse_result("rejected", "rolled_back"), "rolled_back");
+        assert_eq!(worse_result("rolled_back", "failed"), "failed");
+        assert_eq!(worse_result("failed", "rejected"), "failed");
+    }
+}

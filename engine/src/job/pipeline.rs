@@ -60,6 +60,9 @@ pub struct RecoveryOptions {
     pub from_savepoint: Option<PathBuf>,
     /// Let a savepoint hold state of operators the pipeline no longer has (it is dropped).
     pub allow_non_restored_state: bool,
+    /// The latest checkpoint is restored into a new version of the pipeline (a reload of a
+    /// pipeline that could not take a savepoint): the savepoint restore rules apply.
+    pub latest_into_new_version: bool,
 }
 
 /// A request from the job's control surface to one pipeline's supervisor.
@@ -308,6 +311,11 @@ struct Supervisor {
     not_started: BTreeSet<TaskId>,
     /// The checkpoint that ends probation.
     probation_checkpoint: Option<CheckpointId>,
+    /// Probation waits for the sources' first records: since when, and their count then.
+    probation_armed: Option<(Instant, u64)>,
+    /// Every task was stopped on purpose (a stop while restarting): the loop ends once they
+    /// are gone.
+    halted: bool,
     probation_attempts: u32,
     /// Requests waiting for a checkpoint to complete.
     waiters: BTreeMap<CheckpointId, Waiter>,
@@ -413,16 +421,13 @@ impl Supervisor {
             start: StartWatch::default(),
             not_started: BTreeSet::new(),
             probation_checkpoint: None,
+            probation_armed: None,
+            halted: false,
             probation_attempts: 0,
             waiters: BTreeMap::new(),
             acks: BTreeMap::new(),
             savepoint_writes: 0,
-            savepoint_dir: {
-                let d = plan
-                    .resolve_path(&plan.spec.checkpoints.storage)
-                    .join("savepoints");
-                std::path::absolute(&d).unwrap_or(d)
-            },
+            savepoint_dir: default_savepoint_dir(&plan),
             plan: Arc::new(plan),
         })
     }
@@ -453,10 +458,11 @@ impl Supervisor {
             if self.pending_restart.is_none()
                 && self.running.is_empty()
                 && self.savepoint_writes == 0
-                && self
-                    .all
-                    .iter()
-                    .all(|t| self.finished.contains(t) || self.degraded.contains(t))
+                && (self.halted
+                    || self
+                        .all
+                        .iter()
+                        .all(|t| self.finished.contains(t) || self.degraded.contains(t)))
             {
                 break;
             }
@@ -467,6 +473,9 @@ impl Supervisor {
                     .filter(|_| self.aborting.is_empty())
                     .map(|p| p.at),
                 self.stop_deadline,
+                self.probation_armed
+                    .as_ref()
+                    .map(|_| Instant::now() + Duration::from_millis(5)),
             ]
             .into_iter()
             .flatten()
@@ -516,6 +525,12 @@ impl Supervisor {
                         self.execute(cmds)?;
                     }
                 }
+            }
+            if let Some((at, baseline)) = self.probation_armed
+                && (self.source_records() > baseline || at.elapsed() >= Duration::from_secs(1))
+            {
+                self.probation_armed = None;
+                self.trigger_probation();
             }
             if self.aborting.is_empty()
                 && self
@@ -885,7 +900,7 @@ impl Supervisor {
                                 "the first checkpoints after the start failed: {reason}"
                             )));
                         } else {
-                            self.on_all_started_probation();
+                            self.trigger_probation();
                         }
                     }
                     let Some(ck) = self.ck.as_mut() else { continue };
@@ -1070,8 +1085,23 @@ impl Supervisor {
         }
     }
 
-    /// Probation: a checkpoint right away; its completion proves every task processes.
+    /// Probation: a checkpoint as soon as the sources produced something since the start (or
+    /// after a second, for an idle input), so that its barrier follows records: its
+    /// completion proves every task processes them.
     fn on_all_started_probation(&mut self) {
+        self.probation_armed = Some((Instant::now(), self.source_records()));
+    }
+
+    /// Records produced by this pipeline's sources so far.
+    fn source_records(&self) -> u64 {
+        self.reports
+            .iter()
+            .filter(|r| r.role == "source")
+            .map(|r| r.metrics.read().0)
+            .sum()
+    }
+
+    fn trigger_probation(&mut self) {
         let Some(c) = self.coordinator.as_mut() else {
             self.end_probation(Ok(()));
             return;
@@ -1088,6 +1118,7 @@ impl Supervisor {
 
     fn end_probation(&mut self, result: std::result::Result<(), String>) {
         self.probation_checkpoint = None;
+        self.probation_armed = None;
         if let Some(tx) = self.start.probation.take() {
             let _ = tx.send(result);
         }
@@ -1124,6 +1155,12 @@ impl Supervisor {
             Request::Savepoint { dir, after, reply } => {
                 if self.stopping.is_some() {
                     let _ = reply.send(Err(busy("stopping")));
+                    return;
+                }
+                if self.pending_restart.is_some() {
+                    let _ = reply.send(Err(ControlError::Busy(format!(
+                        "pipeline `{id}` is restarting after a failure: a savepoint needs every task running; try again when it runs (`weir status`), or stop it without a savepoint"
+                    ))));
                     return;
                 }
                 if let Some((n, _)) = self
@@ -1177,6 +1214,9 @@ impl Supervisor {
                 self.stop_by_request = true;
                 self.stop_reply = Some(reply);
                 self.publish("stopping");
+                if self.halt_restart() {
+                    return;
+                }
                 for r in self.running.values() {
                     let _ = r.commands.send(TaskCommand::Stop);
                 }
@@ -1184,8 +1224,25 @@ impl Supervisor {
         }
     }
 
+    /// A stop while the pipeline waits to restart after a failure: no checkpoint can be taken
+    /// (tasks are down), so the restart is called off and every task stops now; the next run
+    /// resumes from the latest completed checkpoint.
+    fn halt_restart(&mut self) -> bool {
+        if self.pending_restart.take().is_none() {
+            return false;
+        }
+        tracing::info!(pipeline = %self.plan.id, "Stop requested while restarting after a failure: the restart is called off.");
+        self.abort_all();
+        self.halted = true;
+        true
+    }
+
     /// A stop was requested: take a final checkpoint; the tasks stop when it completes.
     fn begin_stop(&mut self) {
+        if self.halt_restart() {
+            self.stopping = Some(0);
+            return;
+        }
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
@@ -1481,6 +1538,21 @@ impl Supervisor {
     }
 }
 
+/// Where savepoints go when a request names no directory: the pipeline's `savepoints.dir`
+/// when the file sets one, else `<checkpoints.storage>/savepoints`; absolute.
+fn default_savepoint_dir(plan: &PipelinePlan) -> PathBuf {
+    let spec = &plan.spec;
+    // `savepoints.dir` is filled with its default when absent; only another value is the
+    // user's choice.
+    let d = if spec.savepoints != weir_schema::SavepointSpec::default() {
+        plan.resolve_path(&spec.savepoints.dir)
+    } else {
+        plan.resolve_path(&spec.checkpoints.storage)
+            .join("savepoints")
+    };
+    std::path::absolute(&d).unwrap_or(d)
+}
+
 /// The local working directory of a pipeline's RocksDB instances:
 /// `<path>/<pipeline>/<operator>-<subtask>/db-<instance>/`.
 fn rocksdb_dir(plan: &PipelinePlan, spec: &weir_schema::RocksdbSpec) -> PathBuf {
@@ -1771,7 +1843,17 @@ fn choose_restore(
     let Some(meta) = choice.checkpoint else {
         return Ok((None, last));
     };
+    let mut meta = meta;
     check_compatible(plan, &meta)?;
+    if recovery.latest_into_new_version {
+        check_savepoint_mapping(
+            plan,
+            &meta,
+            std::path::Path::new(&checkpoint_dir(meta.checkpoint)),
+            recovery.allow_non_restored_state,
+        )?;
+        meta.finished_tasks = finished_in(plan, &meta);
+    }
     // Retention bookkeeping: every complete checkpoint still on disk.
     for id in store.list_checkpoints()? {
         if let Ok(m) = read_metadata(store, id) {
@@ -1787,7 +1869,7 @@ fn choose_restore(
         Some(TaskRestore {
             store: Arc::clone(&ck.store),
             metadata: Arc::new(meta),
-            savepoint: false,
+            savepoint: recovery.latest_into_new_version,
         }),
         last,
     ))
@@ -1845,4 +1927,45 @@ fn read_checkpoint_at(
     let store = LocalStore::at(root);
     let meta = read_metadata(&store, name).map_err(|e| build_error(plan, e.to_string()))?;
     Ok((meta, store))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn plan(yaml: &str) -> PipelinePlan {
+        let loaded = weir_schema::load_str("test.yaml", yaml);
+        let spec = loaded
+            .spec
+            .unwrap_or_else(|| panic!("invalid YAML: {:?}", loaded.diagnostics));
+        crate::plan::compile(&spec.pipelines[0], Path::new("/jobs")).expect("compiles")
+    }
+
+    const JOB: &str = r#"version: 1
+pipelines:
+  - id: p
+    checkpoints: { interval: 1s, storage: ck }
+    sources:
+      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
+    sinks:
+      - { id: out, type: stdout, input: gen }
+"#;
+
+    #[test]
+    fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
+        assert_eq!(
+            default_savepoint_dir(&plan(JOB)),
+            Path::new("/jobs/ck/savepoints")
+        );
+        let configured = JOB.replace(
+            "    sources:",
+            "    savepoints: { dir: backups/sp }\n    sources:",
+        );
+        assert_eq!(
+            default_savepoint_dir(&plan(&configured)),
+            Path::new("/jobs/backups/sp")
+        );
+    }
 }

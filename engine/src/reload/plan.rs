@@ -101,7 +101,7 @@ pub fn is_applicable(plans: &[PipelineReloadPlan]) -> bool {
 
 /// Whether two versions of a pipeline are the same: spec, scripts and base directory.
 fn same_version(old: &PipelinePlan, new: &PipelinePlan) -> bool {
-    if old.base_dir != new.base_dir || old.nodes.len() != new.nodes.len() {
+    if !same_dir(&old.base_dir, &new.base_dir) || old.nodes.len() != new.nodes.len() {
         return false;
     }
     let scripts_equal = new.nodes.iter().all(|node| {
@@ -336,6 +336,23 @@ fn rescale_problem(node: &PlanNode, from: u32, to: u32) -> Option<String> {
     }
 }
 
+/// Whether two base directories name the same directory, however spelled: `weir run p.yaml`
+/// plans with the base directory `""` (the working directory), a reload re-reads the file by
+/// its absolute path. Both are made absolute against the working directory (no file system
+/// access: symlinks are not resolved); a directory that cannot be made absolute compares as
+/// written.
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let absolute = |p: &std::path::Path| {
+        let p = if p.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            p
+        };
+        std::path::absolute(p).ok()
+    };
+    a == b || matches!((absolute(a), absolute(b)), (Some(x), Some(y)) if x == y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,6 +519,29 @@ pipelines:
         assert_eq!(plans[0].change, change::UNCHANGED);
         assert!(plans[0].operators.is_empty());
         assert!(is_applicable(&plans));
+    }
+
+    #[test]
+    fn a_relative_and_an_absolute_base_dir_of_the_same_directory_are_unchanged() {
+        // `weir run p.yaml` plans with base dir `""`; the reload reads `/abs/p.yaml`.
+        let yaml = Totals::default().yaml();
+        let at = |dir: &Path| {
+            crate::validate::validate_str("p.yaml", &yaml, dir)
+                .plan()
+                .expect("valid")
+                .expect("plans")
+        };
+        let cwd = std::path::absolute(".").expect("the working directory");
+        for (a, b) in [
+            (Path::new(""), cwd.as_path()),
+            (Path::new("."), Path::new("")),
+        ] {
+            let plans = diff(&at(a), &at(b), false);
+            assert_eq!(plans[0].change, change::UNCHANGED, "{a:?} vs {b:?}");
+        }
+        let elsewhere = cwd.join("elsewhere");
+        let plans = diff(&at(Path::new("")), &at(&elsewhere), false);
+        assert_eq!(plans[0].change, change::CHANGED);
     }
 
     #[test]

@@ -728,41 +728,32 @@ pub async fn run_source(
             chain.restore(&from, true)?;
         }
         env.started();
+        // After a stop-with-savepoint barrier the source is paused: it produces nothing
+        // more and waits for the stop, the drain, or a resume when the savepoint failed.
+        // Every command goes through `source_command`, wherever it is received, so that a
+        // drain or resume that arrives together with other commands is never lost.
         let mut paused = false;
-        loop {
+        let flow = 'run: loop {
             while let Ok(cmd) = env.commands.try_recv() {
-                if let TaskCommand::Trigger(b) = cmd
-                    && b.kind == BarrierKind::SavepointThenStop
-                {
-                    paused = true;
-                }
-                if source_command(cmd, &mut chain, &mut env, &mut source).await? {
-                    source.close()?;
-                    chain.close()?;
-                    env.settle().await;
-                    return Ok(());
+                match source_command(cmd, &mut chain, &mut env, &mut source, &mut paused).await? {
+                    SourceFlow::Continue => {}
+                    end => break 'run end,
                 }
             }
             if env.control.should_stop() && env.checkpointing.is_none() {
-                break;
+                break SourceFlow::EndInput;
             }
             if paused {
-                // After the final barrier: produce nothing more, wait for the stop (or the
-                // drain, or a resume when the savepoint failed).
-                match env.commands.recv().await {
-                    Some(TaskCommand::Drain) => break,
-                    Some(TaskCommand::Resume) => paused = false,
+                let flow = match env.commands.recv().await {
                     Some(cmd) => {
-                        if source_command(cmd, &mut chain, &mut env, &mut source).await? {
-                            source.close()?;
-                            chain.close()?;
-                            env.settle().await;
-                            return Ok(());
-                        }
+                        source_command(cmd, &mut chain, &mut env, &mut source, &mut paused).await?
                     }
-                    None => break,
+                    None => SourceFlow::EndInput,
+                };
+                match flow {
+                    SourceFlow::Continue => continue,
+                    end => break end,
                 }
-                continue;
             }
             let mut out = Vec::with_capacity(BATCH_SIZE);
             let skipped_before = sctx.skipped;
@@ -778,28 +769,26 @@ pub async fn run_source(
             match poll {
                 Poll::Ready => tokio::task::consume_budget().await,
                 Poll::Idle(d) => {
-                    tokio::select! {
-                        () = tokio::time::sleep(d) => {}
+                    let flow = tokio::select! {
+                        () = tokio::time::sleep(d) => SourceFlow::Continue,
                         Some(cmd) = env.commands.recv() => {
-                            if let TaskCommand::Trigger(b) = cmd
-                                && b.kind == BarrierKind::SavepointThenStop
-                            {
-                                paused = true;
-                            }
-                            if source_command(cmd, &mut chain, &mut env, &mut source).await? {
-                                source.close()?;
-                                chain.close()?;
-                                env.settle().await;
-                                return Ok(());
-                            }
+                            source_command(cmd, &mut chain, &mut env, &mut source, &mut paused)
+                                .await?
                         }
+                    };
+                    if flow != SourceFlow::Continue {
+                        break flow;
                     }
                 }
-                Poll::Done => break,
+                Poll::Done => break SourceFlow::EndInput,
             }
-        }
+        };
         source.close()?;
-        chain.end().await?;
+        if flow == SourceFlow::Stop {
+            chain.close()?;
+        } else {
+            chain.end().await?;
+        }
         env.settle().await;
         Ok(())
     }
@@ -810,21 +799,41 @@ pub async fn run_source(
     result
 }
 
-/// Carries out a command on a source task; `true` means stop now.
+/// What a source task does after a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SourceFlow {
+    /// Go on (polling, or waiting while paused).
+    Continue,
+    /// Stop now, without end-of-input processing.
+    Stop,
+    /// End the input: end-of-stream flows down, `emit: final` results are flushed.
+    EndInput,
+}
+
+/// Carries out a command on a source task. A stop-with-savepoint trigger pauses the source,
+/// a resume unpauses it, a drain ends its input.
 async fn source_command(
     cmd: TaskCommand,
     chain: &mut ChainTask,
     env: &mut TaskEnv,
     source: &mut Box<dyn Source>,
-) -> Result<bool> {
+    paused: &mut bool,
+) -> Result<SourceFlow> {
     match cmd {
         TaskCommand::Trigger(barrier) => {
+            if barrier.kind == BarrierKind::SavepointThenStop {
+                *paused = true;
+            }
             checkpoint_task(chain, env, barrier, Some(source)).await?;
-            Ok(false)
+            Ok(SourceFlow::Continue)
         }
-        TaskCommand::Complete(n) => chain.notify_complete(n).map(|()| false),
-        TaskCommand::Stop => Ok(true),
-        TaskCommand::Drain | TaskCommand::Resume => Ok(false),
+        TaskCommand::Complete(n) => chain.notify_complete(n).map(|()| SourceFlow::Continue),
+        TaskCommand::Stop => Ok(SourceFlow::Stop),
+        TaskCommand::Drain => Ok(SourceFlow::EndInput),
+        TaskCommand::Resume => {
+            *paused = false;
+            Ok(SourceFlow::Continue)
+        }
     }
 }
 
@@ -928,4 +937,152 @@ async fn apply_step(step: AlignerStep, chain: &mut ChainTask, env: &mut TaskEnv)
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::checkpoint::MemoryStore;
+
+    /// A source that never ends and produces nothing: it only counts its polls.
+    struct Endless {
+        polls: Arc<AtomicU64>,
+    }
+
+    impl Source for Endless {
+        fn poll(&mut self, _out: &mut Vec<Dynamic>, _ctx: &mut SourceContext) -> Result<Poll> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            Ok(Poll::Idle(Duration::from_millis(1)))
+        }
+    }
+
+    /// A pass-through that notes whether its input ended (`on_end`).
+    struct EndProbe {
+        ended: Arc<AtomicBool>,
+    }
+
+    impl Operator for EndProbe {
+        fn process(&mut self, _batch: &mut Batch, _ctx: &mut OperatorContext) -> Result<()> {
+            Ok(())
+        }
+
+        fn on_end(&mut self, _out: &mut Vec<Dynamic>, _ctx: &mut OperatorContext) -> Result<()> {
+            self.ended.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    struct Probe {
+        polls: Arc<AtomicU64>,
+        ended: Arc<AtomicBool>,
+        commands: mpsc::UnboundedSender<TaskCommand>,
+        task: tokio::task::JoinHandle<Result<()>>,
+    }
+
+    /// Spawns a source task over [`Endless`] with `queued` already waiting in its command
+    /// channel (as when the supervisor sends several commands at once).
+    fn spawn_source(queued: &[TaskCommand]) -> Probe {
+        let polls = Arc::new(AtomicU64::new(0));
+        let ended = Arc::new(AtomicBool::new(false));
+        let (commands, rx) = mpsc::unbounded_channel();
+        for c in queued {
+            commands.send(*c).expect("the task's receiver is alive");
+        }
+        let (events, _events_rx) = mpsc::unbounded_channel();
+        let env = TaskEnv::new(
+            TaskId::new(0, 0),
+            "p".into(),
+            "src".into(),
+            rx,
+            events,
+            Some(Checkpointing {
+                store: Arc::new(MemoryStore::new()),
+                mode: AlignmentMode::ExactlyOnce,
+            }),
+            None,
+            Arc::new(Control::default()),
+        );
+        let chain = ChainTask {
+            nodes: vec![ChainNode {
+                operator: Box::new(EndProbe {
+                    ended: Arc::clone(&ended),
+                }),
+                ctx: OperatorContext::standalone("p", "src", 128),
+                metrics: Arc::new(NodeMetrics::default()),
+                outputs: Vec::new(),
+                dead_letters: Vec::new(),
+                counts_output: true,
+                fault: None,
+            }],
+        };
+        let sctx = SourceContext {
+            pipeline: "p".into(),
+            source: "src".into(),
+            subtask: 0,
+            parallelism: 1,
+            skipped: 0,
+            restored_from: None,
+        };
+        let source = Box::new(Endless {
+            polls: Arc::clone(&polls),
+        });
+        let task = tokio::spawn(run_source(source, sctx, chain, env));
+        Probe {
+            polls,
+            ended,
+            commands,
+            task,
+        }
+    }
+
+    const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(Barrier {
+        checkpoint: 1,
+        kind: BarrierKind::SavepointThenStop,
+    });
+
+    #[tokio::test]
+    async fn a_drain_queued_behind_the_stop_savepoint_ends_the_input() {
+        // The supervisor sends `Complete` and `Drain` back to back once the savepoint
+        // completed: the drain must not be lost whichever receive picks it up.
+        let p = spawn_source(&[STOP_SAVEPOINT, TaskCommand::Complete(1), TaskCommand::Drain]);
+        let result = tokio::time::timeout(Duration::from_secs(60), p.task)
+            .await
+            .expect("the drained source task ends")
+            .expect("the task does not panic");
+        assert!(result.is_ok(), "{result:?}");
+        assert!(
+            p.ended.load(Ordering::Relaxed),
+            "a drain ends the input (on_end runs)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_resume_queued_behind_the_stop_savepoint_unpauses_the_source() {
+        let p = spawn_source(&[STOP_SAVEPOINT, TaskCommand::Resume]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while p.polls.load(Ordering::Relaxed) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the source never polled again after the resume"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        p.commands
+            .send(TaskCommand::Stop)
+            .expect("the task is running");
+        let result = tokio::time::timeout(Duration::from_secs(60), p.task)
+            .await
+            .expect("the stopped source task ends")
+            .expect("the task does not panic");
+        assert!(result.is_ok(), "{result:?}");
+        assert!(
+            !p.ended.load(Ordering::Relaxed),
+            "a stop does not end the input"
+        );
+    }
 }
