@@ -152,8 +152,8 @@ pub struct SubtaskCheckpointInfo {
 /// Asks for a savepoint.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SavepointRequest {
-    /// The directory to create the savepoint in (default: the pipeline's `savepoints`
-    /// directory, `<storage>/savepoints`).
+    /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
+    /// `.weir/savepoints` next to the file).
     pub dir: Option<PathBuf>,
 }
 

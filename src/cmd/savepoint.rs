@@ -16,7 +16,7 @@ pub struct SavepointArgs {
     /// The pipeline id.
     pub pipeline: String,
     /// The directory to create the savepoint in (default: the pipeline's
-    /// `<storage>/savepoints`).
+    /// `.weir/savepoints` next to the file).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]

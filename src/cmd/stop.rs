@@ -24,7 +24,7 @@ pub struct StopArgs {
     #[arg(long)]
     pub drain: bool,
     /// The directory to create the savepoint in (default: the pipeline's
-    /// `<storage>/savepoints`).
+    /// `.weir/savepoints` next to the file).
     #[arg(long, value_name = "DIR", requires = "savepoint")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]

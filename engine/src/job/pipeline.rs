@@ -69,7 +69,7 @@ pub struct RecoveryOptions {
 pub(crate) enum Request {
     /// Take a checkpoint now; answer when it completed.
     Checkpoint(oneshot::Sender<Result<CheckpointInfo, ControlError>>),
-    /// Take a savepoint into `dir` (default: `<storage>/savepoints`), then go on, stop or
+    /// Take a savepoint into `dir` (default: `savepoints.dir`), then go on, stop or
     /// drain; answer when it is on disk.
     Savepoint {
         dir: Option<PathBuf>,
@@ -1179,6 +1179,16 @@ impl Supervisor {
                     ))));
                     return;
                 };
+                let dir = dir.unwrap_or_else(|| self.savepoint_dir.clone());
+                // Once a stop-with-savepoint's checkpoint completes the tasks stop, whether or
+                // not the copy into `dir` succeeds: find out now that it cannot.
+                if let Err(e) = check_writable(&dir) {
+                    let _ = reply.send(Err(ControlError::Invalid(format!(
+                        "pipeline `{id}`: cannot write a savepoint into `{}`: {e}; nothing was stopped or taken",
+                        dir.display()
+                    ))));
+                    return;
+                }
                 let kind = if after == AfterSavepoint::Continue {
                     BarrierKind::Savepoint
                 } else {
@@ -1186,7 +1196,6 @@ impl Supervisor {
                 };
                 match c.trigger_now(Instant::now(), kind) {
                     Ok(barrier) => {
-                        let dir = dir.unwrap_or_else(|| self.savepoint_dir.clone());
                         tracing::info!(pipeline = %id, checkpoint = barrier.checkpoint, dir = %dir.display(), then = ?after, "Taking a savepoint.");
                         self.waiters
                             .insert(barrier.checkpoint, Waiter::Savepoint { dir, reply });
@@ -1539,17 +1548,9 @@ impl Supervisor {
 }
 
 /// Where savepoints go when a request names no directory: the pipeline's `savepoints.dir`
-/// when the file sets one, else `<checkpoints.storage>/savepoints`; absolute.
+/// (default `.weir/savepoints` next to the file), absolute.
 fn default_savepoint_dir(plan: &PipelinePlan) -> PathBuf {
-    let spec = &plan.spec;
-    // `savepoints.dir` is filled with its default when absent; only another value is the
-    // user's choice.
-    let d = if spec.savepoints != weir_schema::SavepointSpec::default() {
-        plan.resolve_path(&spec.savepoints.dir)
-    } else {
-        plan.resolve_path(&spec.checkpoints.storage)
-            .join("savepoints")
-    };
+    let d = plan.resolve_path(&plan.spec.savepoints.dir);
     std::path::absolute(&d).unwrap_or(d)
 }
 
@@ -1752,6 +1753,54 @@ fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<CheckpointSetup>> {
     }))
 }
 
+/// Whether savepoints can be written into `dir`: creates it, then a probe file in it.
+fn check_writable(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".weir-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
+}
+
+/// Written into durable checkpoint storage when a run starts from a savepoint or from a
+/// checkpoint named on the command line. The restore rolls sinks back to that point, so the
+/// storage's checkpoints up to `after` (taken before the restore, possibly later than the
+/// restored point) no longer match the output: until the restored run completes a
+/// checkpoint of its own, a plain restart restores the same point again.
+const RESTORED_MARKER: &str = "_restored_from";
+
+/// The content of [`RESTORED_MARKER`] (JSON).
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RestoredFrom {
+    /// The savepoint or checkpoint directory, absolute.
+    path: PathBuf,
+    /// A savepoint (restored under the savepoint rules) or a checkpoint.
+    savepoint: bool,
+    /// The highest checkpoint id in the storage when the restore started.
+    after: CheckpointId,
+    /// `--allow-non-restored-state` was given.
+    allow_non_restored_state: bool,
+}
+
+fn write_restored_marker(plan: &PipelinePlan, store: &dyn CheckpointStore, marker: &RestoredFrom) {
+    let written = serde_json::to_vec(marker)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            store
+                .put(RESTORED_MARKER, &bytes)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = written {
+        tracing::warn!(pipeline = %plan.id, error = %e, "Cannot record the restore in checkpoint storage; if this run dies before its first checkpoint, restore the same point again by hand.");
+    }
+}
+
+fn read_restored_marker(store: &dyn CheckpointStore) -> Option<RestoredFrom> {
+    store
+        .get(RESTORED_MARKER)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+}
+
 /// Deletes every checkpoint and shared file of a store (a fresh start must never fall back
 /// to an older run's checkpoint).
 fn wipe(store: &dyn CheckpointStore) -> Result<()> {
@@ -1762,6 +1811,7 @@ fn wipe(store: &dyn CheckpointStore) -> Result<()> {
         store.delete(&f)?;
     }
     store.delete(FINISHED_MARKER)?;
+    store.delete(RESTORED_MARKER)?;
     Ok(())
 }
 
@@ -1789,6 +1839,18 @@ fn choose_restore(
         meta.finished_tasks = finished_in(plan, &meta);
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         let last = last.max(meta.checkpoint);
+        if ck.durable {
+            write_restored_marker(
+                plan,
+                store,
+                &RestoredFrom {
+                    path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
+                    savepoint: true,
+                    after: last,
+                    allow_non_restored_state: recovery.allow_non_restored_state,
+                },
+            );
+        }
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from a savepoint.");
         return Ok((
             Some(TaskRestore {
@@ -1804,6 +1866,18 @@ fn choose_restore(
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from the checkpoint given on the command line.");
         check_compatible(plan, &meta)?;
+        if ck.durable {
+            write_restored_marker(
+                plan,
+                store,
+                &RestoredFrom {
+                    path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
+                    savepoint: false,
+                    after: last,
+                    allow_non_restored_state: recovery.allow_non_restored_state,
+                },
+            );
+        }
         return Ok((
             Some(TaskRestore {
                 store: Arc::new(at),
@@ -1839,6 +1913,38 @@ fn choose_restore(
     let choice = latest_valid(store, Verification::Checksums)?;
     for s in &choice.skipped {
         tracing::warn!(pipeline = %plan.id, checkpoint = s.checkpoint, reason = %s.reason, "Skipping a checkpoint that cannot be restored.");
+    }
+    if let Some(marker) = read_restored_marker(store)
+        && choice
+            .checkpoint
+            .as_ref()
+            .is_none_or(|m| m.checkpoint <= marker.after)
+    {
+        // The last run started from `marker.path` and completed no checkpoint of its own.
+        let what = if marker.savepoint {
+            "savepoint"
+        } else {
+            "checkpoint"
+        };
+        tracing::warn!(pipeline = %plan.id, path = %marker.path.display(), "The last run started from this {what} and died before its first checkpoint; restoring it again (the checkpoints the storage holds from before that restore no longer match the output).");
+        let again = RecoveryOptions {
+            from_savepoint: marker.savepoint.then(|| marker.path.clone()),
+            from_checkpoint: (!marker.savepoint).then(|| marker.path.clone()),
+            allow_non_restored_state: marker.allow_non_restored_state
+                || recovery.allow_non_restored_state,
+            ..RecoveryOptions::default()
+        };
+        return choose_restore(plan, ck, &again).map_err(|e| {
+            build_error(
+                plan,
+                format!(
+                    "the last run started from {what} `{}` and died before its first \
+                     checkpoint, so it must be restored again: {e}. Give it again with \
+                     --from-{what}, or start over with --fresh",
+                    marker.path.display()
+                ),
+            )
+        });
     }
     let Some(meta) = choice.checkpoint else {
         return Ok((None, last));
@@ -1954,10 +2060,25 @@ pipelines:
 "#;
 
     #[test]
+    fn the_restore_marker_round_trips_and_a_fresh_start_removes_it() {
+        let store = MemoryStore::new();
+        let marker = RestoredFrom {
+            path: "/sp/savepoint-p-4-1".into(),
+            savepoint: true,
+            after: 9,
+            allow_non_restored_state: false,
+        };
+        write_restored_marker(&plan(JOB), &store, &marker);
+        assert_eq!(read_restored_marker(&store), Some(marker));
+        wipe(&store).expect("wipe");
+        assert_eq!(read_restored_marker(&store), None);
+    }
+
+    #[test]
     fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
         assert_eq!(
             default_savepoint_dir(&plan(JOB)),
-            Path::new("/jobs/ck/savepoints")
+            Path::new("/jobs/.weir/savepoints")
         );
         let configured = JOB.replace(
             "    sources:",

@@ -1,0 +1,1531 @@
+//! Savepoints end to end, through the real `weir` binary, real files, real RocksDB and the
+//! real control API: `weir savepoint` / `weir stop --savepoint [--drain]` against a running
+//! `weir run --api-port 0`, then `weir run --from-savepoint` into another state backend,
+//! another parallelism or a changed pipeline; the restore rules (removed, added and migrated
+//! operators, `max_parallelism`, moved and damaged savepoint directories); the API token; and
+//! failures around a savepoint (an unwritable savepoint directory, a restored run that dies
+//! before its first checkpoint).
+//!
+//! Every scenario compares its committed output with a straight, failure-free run of the
+//! final pipeline computed by `weir` itself in a separate directory. The keyed pipelines read
+//! one generator subtask (the map and `key_by` run at parallelism 1 too), so each key's
+//! records reach the reduce in sequence order and its running totals are deterministic: the
+//! whole multiset of update lines is compared, not only the last value per key. Only where
+//! parallel readers interleave a key's records (byte ranges of one file) are the update count
+//! and the final total per key compared instead.
+//!
+//! No assertion is about time: generators are rate-limited and bounded inputs large, so
+//! that a stop lands mid-run (which is asserted), and every wait polls
+//! `weir status --json` against a generous deadline.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{canonical_lines, copy_dir};
+use serde_json::Value;
+
+/// How long anything that should happen soon may take on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(60);
+/// How long a whole `weir run` may take.
+const RUN_DEADLINE: Duration = Duration::from_secs(240);
+
+/// The keyed pipeline most scenarios use: 30 000 generated records at 6 000/s, per-user
+/// running count and total by a Rhai reduce at parallelism 2, an exactly-once file sink,
+/// checkpoints every 500 ms. Each update carries the sequence number of the record that
+/// produced it (`last`).
+const KEYED: &str = r#"version: 1
+pipelines:
+  - id: totals
+    parallelism: 2
+    max_parallelism: 128
+    state: { backend: fs }
+    checkpoints: { mode: exactly_once, interval: 500ms, storage: ck }
+    restart: { strategy: none }
+    sources:
+      - id: gen
+        type: generator
+        parallelism: 1
+        seed: 11
+        count: 30000
+        rate: 6000
+        fields:
+          seq: { kind: sequence }
+          user: { kind: key, prefix: u, cardinality: 40 }
+          amount: { kind: int, min: 1, max: 100 }
+    operators:
+      - id: shape
+        type: map
+        input: gen
+        parallelism: 1
+        script: |
+          fn map(r) { #{user: r.user, n: 1, total: r.amount, last: r.seq} }
+      - { id: by_user, type: key_by, input: shape, field: user, parallelism: 1 }
+      - id: running
+        type: reduce
+        input: by_user
+        emit: updates
+        script: |
+          fn reduce(acc, r) { #{n: acc.n + 1, total: acc.total + r.total, last: r.last} }
+    sinks:
+      - { id: out, type: file, input: running, path: out }
+"#;
+
+/// Records the keyed pipeline's generator produces.
+const COUNT: usize = 30_000;
+
+/// Stop a rate-limited run once its source produced this many records (and a checkpoint
+/// completed): far from both ends of the input.
+const STOP_AFTER: u64 = 3_000;
+
+// ---------------------------------------------------------------------------------------
+// Driving the binary
+// ---------------------------------------------------------------------------------------
+
+fn weir() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .env_remove("WEIR_API_TOKEN")
+        .env_remove("WEIR_API");
+    c
+}
+
+/// Replaces `from` by `to` in `text`, which must contain it.
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "the pipeline text has no `{from}`:\n{text}"
+    );
+    text.replace(from, to)
+}
+
+/// `text` without its rate limits (a straight run needs none: the rate only paces it).
+fn unlimited(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("rate:"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+fn write_yaml(dir: &Path, text: &str) -> PathBuf {
+    let yaml = dir.join("job.yaml");
+    std::fs::write(&yaml, text).expect("write the pipeline file");
+    yaml
+}
+
+/// Waits for `child` with a deadline; kills it (and fails) when the deadline passes.
+fn wait_child(child: &mut Child, deadline: Duration, log: impl Fn() -> String) -> ExitStatus {
+    let until = Instant::now() + deadline;
+    loop {
+        if let Some(status) = child.try_wait().expect("poll the child") {
+            return status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`weir` did not end within {deadline:?}; its log:\n{}",
+                log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `weir run --no-api EXTRA FILE` to its end: `(success, stderr)`.
+fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
+    let dir = yaml.parent().expect("the pipeline file is in a directory");
+    let log_path = dir.join(format!(
+        "run-{}.log",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let log_file = std::fs::File::create(&log_path).expect("create the log file");
+    let mut child = weir()
+        .args(["run", "--no-progress", "--no-api"])
+        .args(extra)
+        .arg(yaml)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("start weir run");
+    let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let status = wait_child(&mut child, RUN_DEADLINE, read);
+    (status.success(), read())
+}
+
+/// A `weir run --api-port 0` in the background, its stderr collected.
+struct Run {
+    child: Child,
+    api: String,
+    log: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Run {
+    /// Starts `weir run` and waits until its control API listens.
+    fn start(yaml: &Path, extra: &[&str]) -> Self {
+        let mut child = weir()
+            .args(["run", "--no-progress", "--api-port", "0"])
+            .args(extra)
+            .arg(yaml)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start weir run");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let reader = {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(addr) = line.strip_prefix("control API on http://") {
+                        let _ = tx.send(addr.trim().to_owned());
+                    }
+                    let mut log = log
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            })
+        };
+        let api = rx.recv_timeout(DEADLINE);
+        let mut run = Self {
+            child,
+            api: String::new(),
+            log,
+            reader: Some(reader),
+        };
+        match api {
+            Ok(api) => run.api = api,
+            Err(_) => {
+                let _ = run.child.kill();
+                let _ = run.child.wait();
+                if let Some(r) = run.reader.take() {
+                    let _ = r.join();
+                }
+                panic!(
+                    "`weir run` never said where its control API listens:\n{}",
+                    run.log()
+                );
+            }
+        }
+        run
+    }
+
+    fn log(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs a CLI verb against this run's API (`--api` appended).
+    fn cli(&self, args: &[&str]) -> Output {
+        self.cli_env(args, &[])
+    }
+
+    /// As [`cli`](Self::cli), with extra environment variables. A verb that does not answer
+    /// within the deadline is killed and fails the test.
+    fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        use std::io::{Read, Seek};
+        let mut stdout = tempfile::tempfile().expect("a temporary file");
+        let mut stderr = tempfile::tempfile().expect("a temporary file");
+        let mut c = weir();
+        c.args(args)
+            .args(["--api", &self.api])
+            .stdin(Stdio::null())
+            .stdout(stdout.try_clone().expect("clone a file handle"))
+            .stderr(stderr.try_clone().expect("clone a file handle"));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("run a weir verb");
+        let status = wait_child(&mut child, DEADLINE * 2, || {
+            format!("(`weir {}`)\n{}", args.join(" "), self.log())
+        });
+        let read = |f: &mut std::fs::File| {
+            let mut v = Vec::new();
+            f.rewind().expect("rewind");
+            f.read_to_end(&mut v).expect("read the output");
+            v
+        };
+        Output {
+            status,
+            stdout: read(&mut stdout),
+            stderr: read(&mut stderr),
+        }
+    }
+
+    /// `weir status --json`, once; `None` when it fails (e.g. the run just ended).
+    fn status(&self) -> Option<Value> {
+        let out = self.cli(&["status", "--json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The status of one pipeline.
+    fn pipeline(&self, id: &str) -> Value {
+        let status = self
+            .status()
+            .unwrap_or_else(|| panic!("`weir status` failed; the log:\n{}", self.log()));
+        pipeline_of(&status, id)
+    }
+
+    /// Polls the status until `ready` holds, and returns that status.
+    fn wait_for(&mut self, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Some(exit) = self.child.try_wait().expect("poll the child") {
+                panic!(
+                    "`weir run` ended ({exit}) while waiting for {what}; its log:\n{}",
+                    self.log()
+                );
+            }
+            if let Some(status) = self.status()
+                && ready(&status)
+            {
+                return status;
+            }
+            assert!(
+                Instant::now() < until,
+                "{what} did not happen within {DEADLINE:?}; the log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until `pipeline` completed a checkpoint and its source produced `records`.
+    fn wait_mid_run(&mut self, pipeline: &str, records: u64) {
+        self.wait_for(&format!("`{pipeline}` to be mid-run"), |s| {
+            let p = pipeline_of(s, pipeline);
+            p["checkpoints"].as_u64().unwrap_or(0) >= 1
+                && p["source_records"].as_u64().unwrap_or(0) >= records
+        });
+    }
+
+    /// `weir stop PIPELINE --savepoint`: the savepoint's directory.
+    fn stop_with_savepoint(&self, pipeline: &str) -> PathBuf {
+        let out = self.cli(&["stop", pipeline, "--savepoint"]);
+        self.savepoint_path(&out, "weir stop --savepoint")
+    }
+
+    /// The path a successful `weir savepoint` / `weir stop --savepoint` printed.
+    fn savepoint_path(&self, out: &Output, what: &str) -> PathBuf {
+        assert!(
+            out.status.success(),
+            "{what} failed: {}\nthe run's log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert!(
+            path.join("_metadata").is_file(),
+            "{what} printed `{}`, which is not a savepoint directory",
+            path.display()
+        );
+        path
+    }
+
+    /// Waits for the process to end: `(status, whole log)`.
+    fn finish(&mut self) -> (ExitStatus, String) {
+        let log = Arc::clone(&self.log);
+        let status = wait_child(&mut self.child, RUN_DEADLINE, move || {
+            log.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        });
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        (status, self.log())
+    }
+
+    /// Waits for a successful end and returns the log.
+    fn finish_ok(&mut self) -> String {
+        let (status, log) = self.finish();
+        assert!(status.success(), "`weir run` failed ({status}):\n{log}");
+        log
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // A failed test never leaves a `weir run` behind.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn pipeline_of(status: &Value, id: &str) -> Value {
+    status["pipelines"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["id"] == id))
+        .cloned()
+        .unwrap_or_else(|| panic!("no pipeline `{id}` in the status: {status}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Outputs
+// ---------------------------------------------------------------------------------------
+
+/// The committed output of a file sink directory (hidden in-progress and pending parts left
+/// out), as sorted canonical JSON lines.
+fn committed(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    for e in entries {
+        let e = e.expect("list the sink directory");
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        text.push_str(&std::fs::read_to_string(e.path()).expect("read a part file"));
+        text.push('\n');
+    }
+    canonical_lines(&text)
+}
+
+fn parse(line: &str) -> Value {
+    serde_json::from_str(line).expect("a canonical JSON line")
+}
+
+/// The `last` field (the sequence number of the record behind an update).
+fn last(line: &str) -> i64 {
+    parse(line)["last"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no `last` in {line}"))
+}
+
+fn filter(lines: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
+    lines.iter().filter(|l| keep(l)).cloned().collect()
+}
+
+/// Sorted union of two multisets of lines.
+fn union(a: &[String], b: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = a.iter().chain(b).cloned().collect();
+    v.sort();
+    v
+}
+
+/// `all` minus `part` as multisets; `part` must be contained in `all`.
+fn minus(all: &[String], part: &[String]) -> Vec<String> {
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for l in all {
+        *counts.entry(l).or_default() += 1;
+    }
+    for l in part {
+        let c = counts.entry(l).or_default();
+        *c -= 1;
+        assert!(*c >= 0, "`{l}` is not (or not as often) in the larger set");
+    }
+    let mut out = Vec::new();
+    for (l, c) in counts {
+        for _ in 0..c {
+            out.push(l.to_owned());
+        }
+    }
+    out
+}
+
+/// Asserts that the committed output of a stopped keyed run is exactly the updates of the
+/// records `0..n` (each once): stop-with-savepoint left a clean prefix. Returns `n`.
+fn assert_clean_prefix(lines: &[String]) -> usize {
+    let n = lines.len();
+    assert!(
+        n > 0 && n < COUNT,
+        "the stop should land mid-run, but {n} of {COUNT} updates were committed"
+    );
+    let seen: BTreeSet<i64> = lines.iter().map(|l| last(l)).collect();
+    let expected: BTreeSet<i64> = (0..n as i64).collect();
+    assert_eq!(
+        seen, expected,
+        "the committed output is not the updates of records 0..{n}, each once"
+    );
+    n
+}
+
+/// Compares two outputs with a readable failure.
+fn assert_same_output(got: &[String], want: &[String], what: &str) {
+    if got == want {
+        return;
+    }
+    let missing = minus_lossy(want, got);
+    let extra = minus_lossy(got, want);
+    panic!(
+        "{what}: {} lines, expected {}; {} missing (first: {:?}), {} unexpected (first: {:?})",
+        got.len(),
+        want.len(),
+        missing.len(),
+        missing.iter().take(3).collect::<Vec<_>>(),
+        extra.len(),
+        extra.iter().take(3).collect::<Vec<_>>()
+    );
+}
+
+/// `a` minus `b` as multisets, ignoring lines of `b` that `a` lacks.
+fn minus_lossy(a: &[String], b: &[String]) -> Vec<String> {
+    let mut counts: HashMap<&str, i64> = HashMap::new();
+    for l in b {
+        *counts.entry(l).or_default() += 1;
+    }
+    a.iter()
+        .filter(|l| {
+            let c = counts.entry(l).or_default();
+            *c -= 1;
+            *c < 0
+        })
+        .cloned()
+        .collect()
+}
+
+/// The committed output of every sink directory in `sinks` after a straight, failure-free
+/// run of `text` in a directory of its own (with `setup` preparing its input first).
+/// Cached by pipeline text: several scenarios share a final pipeline.
+fn straight_with(
+    text: &str,
+    sinks: &[&str],
+    setup: impl FnOnce(&Path),
+) -> BTreeMap<String, Vec<String>> {
+    type Cache = Mutex<HashMap<String, Arc<OnceLock<BTreeMap<String, Vec<String>>>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = format!("{text}\n{sinks:?}");
+    let cell = {
+        let mut cache = CACHE
+            .get_or_init(Cache::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(cache.entry(key).or_default())
+    };
+    cell.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        setup(dir.path());
+        let yaml = write_yaml(dir.path(), text);
+        let (ok, log) = run_to_end(&yaml, &[]);
+        assert!(ok, "the straight run failed:\n{log}");
+        sinks
+            .iter()
+            .map(|s| ((*s).to_owned(), committed(&dir.path().join(s))))
+            .collect()
+    })
+    .clone()
+}
+
+/// The committed output of sink directory `out` after a straight run of `text`.
+fn straight(text: &str) -> Vec<String> {
+    straight_with(text, &["out"], |_| {})
+        .remove("out")
+        .expect("the sink was read")
+}
+
+/// The keyed pipeline on `backend` (RocksDB with incremental checkpoints: its savepoints
+/// must still be self-contained).
+fn keyed(backend: &str) -> String {
+    let state = match backend {
+        "rocksdb" => "backend: rocksdb, incremental: true".to_owned(),
+        other => format!("backend: {other}"),
+    };
+    edit(KEYED, "backend: fs", &state)
+}
+
+/// Runs `text` in `dir` until mid-run and stops it with a savepoint: the savepoint and the
+/// number of records whose updates were committed (a clean prefix, checked).
+fn run_and_stop_with_savepoint(dir: &Path, text: &str) -> (PathBuf, usize) {
+    let yaml = write_yaml(dir, text);
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    let savepoint = run.stop_with_savepoint("totals");
+    let log = run.finish_ok();
+    assert!(
+        savepoint.starts_with(dir.join(".weir").join("savepoints"))
+            && savepoint
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("savepoint-totals-")),
+        "unexpected savepoint location `{}`",
+        savepoint.display()
+    );
+    let first = committed(&dir.join("out"));
+    let n = assert_clean_prefix(&first);
+    assert!(log.contains("Savepoint written."), "{log}");
+    (savepoint, n)
+}
+
+fn arg(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Every backend pair
+// ---------------------------------------------------------------------------------------
+
+/// Stop-with-savepoint on one backend, `--from-savepoint` on another, for all six ordered
+/// pairs of memory, fs and rocksdb: the output equals a straight run on the target backend.
+#[test]
+fn a_savepoint_restores_into_every_other_backend() {
+    let backends = ["memory", "fs", "rocksdb"];
+    for from in backends {
+        for to in backends {
+            if from == to {
+                continue;
+            }
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (savepoint, _) = run_and_stop_with_savepoint(dir.path(), &keyed(from));
+            let yaml = write_yaml(dir.path(), &unlimited(&keyed(to)));
+            let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+            assert!(ok, "{from} -> {to}: the restore failed:\n{log}");
+            assert!(
+                log.contains("Restoring from a savepoint"),
+                "{from} -> {to}:\n{log}"
+            );
+            assert_same_output(
+                &committed(&dir.path().join("out")),
+                &straight(&unlimited(&keyed(to))),
+                &format!("{from} -> {to}"),
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Rescale 1 -> 3 -> 2
+// ---------------------------------------------------------------------------------------
+
+/// A file-to-file pipeline reading a directory in follow mode: the file source (several
+/// files, split over its readers), the keyed reduce and the sink all run at `parallelism`.
+/// Each key lives in one file, so its records arrive in file order at any parallelism.
+fn files_job(parallelism: u32) -> String {
+    format!(
+        r#"version: 1
+pipelines:
+  - id: files
+    parallelism: {parallelism}
+    max_parallelism: 128
+    state: {{ backend: rocksdb }}
+    checkpoints: {{ mode: exactly_once, interval: 500ms, storage: ck }}
+    restart: {{ strategy: none }}
+    sources:
+      - {{ id: src, type: file, path: in, follow: true }}
+    operators:
+      - id: shape
+        type: map
+        input: src
+        script: |
+          fn map(r) {{ #{{k: r.k, n: 1, total: r.v, last: r.i}} }}
+      - {{ id: by_k, type: key_by, input: shape, field: k }}
+      - id: running
+        type: reduce
+        input: by_k
+        emit: updates
+        script: |
+          fn reduce(acc, r) {{ #{{n: acc.n + 1, total: acc.total + r.total, last: r.last}} }}
+    sinks:
+      - {{ id: out, type: file, input: running, path: out }}
+"#
+    )
+}
+
+/// Appends lines `from..to` of input file `name` (content depends only on name and line).
+fn append_lines(dir: &Path, name: &str, from: usize, to: usize) {
+    use std::io::Write;
+    let seed: usize = name.bytes().map(usize::from).sum();
+    let mut text = String::new();
+    for i in from..to {
+        text.push_str(&format!(
+            "{{\"k\":\"{name}-{}\",\"i\":{i},\"v\":{}}}\n",
+            i % 7,
+            (i * 37 + seed * 11) % 101
+        ));
+    }
+    let path = dir.join("in").join(format!("{name}.jsonl"));
+    std::fs::create_dir_all(dir.join("in")).expect("create the input directory");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open an input file");
+    f.write_all(text.as_bytes())
+        .expect("append to an input file");
+}
+
+/// Starts `parallelism` (from `savepoint` when given), waits until `target` records reached
+/// the sink when given (else any), stops with a savepoint.
+fn files_step(
+    dir: &Path,
+    parallelism: u32,
+    savepoint: Option<&Path>,
+    target: Option<u64>,
+) -> PathBuf {
+    let yaml = write_yaml(dir, &files_job(parallelism));
+    let extra: Vec<&str> = match savepoint {
+        Some(sp) => vec!["--from-savepoint", arg(sp)],
+        None => Vec::new(),
+    };
+    let mut run = Run::start(&yaml, &extra);
+    run.wait_for(&format!("step at parallelism {parallelism}"), |s| {
+        let p = pipeline_of(s, "files");
+        let sunk = p["sink_records"].as_u64().unwrap_or(0);
+        p["checkpoints"].as_u64().unwrap_or(0) >= 1 && target.map_or(sunk > 0, |t| sunk >= t)
+    });
+    let sp = run.stop_with_savepoint("files");
+    run.finish_ok();
+    sp
+}
+
+/// Appends `n` lines to input file `name`, keeping count in `lines`.
+fn grow(dir: &Path, lines: &mut BTreeMap<&'static str, usize>, name: &'static str, n: usize) {
+    let have = lines.entry(name).or_default();
+    append_lines(dir, name, *have, *have + n);
+    *have += n;
+}
+
+#[test]
+fn rescaling_1_to_3_to_2_with_a_split_file_source_equals_the_straight_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // The input grows between the runs: files get longer (their readers resume mid-file)
+    // and new files appear (follow mode assigns them to readers across rescales).
+    let mut lines: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for f in ["a", "b", "c"] {
+        grow(d, &mut lines, f, 1500);
+    }
+    let total = |lines: &BTreeMap<&str, usize>| lines.values().sum::<usize>();
+
+    // Parallelism 1; stopped wherever it is once output flows.
+    let sp1 = files_step(d, 1, None, None);
+    let done1 = committed(&d.join("out")).len();
+    assert!(done1 > 0 && done1 <= total(&lines));
+
+    for f in ["a", "c"] {
+        grow(d, &mut lines, f, 500);
+    }
+    for f in ["d", "e"] {
+        grow(d, &mut lines, f, 1500);
+    }
+    let sp2 = files_step(d, 3, Some(&sp1), Some((total(&lines) - done1) as u64));
+    assert_eq!(committed(&d.join("out")).len(), total(&lines));
+
+    let done2 = total(&lines);
+    for f in ["b", "d"] {
+        grow(d, &mut lines, f, 500);
+    }
+    grow(d, &mut lines, "f", 1500);
+    files_step(d, 2, Some(&sp2), Some((total(&lines) - done2) as u64));
+    let got = committed(&d.join("out"));
+
+    // The straight run: the final files from the start, at the final parallelism, stopped
+    // (with a savepoint, so that everything is committed) once every line went through.
+    let straight_dir = tempfile::tempdir().expect("tempdir");
+    let s = straight_dir.path();
+    for (name, n) in &lines {
+        append_lines(s, name, 0, *n);
+    }
+    files_step(s, 2, None, Some(total(&lines) as u64));
+    let want = committed(&s.join("out"));
+    assert_eq!(want.len(), total(&lines));
+    assert_same_output(&got, &want, "rescaled 1 -> 3 -> 2");
+}
+
+/// The same pipeline over a bounded input: the split plan (files dealt out to readers, and
+/// files above 1 MiB cut into line-aligned byte ranges when readers outnumber files) is
+/// list state, which a rescale redistributes (old reader `j`'s splits go to `j % p`).
+fn bounded_files_job(parallelism: u32) -> String {
+    edit(&files_job(parallelism), "follow: true", "follow: false")
+}
+
+/// Per key: its update count, and the total of its last update (the sum over its records).
+/// Checks on the way that each key's updates are numbered `1..=count`, each once. Readers
+/// of byte ranges of one file interleave a key's records in any order, so the intermediate
+/// totals differ between runs; the count and the final total do not.
+fn final_totals(lines: &[String]) -> BTreeMap<String, (i64, i64)> {
+    let mut by_key: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for l in lines {
+        let v = parse(l);
+        by_key
+            .entry(v["key"].as_str().expect("a key").to_owned())
+            .or_default()
+            .push((
+                v["n"].as_i64().expect("n"),
+                v["total"].as_i64().expect("total"),
+            ));
+    }
+    by_key
+        .into_iter()
+        .map(|(key, mut updates)| {
+            updates.sort_unstable();
+            let numbers: Vec<i64> = updates.iter().map(|u| u.0).collect();
+            let expected: Vec<i64> = (1..=updates.len() as i64).collect();
+            assert_eq!(numbers, expected, "the updates of key {key}");
+            let last = updates.last().map_or(0, |u| u.1);
+            (key, (updates.len() as i64, last))
+        })
+        .collect()
+}
+
+/// Scaling down merges the readers' split lists: 3 readers (a file above 1 MiB cut into
+/// byte ranges, as there are fewer files than readers), then 2, then 1.
+#[test]
+fn rescaling_a_bounded_split_file_source_3_to_2_to_1_equals_the_straight_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let mut lines: BTreeMap<&'static str, usize> = BTreeMap::new();
+    grow(d, &mut lines, "a", 240_000);
+    grow(d, &mut lines, "b", 30_000);
+    let big = std::fs::metadata(d.join("in").join("a.jsonl")).expect("the big file");
+    assert!(big.len() > 1 << 20, "the big file is cut into ranges");
+    let total: usize = lines.values().sum();
+    let step = |parallelism: u32, savepoint: Option<&Path>| -> PathBuf {
+        let yaml = write_yaml(d, &bounded_files_job(parallelism));
+        let extra: Vec<&str> = match savepoint {
+            Some(sp) => vec!["--from-savepoint", arg(sp)],
+            None => Vec::new(),
+        };
+        let mut run = Run::start(&yaml, &extra);
+        // Stopped as soon as output flows: far from the end of the input.
+        run.wait_for(&format!("output at parallelism {parallelism}"), |s| {
+            pipeline_of(s, "files")["sink_records"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        });
+        let sp = run.stop_with_savepoint("files");
+        run.finish_ok();
+        let done = committed(&d.join("out")).len();
+        assert!(
+            done < total,
+            "the run at parallelism {parallelism} should stop mid-input ({done} of {total})"
+        );
+        sp
+    };
+    let sp3 = step(3, None);
+    let sp2 = step(2, Some(&sp3));
+    let yaml = write_yaml(d, &bounded_files_job(1));
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&sp2)]);
+    assert!(ok, "{log}");
+    let got = committed(&d.join("out"));
+    assert_eq!(got.len(), total, "one update per input line, each once");
+
+    let want = straight_with(&bounded_files_job(1), &["out"], |s| {
+        for (name, n) in &lines {
+            append_lines(s, name, 0, *n);
+        }
+    });
+    assert_eq!(want["out"].len(), total);
+    assert_eq!(
+        final_totals(&got),
+        final_totals(&want["out"]),
+        "per key: count and final total"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Restore rules
+// ---------------------------------------------------------------------------------------
+
+/// The keyed pipeline without its reduce: the sink takes the map's records.
+fn without_reduce() -> String {
+    let text = edit(
+        KEYED,
+        r#"      - id: running
+        type: reduce
+        input: by_user
+        emit: updates
+        script: |
+          fn reduce(acc, r) { #{n: acc.n + 1, total: acc.total + r.total, last: r.last} }
+"#,
+        "",
+    );
+    edit(&text, "input: running", "input: by_user")
+}
+
+#[test]
+fn state_of_a_removed_operator_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (savepoint, n) = run_and_stop_with_savepoint(dir.path(), KEYED);
+    let before = committed(&dir.path().join("out"));
+    let final_text = unlimited(&without_reduce());
+    let yaml = write_yaml(dir.path(), &final_text);
+
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    assert!(
+        !ok,
+        "restoring state of a removed operator must fail:\n{log}"
+    );
+    for needle in ["`running`", "--allow-non-restored-state", "no longer has"] {
+        assert!(log.contains(needle), "missing `{needle}` in:\n{log}");
+    }
+    assert_eq!(
+        committed(&dir.path().join("out")),
+        before,
+        "a refused restore touches no output"
+    );
+
+    let (ok, log) = run_to_end(
+        &yaml,
+        &[
+            "--from-savepoint",
+            arg(&savepoint),
+            "--allow-non-restored-state",
+        ],
+    );
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("`running`"),
+        "the dropped state is named:\n{log}"
+    );
+    // The new records are those after the savepoint, through the new pipeline.
+    let new = minus(&committed(&dir.path().join("out")), &before);
+    let want = filter(&straight(&final_text), |l| last(l) >= n as i64);
+    assert_eq!(want.len(), COUNT - n);
+    assert_same_output(&new, &want, "after dropping the reduce's state");
+}
+
+#[test]
+fn a_changed_max_parallelism_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (savepoint, _) = run_and_stop_with_savepoint(dir.path(), KEYED);
+    let before = committed(&dir.path().join("out"));
+    let yaml = write_yaml(
+        dir.path(),
+        &edit(KEYED, "max_parallelism: 128", "max_parallelism: 256"),
+    );
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    assert!(!ok, "a changed max_parallelism must be refused:\n{log}");
+    for needle in ["max_parallelism 128", "now has 256", "key groups"] {
+        assert!(log.contains(needle), "missing `{needle}` in:\n{log}");
+    }
+    assert_eq!(committed(&dir.path().join("out")), before);
+
+    // A generator cannot change its parallelism either (its sequence is interleaved over
+    // its subtasks); the reason is given.
+    let yaml = write_yaml(
+        dir.path(),
+        &edit(
+            KEYED,
+            "type: generator\n        parallelism: 1",
+            "type: generator\n        parallelism: 2",
+        ),
+    );
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    assert!(!ok, "a rescaled generator must be refused:\n{log}");
+    assert!(
+        log.contains("a generator cannot change its parallelism"),
+        "{log}"
+    );
+    assert_eq!(committed(&dir.path().join("out")), before);
+}
+
+/// `(key, amount)` of every generated record, by sequence number, recovered from the keyed
+/// pipeline's straight output (an update's total minus the key's previous total).
+fn records_from_updates(lines: &[String]) -> BTreeMap<i64, (String, i64)> {
+    let mut by_key: BTreeMap<String, Vec<(i64, i64, i64)>> = BTreeMap::new();
+    for l in lines {
+        let v = parse(l);
+        let key = v["key"].as_str().expect("a key").to_owned();
+        let n = v["n"].as_i64().expect("n");
+        by_key
+            .entry(key)
+            .or_default()
+            .push((n, v["total"].as_i64().expect("total"), last(l)));
+    }
+    let mut out = BTreeMap::new();
+    for (key, mut updates) in by_key {
+        updates.sort_unstable();
+        let mut previous = 0;
+        for (_, total, seq) in updates {
+            out.insert(seq, (key.clone(), total - previous));
+            previous = total;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_new_keyed_operator_starts_empty_and_the_old_one_keeps_its_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (savepoint, n) = run_and_stop_with_savepoint(dir.path(), KEYED);
+    let final_text = unlimited(&edit(
+        KEYED,
+        "    sinks:\n",
+        r#"      - id: counts
+        type: aggregate
+        input: by_user
+        emit: updates
+        aggregations:
+          - { fn: count, as: n }
+          - { fn: sum, field: total, as: s }
+    sinks:
+      - { id: counts_out, type: file, input: counts, path: counts_out }
+"#,
+    ));
+    let yaml = write_yaml(dir.path(), &final_text);
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    assert!(ok, "{log}");
+
+    let want = straight_with(&final_text, &["out", "counts_out"], |_| {});
+    // The old reduce kept its state: its output is the straight run's.
+    assert_same_output(
+        &committed(&dir.path().join("out")),
+        &want["out"],
+        "the old reduce",
+    );
+    // The new aggregate started empty at the savepoint: per key, count and sum over the
+    // records after it only.
+    let records = records_from_updates(&want["out"]);
+    assert_eq!(records.len(), COUNT);
+    let mut acc: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for (_, (key, amount)) in records.range(n as i64..) {
+        let a = acc.entry(key.as_str()).or_default();
+        a.0 += 1;
+        a.1 += amount;
+        expected.push(serde_json::json!({"key": key, "n": a.0, "s": a.1}).to_string());
+    }
+    expected.sort();
+    assert_same_output(
+        &committed(&dir.path().join("counts_out")),
+        &expected,
+        "the new aggregate",
+    );
+    // Sanity: a straight run of the new aggregate counts from the first record.
+    assert_eq!(want["counts_out"].len(), COUNT);
+}
+
+/// The keyed pipeline with the accumulator's `total` renamed `sum`, and a `migrate` that
+/// rewrites old accumulators.
+fn migrated() -> String {
+    let text = edit(
+        KEYED,
+        "fn map(r) { #{user: r.user, n: 1, total: r.amount, last: r.seq} }",
+        "fn map(r) { #{user: r.user, n: 1, sum: r.amount, last: r.seq} }",
+    );
+    edit(
+        &text,
+        "          fn reduce(acc, r) { #{n: acc.n + 1, total: acc.total + r.total, last: r.last} }\n",
+        "          fn reduce(acc, r) { #{n: acc.n + 1, sum: acc.sum + r.sum, last: r.last} }\n          fn migrate(old) { #{n: old.n, sum: old.total, last: old.last} }\n",
+    )
+}
+
+#[test]
+fn migrate_rewrites_restored_state_once_when_the_script_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sp1, n) = run_and_stop_with_savepoint(dir.path(), KEYED);
+
+    // The new script: every restored accumulator goes through `migrate`.
+    let yaml = write_yaml(dir.path(), &migrated());
+    let mut run = Run::start(&yaml, &["--from-savepoint", arg(&sp1)]);
+    run.wait_for("the migrated run to process", |s| {
+        let p = pipeline_of(s, "totals");
+        p["checkpoints"].as_u64().unwrap_or(0) >= 1
+            && p["source_records"].as_u64().unwrap_or(0) >= STOP_AFTER
+    });
+    let sp2 = run.stop_with_savepoint("totals");
+    let log = run.finish_ok();
+    assert!(
+        log.contains("Migrated restored state through `fn migrate`."),
+        "the changed script migrates:\n{log}"
+    );
+
+    // The same script again: no second migration (it would turn `sum` into `()` and fail).
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&sp2)]);
+    assert!(ok, "{log}");
+    assert!(
+        !log.contains("Migrated restored state"),
+        "the same script must not migrate again:\n{log}"
+    );
+
+    // Before the first savepoint: the old script's updates; after it: the new script's,
+    // continuing from the migrated totals.
+    let old = filter(&straight(&unlimited(KEYED)), |l| last(l) < n as i64);
+    let new = filter(&straight(&unlimited(&migrated())), |l| last(l) >= n as i64);
+    assert_same_output(
+        &committed(&dir.path().join("out")),
+        &union(&old, &new),
+        "migrated",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Stop one pipeline of two
+// ---------------------------------------------------------------------------------------
+
+/// A second pipeline, without checkpoints.
+const BETA: &str = r#"  - id: beta
+    parallelism: 1
+    restart: { strategy: none }
+    sources:
+      - id: gen
+        type: generator
+        seed: 3
+        count: 24000
+        rate: 4000
+        fields:
+          seq: { kind: sequence }
+          v: { kind: int, min: 0, max: 1000 }
+    operators:
+      - id: double
+        type: map
+        input: gen
+        script: |
+          fn map(r) { r.w = r.v * 2; r }
+    sinks:
+      - { id: out, type: file, input: double, path: out_beta }
+"#;
+
+#[test]
+fn stopping_one_pipeline_with_a_savepoint_leaves_the_other_running() {
+    let text = format!(
+        "{}{BETA}",
+        edit(
+            &edit(KEYED, "id: totals", "id: alpha"),
+            "path: out }",
+            "path: out_alpha }"
+        )
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = write_yaml(dir.path(), &text);
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("alpha", STOP_AFTER);
+    let savepoint = run.stop_with_savepoint("alpha");
+    assert!(
+        savepoint
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("savepoint-alpha-")),
+        "{}",
+        savepoint.display()
+    );
+    let status = run.status().expect("the job still answers");
+    assert_eq!(
+        pipeline_of(&status, "alpha")["state"],
+        "stopped",
+        "{status}"
+    );
+    assert_eq!(pipeline_of(&status, "beta")["state"], "running", "{status}");
+    let beta_before = pipeline_of(&status, "beta")["source_records"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(beta_before < 24_000, "beta is mid-run: {status}");
+    // A pipeline without checkpoints cannot take a savepoint, and says why.
+    let out = run.cli(&["savepoint", "beta"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("takes no checkpoints"), "{stderr}");
+
+    let log = run.finish_ok();
+    assert!(
+        !log.contains("FAILED"),
+        "both pipelines end without error:\n{log}"
+    );
+    let want = straight_with(&unlimited(&text), &["out_alpha", "out_beta"], |_| {});
+    assert_eq!(want["out_beta"].len(), 24_000);
+    assert_same_output(
+        &committed(&dir.path().join("out_beta")),
+        &want["out_beta"],
+        "beta, which ran to its end",
+    );
+    let alpha = committed(&dir.path().join("out_alpha"));
+    let n = assert_clean_prefix(&alpha);
+    assert_same_output(
+        &alpha,
+        &filter(&want["out_alpha"], |l| last(l) < n as i64),
+        "alpha, stopped at its savepoint",
+    );
+
+    // The whole file again with alpha's savepoint (matched to alpha by its metadata):
+    // alpha resumes where it stopped, beta starts over; both outputs are the straight ones.
+    let yaml = write_yaml(dir.path(), &unlimited(&text));
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    assert!(ok, "{log}");
+    assert_same_output(
+        &committed(&dir.path().join("out_alpha")),
+        &want["out_alpha"],
+        "alpha, resumed",
+    );
+    assert_same_output(
+        &committed(&dir.path().join("out_beta")),
+        &want["out_beta"],
+        "beta, run again",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Drain
+// ---------------------------------------------------------------------------------------
+
+const FINAL_AGGREGATE: &str = r#"version: 1
+pipelines:
+  - id: agg
+    parallelism: 2
+    max_parallelism: 128
+    state: { backend: rocksdb }
+    checkpoints: { mode: exactly_once, interval: 500ms, storage: ck }
+    restart: { strategy: none }
+    savepoints: { dir: kept }
+    sources:
+      - id: gen
+        type: generator
+        parallelism: 1
+        seed: 5
+        count: 30000
+        rate: 6000
+        fields:
+          seq: { kind: sequence }
+          user: { kind: key, prefix: u, cardinality: 40 }
+    operators:
+      - { id: by_user, type: key_by, input: gen, field: user }
+      - id: totals
+        type: aggregate
+        input: by_user
+        emit: final
+        aggregations:
+          - { fn: count, as: n }
+          - { fn: sum, field: seq, as: s }
+    sinks:
+      - { id: out, type: file, input: totals, path: out }
+"#;
+
+#[test]
+fn stop_with_drain_flushes_final_results_into_the_committed_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = write_yaml(dir.path(), FINAL_AGGREGATE);
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("agg", STOP_AFTER);
+    assert!(
+        committed(&dir.path().join("out")).is_empty(),
+        "`emit: final` emits nothing before the end"
+    );
+    let out = run.cli(&["stop", "agg", "--savepoint", "--drain"]);
+    let savepoint = run.savepoint_path(&out, "weir stop --savepoint --drain");
+    assert!(
+        savepoint.starts_with(dir.path().join("kept")),
+        "the savepoint goes to `savepoints.dir`: {}",
+        savepoint.display()
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("drained and stopped"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The stop answered once the pipeline ended: the final results are committed.
+    let got = committed(&dir.path().join("out"));
+    let n: i64 = got
+        .iter()
+        .map(|l| parse(l)["n"].as_i64().expect("a count"))
+        .sum();
+    assert!(
+        n >= STOP_AFTER as i64 && n < COUNT as i64,
+        "the drain ends the input where the savepoint was taken: {n} records"
+    );
+    let log = run.finish_ok();
+    assert!(log.contains("draining"), "{log}");
+    // A straight run over exactly the records before the drain gives the same results.
+    let want = straight(&unlimited(&edit(
+        FINAL_AGGREGATE,
+        "count: 30000",
+        &format!("count: {n}"),
+    )));
+    assert_same_output(&got, &want, "drained final results");
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. The API token
+// ---------------------------------------------------------------------------------------
+
+fn assert_unauthorized(out: &Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+    assert!(
+        stderr.contains("unauthorized") && stderr.contains("token"),
+        "{what}: {stderr}"
+    );
+}
+
+#[test]
+fn mutating_calls_need_the_api_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = write_yaml(dir.path(), KEYED);
+    let mut run = Run::start(&yaml, &["--api-token", "secret"]);
+    run.wait_mid_run("totals", STOP_AFTER);
+
+    assert_unauthorized(
+        &run.cli(&["savepoint", "totals"]),
+        "savepoint without token",
+    );
+    assert_unauthorized(
+        &run.cli(&["savepoint", "totals", "--token", "wrong"]),
+        "savepoint with a wrong token",
+    );
+    assert_unauthorized(
+        &run.cli_env(
+            &["stop", "totals", "--savepoint"],
+            &[("WEIR_API_TOKEN", "nope")],
+        ),
+        "stop with a wrong token",
+    );
+    let status = run.cli(&["status"]);
+    assert!(
+        status.status.success(),
+        "status needs no token: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(String::from_utf8_lossy(&status.stdout).contains("totals"));
+    assert_eq!(
+        run.pipeline("totals")["state"],
+        "running",
+        "refused calls change nothing"
+    );
+    assert!(
+        !dir.path().join(".weir").join("savepoints").exists(),
+        "refused calls take no savepoint"
+    );
+
+    let out = run.cli(&["savepoint", "totals", "--token", "secret"]);
+    let savepoint = run.savepoint_path(&out, "savepoint with the token");
+    assert!(savepoint.starts_with(dir.path().join(".weir").join("savepoints")));
+    assert_eq!(run.pipeline("totals")["state"], "running");
+
+    let out = run.cli_env(
+        &["stop", "totals", "--savepoint"],
+        &[("WEIR_API_TOKEN", "secret")],
+    );
+    let stopped_at = run.savepoint_path(&out, "stop with the token from the environment");
+    run.finish_ok();
+    assert_clean_prefix(&committed(&dir.path().join("out")));
+
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&stopped_at)]);
+    assert!(ok, "{log}");
+    assert_same_output(
+        &committed(&dir.path().join("out")),
+        &straight(&unlimited(KEYED)),
+        "after the token-guarded stop",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Moved and damaged savepoints
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let yaml = write_yaml(d, KEYED);
+    // A savepoint mid-run, then the run goes on (committing more output) and is stopped
+    // without one: restoring the savepoint rolls the output back to it.
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    let custom = d.join("custom");
+    let out = run.cli(&["savepoint", "totals", "--dir", arg(&custom)]);
+    let savepoint = run.savepoint_path(&out, "weir savepoint --dir");
+    assert!(savepoint.starts_with(&custom), "{}", savepoint.display());
+    let at = run.pipeline("totals")["checkpoints"].as_u64().unwrap_or(0);
+    run.wait_for("two more checkpoints after the savepoint", |s| {
+        pipeline_of(s, "totals")["checkpoints"]
+            .as_u64()
+            .unwrap_or(0)
+            >= at + 2
+    });
+    let out = run.cli(&["stop", "totals"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.finish_ok();
+    let before = committed(&d.join("out"));
+    assert!(!before.is_empty() && before.len() < COUNT);
+
+    // Move the savepoint elsewhere under another name, and drop the checkpoint storage.
+    let moved = d.join("elsewhere").join("kept");
+    std::fs::create_dir_all(d.join("elsewhere")).expect("mkdir");
+    std::fs::rename(&savepoint, &moved).expect("move the savepoint");
+    std::fs::remove_dir_all(d.join("ck")).expect("remove the checkpoint storage");
+
+    // A copy with one state file damaged (same size, other bytes).
+    let damaged = d.join("damaged");
+    copy_dir(&moved, &damaged);
+    let victim = std::fs::read_dir(&damaged)
+        .expect("list the savepoint")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .flat_map(|chk| std::fs::read_dir(chk).expect("list chk-N"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "keyed")
+                && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        })
+        .expect("a non-empty keyed state file");
+    let mut bytes = std::fs::read(&victim).expect("read the state file");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&victim, &bytes).expect("damage the state file");
+    let name = victim
+        .file_name()
+        .expect("a file name")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&damaged)]);
+    assert!(!ok, "a damaged savepoint must be refused:\n{log}");
+    assert!(log.contains(&name), "the message names `{name}`:\n{log}");
+
+    // A copy with truncated metadata.
+    let truncated = d.join("truncated");
+    copy_dir(&moved, &truncated);
+    let meta = std::fs::read(truncated.join("_metadata")).expect("read _metadata");
+    std::fs::write(truncated.join("_metadata"), &meta[..meta.len() / 2]).expect("truncate");
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&truncated)]);
+    assert!(!ok, "a truncated savepoint must be refused:\n{log}");
+    assert!(
+        log.contains("_metadata"),
+        "the message names `_metadata`:\n{log}"
+    );
+    assert_eq!(
+        committed(&d.join("out")),
+        before,
+        "refusals touch no output"
+    );
+
+    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&moved)]);
+    assert!(ok, "{log}");
+    assert_same_output(
+        &committed(&d.join("out")),
+        &straight(&unlimited(KEYED)),
+        "restored from the moved savepoint",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Failure around a savepoint
+// ---------------------------------------------------------------------------------------
+
+/// A savepoint directory that cannot be written is refused before the pipeline stops: with
+/// the memory backend a stop whose savepoint is lost would lose the state with it.
+#[test]
+fn an_unwritable_savepoint_dir_is_refused_before_anything_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = keyed("memory");
+    let yaml = write_yaml(dir.path(), &text);
+    // Under a regular file: no directory can be created there.
+    std::fs::write(dir.path().join("a-file"), b"x").expect("write a file");
+    let bad = dir.path().join("a-file").join("savepoints");
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    for args in [
+        vec!["stop", "totals", "--savepoint", "--dir", arg(&bad)],
+        vec!["savepoint", "totals", "--dir", arg(&bad)],
+    ] {
+        let out = run.cli(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("a-file"),
+            "{args:?} names the directory: {stderr}"
+        );
+        assert_eq!(
+            run.pipeline("totals")["state"],
+            "running",
+            "{args:?}: the pipeline goes on\n{}",
+            run.log()
+        );
+    }
+    run.finish_ok();
+    assert_same_output(
+        &committed(&dir.path().join("out")),
+        &straight(&unlimited(&text)),
+        "after the refused savepoints",
+    );
+}
+
+/// Starts `weir run --no-api EXTRA FILE` and SIGKILLs it as soon as its log has `needle`.
+fn run_and_kill_at(yaml: &Path, extra: &[&str], needle: &str) -> String {
+    let mut child = weir()
+        .args(["run", "--no-progress", "--no-api"])
+        .args(extra)
+        .arg(yaml)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir run");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut log = String::new();
+    let mut seen = false;
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(needle) {
+            seen = true;
+            let _ = child.kill();
+            break;
+        }
+    }
+    let _ = wait_child(&mut child, DEADLINE, String::new);
+    assert!(seen, "`{needle}` never appeared:\n{log}");
+    log
+}
+
+/// A run restored from an older savepoint rolls the committed output back to it. If that
+/// run dies before it completes a checkpoint of its own, a plain `weir run` must restore
+/// the savepoint again, not the storage's later checkpoints of the history the restore
+/// left behind (whose output was rolled back).
+#[test]
+fn a_restore_that_dies_before_its_first_checkpoint_is_restored_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let yaml = write_yaml(d, KEYED);
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    let out = run.cli(&["savepoint", "totals"]);
+    let savepoint = run.savepoint_path(&out, "weir savepoint");
+    let at = run.pipeline("totals")["checkpoints"].as_u64().unwrap_or(0);
+    run.wait_for("three more checkpoints after the savepoint", |s| {
+        pipeline_of(s, "totals")["checkpoints"]
+            .as_u64()
+            .unwrap_or(0)
+            >= at + 3
+    });
+    let out = run.cli(&["stop", "totals"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.finish_ok();
+
+    run_and_kill_at(
+        &yaml,
+        &["--from-savepoint", arg(&savepoint)],
+        "Pipeline started.",
+    );
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains(&format!("{}", savepoint.display())),
+        "the plain run restores the savepoint again:\n{log}"
+    );
+    assert_same_output(
+        &committed(&d.join("out")),
+        &straight(&unlimited(KEYED)),
+        "a plain run after a restore that died early",
+    );
+}
