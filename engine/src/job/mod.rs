@@ -204,7 +204,7 @@ pub async fn run_async(
 ) -> Result<JobSummary> {
     let started = options.started.unwrap_or_else(Instant::now);
     let job = manager::Job::new(&options, workers, started);
-    let _api = match &options.api {
+    let api = match &options.api {
         Some(config) => {
             let control: Arc<dyn crate::control::JobControl> = Arc::new(Arc::clone(&job));
             match crate::api::serve(control, config.clone()).await {
@@ -271,6 +271,11 @@ pub async fn run_async(
     }
     if let Some(w) = watcher {
         w.abort();
+    }
+    if let Some(server) = api {
+        // Answer the calls still in flight (a `weir stop` of the last pipeline waits for
+        // its end, which is this end) before the runtime goes away.
+        server.shutdown().await;
     }
     Ok(JobSummary {
         pipelines: job.summaries(),
