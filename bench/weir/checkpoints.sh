@@ -64,19 +64,7 @@ if [ "$FLINK" = 1 ] && [ ! -d /tmp/peerbench/flink-classes ]; then
   bash "$SHARED/flink/run.sh" build
 fi
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-# Waits until the 1-minute load is at most LOADMAX (or MAXWAIT passed); prints the load seen.
-wait_load() {
-  local waited=0
-  while python3 -c "import sys; sys.exit(0 if $(load1) > $LOADMAX else 1)" && [ "$waited" -lt "$MAXWAIT" ]; do
-    sleep 5; waited=$((waited + 5))
-  done
-  local l; l=$(load1)
-  if [ "$waited" -gt 0 ]; then
-    echo "  (waited ${waited}s for load <= $LOADMAX; now $l)" >&2
-  fi
-  echo "$l"
-}
+. "$HERE/load.sh"
 
 # Writes DIR/pipeline.yaml from w1_ckpt.yaml: STATE is the `state:` mapping, ENABLED true|false.
 pipeline() {

@@ -74,19 +74,7 @@ case $WEIR in */debug/*) BUILD=debug ;; *) BUILD=release ;; esac
 "$WEIR" savepoint --help > /dev/null 2>&1 || { echo "$WEIR has no \`savepoint\` verb: rebuild it" >&2; exit 2; }
 echo "binary: $WEIR ($BUILD)"
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-# Waits until the 1-minute load is at most LOADMAX (or MAXWAIT passed); prints the load seen.
-wait_load() {
-  local waited=0
-  while python3 -c "import sys; sys.exit(0 if $(load1) > $LOADMAX else 1)" && [ "$waited" -lt "$MAXWAIT" ]; do
-    sleep 5; waited=$((waited + 5))
-  done
-  local l; l=$(load1)
-  if [ "$waited" -gt 0 ]; then
-    echo "  (waited ${waited}s for load <= $LOADMAX; now $l)" >&2
-  fi
-  echo "$l"
-}
+. "$HERE/load.sh"
 
 STATES_memory='{ backend: memory }'
 STATES_fs='{ backend: fs }'

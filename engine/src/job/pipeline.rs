@@ -137,6 +137,16 @@ enum Waiter {
     },
 }
 
+impl Waiter {
+    /// Answers the request with `e`.
+    fn fail(self, e: ControlError) {
+        let _ = match self {
+            Waiter::Checkpoint(reply) => reply.send(Err(e)).map_err(drop),
+            Waiter::Savepoint { reply, .. } => reply.send(Err(e)).map_err(drop),
+        };
+    }
+}
+
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -550,14 +560,7 @@ impl Supervisor {
                 "pipeline `{}` ended before the checkpoint completed",
                 self.plan.id
             ));
-            match w {
-                Waiter::Checkpoint(reply) => {
-                    let _ = reply.send(Err(e));
-                }
-                Waiter::Savepoint { reply, .. } => {
-                    let _ = reply.send(Err(e));
-                }
-            }
+            w.fail(e);
         }
         if let Some(reply) = self.stop_reply.take() {
             let _ = reply.send(Ok(()));
@@ -866,14 +869,7 @@ impl Supervisor {
                             "checkpoint {id} of pipeline `{}` was aborted: {reason}",
                             self.plan.id
                         ));
-                        match w {
-                            Waiter::Checkpoint(reply) => {
-                                let _ = reply.send(Err(e));
-                            }
-                            Waiter::Savepoint { reply, .. } => {
-                                let _ = reply.send(Err(e));
-                            }
-                        }
+                        w.fail(e);
                     }
                     if self.stopping == Some(id) && self.stop_by_request {
                         tracing::warn!(pipeline = %self.plan.id, %reason, "The stop's savepoint failed; the pipeline goes on.");
