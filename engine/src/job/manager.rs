@@ -617,6 +617,8 @@ impl Job {
             }
         };
         self.set_slot(&id, |s| s.reloading = true);
+        // The old version's state is freed after this reload, not during its pause.
+        let _free_later = crate::runtime::dispose::hold();
         let paused_at = Instant::now();
         let mut crash_looping = false;
         let savepoint = if old.spec.checkpoints.enabled {

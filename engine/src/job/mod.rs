@@ -189,6 +189,7 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let summary = control.block_on(run_async(plan, options, workers));
     drop(control);
     drop(rt);
+    crate::runtime::dispose::wait_disposed();
     summary
 }
 

@@ -16,6 +16,7 @@ use rhai::Dynamic;
 
 use crate::record::Key;
 
+pub mod dispose;
 pub mod error;
 pub mod exchange;
 pub mod input;

@@ -30,6 +30,7 @@ use crate::checkpoint::{
 use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
+use crate::runtime::dispose::dispose;
 use crate::state::{CanonicalSnapshot, PendingSnapshot, SnapshotTarget};
 
 /// One node of a chain in one subtask.
@@ -106,6 +107,16 @@ pub struct ChainTask {
 }
 
 impl ChainTask {
+    /// Frees every node's keyed state, through [`dispose`]: during a hot reload, after the
+    /// new version started rather than in the pause.
+    fn free_state(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(state) = node.ctx.state.take() {
+                dispose(state);
+            }
+        }
+    }
+
     /// Opens every operator, upstream first.
     ///
     /// # Errors
@@ -796,6 +807,7 @@ pub async fn run_source(
     if result.is_err() {
         let _ = chain.close();
     }
+    chain.free_state();
     result
 }
 
@@ -922,6 +934,7 @@ pub async fn run_chain(
     if result.is_err() {
         let _ = chain.close();
     }
+    chain.free_state();
     result
 }
 

@@ -1,16 +1,14 @@
 //! The memory backend: one hash map per (state, key group) holding live values. Reads and
-//! updates touch the maps directly (no encoding); a snapshot encodes the requested key groups
-//! with MessagePack.
+//! updates touch the maps directly (no encoding); a snapshot streams the requested key groups
+//! into the canonical format, and a restore decodes straight into the maps.
 
 use std::collections::HashMap;
 
 use rhai::Dynamic;
 use weir_schema::StateKind;
 
-use super::canonical::{
-    SnapshotFile, StateSnapshot, decode_snapshot, encode_snapshot, kind_code, state_kind,
-};
-use super::{SNAPSHOT_VERSION, StateBackend, StateId};
+use super::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
+use super::{StateBackend, StateId};
 use crate::record::{Key, KeyBuildHasher, KeyGroupRange};
 use crate::runtime::error::{Result, RunError};
 
@@ -138,43 +136,74 @@ impl StateBackend for MemoryBackend {
     }
 
     fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>> {
-        let mut states = Vec::with_capacity(self.tables.len());
+        let mut w = SnapshotWriter::new(self.max_parallelism, self.tables.len() as u32);
+        let in_range = |i: usize| range.contains(self.range.start + i as u32);
+        let entries: usize = self
+            .tables
+            .iter()
+            .flat_map(|t| t.groups.iter().enumerate())
+            .filter(|(i, _)| in_range(*i))
+            .map(|(_, g)| g.len())
+            .sum();
+        // A rough guess (key group, short key, small value) that saves most regrowth.
+        w.reserve(entries * 24);
         for t in &self.tables {
-            let mut entries = Vec::new();
+            w.begin_state(&t.name, t.kind)?;
             for (i, g) in t.groups.iter().enumerate() {
-                let kg = self.range.start + i as u32;
-                if !range.contains(kg) {
+                if !in_range(i) {
                     continue;
                 }
-                entries.extend(g.iter().map(|(k, v)| (kg, k.to_dynamic(), v.clone())));
+                let kg = self.range.start + i as u32;
+                for (k, v) in g {
+                    w.entry(kg, k, v)?;
+                }
             }
-            states.push(StateSnapshot {
-                name: t.name.clone(),
-                kind: kind_code(t.kind),
-                entries,
-            });
         }
-        let file = SnapshotFile {
-            version: SNAPSHOT_VERSION,
-            max_parallelism: self.max_parallelism,
-            states,
-        };
-        encode_snapshot(&file)
+        w.finish()
     }
 
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
         for bytes in snapshots {
-            let file = decode_snapshot(bytes, self.max_parallelism)?;
-            for s in file.states {
-                let id = self.register(&s.name, state_kind(&s)?)?;
-                for (kg, key, value) in s.entries {
-                    if !self.range.contains(kg) {
-                        continue;
+            let mut table = None;
+            read_snapshot(bytes, self.max_parallelism, |item| {
+                match item {
+                    SnapshotItem::State {
+                        name,
+                        kind,
+                        entries,
+                    } => {
+                        let t = self.register(name, kind)?.0 as usize;
+                        // Room for an even share of the entries in each of our key groups,
+                        // so that a large restore does not rehash every table repeatedly.
+                        let share = entries as usize / self.max_parallelism.max(1) as usize;
+                        for g in &mut self.tables[t].groups {
+                            g.reserve(share);
+                        }
+                        table = Some(t);
                     }
-                    let key = Key::from_dynamic(&key);
-                    self.put(id, &key, value)?;
+                    SnapshotItem::Entry { kg, key, value } => {
+                        if !self.range.contains(kg) {
+                            return Ok(());
+                        }
+                        // Filed by the key's own group (as `put` would), which a
+                        // well-formed snapshot always agrees with.
+                        let own = key.key_group(self.max_parallelism);
+                        if !self.range.contains(own) {
+                            return Err(RunError::State(format!(
+                                "malformed snapshot: an entry filed under key group {kg} \
+                                 belongs to key group {own}, outside this backend's range {:?}",
+                                self.range
+                            )));
+                        }
+                        let t = table.ok_or_else(|| {
+                            RunError::State("malformed snapshot: entry before state".into())
+                        })?;
+                        let group = &mut self.tables[t].groups[(own - self.range.start) as usize];
+                        group.insert(key, decode_value(value)?);
+                    }
                 }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }

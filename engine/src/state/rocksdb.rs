@@ -60,16 +60,12 @@ use rhai::{Dynamic, ImmutableString};
 use serde::{Deserialize, Serialize};
 use weir_schema::{RocksdbSpec, StateKind};
 
-use super::canonical::{
-    SnapshotFile, StateSnapshot, decode_snapshot, encode_snapshot, kind_code, kind_of, state_kind,
-};
-use super::{
-    CANONICAL_SUFFIX, PendingSnapshot, SNAPSHOT_VERSION, SnapshotTarget, StateBackend, StateId,
-};
+use super::canonical::{SnapshotItem, SnapshotWriter, kind_code, kind_of, read_snapshot};
+use super::{CANONICAL_SUFFIX, PendingSnapshot, SnapshotTarget, StateBackend, StateId};
 use crate::checkpoint::metadata::{KeyGroups, is_shared_path};
 use crate::checkpoint::storage::{read_verified, read_verified_to_file, write_file};
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, FileRef};
-use crate::record::{Key, KeyBuildHasher, KeyGroupRange, KeyValue, decode, encode};
+use crate::record::{Key, KeyBuildHasher, KeyGroupRange, KeyValue, encode};
 use crate::runtime::error::{Result, RunError};
 
 /// File-name suffix of the manifest of a native rocksdb checkpoint.
@@ -221,7 +217,7 @@ fn encode_value(value: &Dynamic) -> Result<Vec<u8>> {
 }
 
 fn decode_value(bytes: &[u8]) -> Result<Dynamic> {
-    decode(bytes).map_err(|e| RunError::State(format!("cannot decode state value: {e}")))
+    super::canonical::decode_value(bytes)
 }
 
 fn db_err(what: &'static str, path: &Path) -> impl FnOnce(::rocksdb::Error) -> RunError {
@@ -989,69 +985,62 @@ impl StateBackend for RocksdbBackend {
         Ok(out)
     }
 
+    /// Streams the stored entries into the canonical format: one seek per state and key
+    /// group, the values copied as they are stored (they are already canonical MessagePack).
     fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>> {
         self.flush_cache()?;
-        let mut states: Vec<StateSnapshot> = self
-            .states
-            .iter()
-            .map(|s| StateSnapshot {
-                name: s.name.clone(),
-                kind: kind_code(s.kind),
-                entries: Vec::new(),
-            })
-            .collect();
-        let index: HashMap<u16, usize> = self
-            .states
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.db_id, i))
-            .collect();
-        let layout = self.layout;
+        let range = intersect(range, self.range);
+        let mut w = SnapshotWriter::new(self.max_parallelism, self.states.len() as u32);
         let path = &self.db_path;
         let malformed = || RunError::State(format!("malformed key in `{}`", path.display()));
-        Self::scan(
-            &self.db,
-            path,
-            layout,
-            intersect(range, self.range),
-            |kg, raw, value| {
-                let (_, state, key) = layout.split(raw).ok_or_else(malformed)?;
-                let i = *index.get(&state).ok_or_else(|| {
-                    RunError::State(format!("entry of unregistered state id {state}"))
-                })?;
-                let key = parse_key(key).ok_or_else(malformed)?;
-                states[i]
-                    .entries
-                    .push((kg, key.to_dynamic(), decode_value(value)?));
-                Ok(())
-            },
-        )?;
-        encode_snapshot(&SnapshotFile {
-            version: SNAPSHOT_VERSION,
-            max_parallelism: self.max_parallelism,
-            states,
-        })
+        let mut it = self.db.raw_iterator();
+        for s in &self.states {
+            w.begin_state(&s.name, s.kind)?;
+            for kg in range.start..range.end {
+                let prefix = self.layout.prefix(kg, s.db_id);
+                it.seek(&prefix);
+                while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                    let Some(raw) = k.strip_prefix(prefix.as_slice()) else {
+                        break;
+                    };
+                    let key = parse_key(raw).ok_or_else(malformed)?;
+                    w.entry_encoded(kg, key.value(), v)?;
+                    it.next();
+                }
+                it.status().map_err(db_err("cannot read", path))?;
+            }
+        }
+        w.finish()
     }
 
+    /// Writes the entries of this backend's key groups into the database, each value as the
+    /// snapshot holds it (canonical MessagePack is the stored encoding).
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
         self.reset_cache()?;
         for bytes in snapshots {
-            let file = decode_snapshot(bytes, self.max_parallelism)?;
-            for s in file.states {
-                let id = self.register(&s.name, state_kind(&s)?)?;
-                let mut batch = WriteBatch::default();
-                for (kg, key, value) in s.entries {
-                    if !self.range.contains(kg) {
-                        continue;
+            let mut state = None;
+            let mut batch = WriteBatch::default();
+            read_snapshot(bytes, self.max_parallelism, |item| {
+                match item {
+                    SnapshotItem::State { name, kind, .. } => {
+                        state = Some(self.register(name, kind)?);
                     }
-                    let key = Key::from_dynamic(&key);
-                    batch.put(self.db_key(id, &key)?, encode_value(&value)?);
-                    if batch.len() >= BATCH_ENTRIES {
-                        self.write(std::mem::take(&mut batch))?;
+                    SnapshotItem::Entry { kg, key, value } => {
+                        if !self.range.contains(kg) {
+                            return Ok(());
+                        }
+                        let id = state.ok_or_else(|| {
+                            RunError::State("malformed snapshot: entry before state".into())
+                        })?;
+                        batch.put(self.db_key(id, &key)?, value);
+                        if batch.len() >= BATCH_ENTRIES {
+                            self.write(std::mem::take(&mut batch))?;
+                        }
                     }
                 }
-                self.write(batch)?;
-            }
+                Ok(())
+            })?;
+            self.write(batch)?;
         }
         Ok(())
     }
