@@ -198,6 +198,14 @@ fn op_plan(plan: &PipelineReloadPlan, id: &str) -> (String, bool, Option<(u32, u
 
 /// Replaces the file the way most editors save: a temporary file in the same directory,
 /// renamed over it.
+/// The number of subtasks whose keyed state a reload handed over in memory, if it says so.
+fn handed_over(outcome: &ReloadOutcome) -> Option<u64> {
+    outcome.messages.iter().find_map(|m| {
+        let rest = m.split("the keyed state of ").nth(1)?;
+        rest.split(' ').next()?.parse().ok()
+    })
+}
+
 fn write_by_rename(path: &Path, text: &str) {
     let tmp = path.with_file_name(".p.yaml.swp");
     std::fs::write(&tmp, text).expect("write the temporary file");
@@ -513,6 +521,9 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     assert_eq!(op_plan(plan, "total"), ("migrated".into(), true, None));
     assert_eq!(op_plan(plan, "events").0, "kept");
     assert_eq!(op_plan(plan, "out").0, "kept");
+    // Same backend and key groups: the reduce's state moved over in memory (and was
+    // migrated there); the totals check at the end shows it continued.
+    assert_eq!(handed_over(&outcome), Some(1), "{outcome:#?}");
 
     // 2. Parallelism 1 → 2 of the reduce, written in place: key groups redistributed.
     let v2 = Version {
@@ -524,6 +535,11 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     assert_eq!(
         op_plan(plan_of(&outcome, "totals"), "total"),
         ("kept".into(), false, Some((1, 2)))
+    );
+    assert_eq!(
+        handed_over(&outcome),
+        None,
+        "rescaled: read from the savepoint"
     );
 
     // 3. A pass-through map between the reduce and the sink, its script in a file of a
@@ -546,6 +562,7 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     let plan = plan_of(&outcome, "totals");
     assert_eq!(op_plan(plan, "pass"), ("stateless".into(), true, None));
     assert_eq!(op_plan(plan, "total"), ("kept".into(), false, None));
+    assert_eq!(handed_over(&outcome), Some(2), "{outcome:#?}");
 
     // 4. The stateful reduce removed, without allow_non_restored_state: rejected.
     status = run.status();

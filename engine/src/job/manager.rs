@@ -66,6 +66,8 @@ pub(super) struct Job {
     render: Option<RenderFn>,
     allow_non_restored_state: bool,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Keyed state handed from a reloaded pipeline's old version to its new one.
+    handover: Arc<crate::state::handover::Handover>,
 }
 
 fn now_ms() -> u64 {
@@ -136,6 +138,7 @@ impl Job {
             render: options.render.clone(),
             allow_non_restored_state: options.recovery.allow_non_restored_state,
             stop: Arc::clone(&options.stop),
+            handover: Arc::default(),
         })
     }
 
@@ -201,6 +204,7 @@ impl Job {
             requests: requests_rx,
             status,
             start,
+            handover: Some(Arc::clone(&self.handover)),
         };
         let (ended_tx, ended_rx) = oneshot::channel();
         let job = Arc::clone(self);
@@ -617,8 +621,22 @@ impl Job {
             }
         };
         self.set_slot(&id, |s| s.reloading = true);
-        // The old version's state is freed after this reload, not during its pause.
+        // The old version's state is handed over to the new one where it fits, and what is
+        // left is freed after this reload, not during its pause.
         let _free_later = crate::runtime::dispose::hold();
+        self.handover.expect(&id);
+        let result = self.replace_inner(new, &old, messages).await;
+        self.handover.clear(&id);
+        result
+    }
+
+    async fn replace_inner(
+        self: &Arc<Self>,
+        new: &PipelinePlan,
+        old: &Arc<PipelinePlan>,
+        messages: &mut Vec<String>,
+    ) -> Result<u64, &'static str> {
+        let id = new.id.clone();
         let paused_at = Instant::now();
         let mut crash_looping = false;
         let savepoint = if old.spec.checkpoints.enabled {
@@ -683,7 +701,13 @@ impl Job {
             Ok(()) => {
                 let started_at = started_rx.await.unwrap_or_else(|_| Instant::now());
                 let pause = started_at.saturating_duration_since(paused_at).as_millis() as u64;
-                tracing::info!(pipeline = %id, pause_ms = pause, savepoint = ?savepoint.as_ref().map(|s| s.path.display().to_string()), "Reload applied.");
+                let handed = self.handover.taken(&id);
+                tracing::info!(pipeline = %id, pause_ms = pause, handed_over = handed, savepoint = ?savepoint.as_ref().map(|s| s.path.display().to_string()), "Reload applied.");
+                if handed > 0 {
+                    messages.push(format!(
+                        "pipeline `{id}`: the keyed state of {handed} subtask(s) was handed over in memory instead of being read back from the savepoint"
+                    ));
+                }
                 self.set_slot(&id, |s| s.reloading = false);
                 Ok(pause)
             }
@@ -696,7 +720,7 @@ impl Job {
                 let _ = ended.await;
                 let (probation_tx, probation_rx) = oneshot::channel();
                 let _restarted = self.launch(
-                    (*old).clone(),
+                    (**old).clone(),
                     RecoveryOptions {
                         allow_non_restored_state: true,
                         ..recovery

@@ -42,10 +42,11 @@ use crate::runtime::error::{Result, RunError};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{
-    ChainNode, ChainTask, Checkpointing, Control, Fault, TaskCommand, TaskEnv, TaskEvent,
-    TaskRestore, run_chain, run_source,
+    ChainNode, ChainTask, Checkpointing, Control, Fault, HandoverSlot, TaskCommand, TaskEnv,
+    TaskEvent, TaskRestore, run_chain, run_source,
 };
 use crate::runtime::{BarrierKind, Message, NodeReport};
+use crate::state::handover::{Handover, HandoverKey};
 use crate::state::{MemoryBackend, StateBackend};
 
 /// Where a run starts from.
@@ -127,6 +128,8 @@ pub(crate) struct SupervisorLinks {
     pub requests: UnboundedReceiver<Request>,
     pub status: SharedStatus,
     pub start: StartWatch,
+    /// The job's hand-over of keyed state between versions (hot reload).
+    pub handover: Option<Arc<Handover>>,
 }
 
 enum Waiter {
@@ -236,6 +239,7 @@ pub(super) async fn supervise(
         requests,
         status,
         start,
+        handover,
     } = links;
     let mut sup = match Supervisor::new(plan, reports, control, &recovery, workers) {
         Ok(mut s) => {
@@ -243,6 +247,7 @@ pub(super) async fn supervise(
             s.requests = Some(requests);
             s.status = status;
             s.start = start;
+            s.handover = handover;
             s
         }
         Err(e) => {
@@ -299,6 +304,10 @@ struct Supervisor {
     stats: Vec<CheckpointStats>,
     /// Faults to inject, by operator id.
     faults: HashMap<String, Arc<Fault>>,
+    /// The job's hand-over of keyed state between versions, and this pipeline's
+    /// state-backend configuration as it compares.
+    handover: Option<Arc<Handover>>,
+    backend_id: Arc<str>,
     /// The runtime tasks run on (the supervisor itself runs on the control thread).
     workers: tokio::runtime::Handle,
     /// The final checkpoint of a requested stop, once triggered.
@@ -420,6 +429,8 @@ impl Supervisor {
             triggered: BTreeMap::new(),
             stats: Vec::new(),
             faults: HashMap::new(),
+            handover: None,
+            backend_id: format!("{:?}", plan.spec.state).into(),
             workers,
             stopping: None,
             stop_deadline: None,
@@ -1426,6 +1437,7 @@ impl Supervisor {
             .is_some_and(|r| r.metadata.finished_tasks.contains(&task));
         let restored_from = restore.as_ref().map(|r| r.metadata.checkpoint);
         let mut nodes = Vec::with_capacity(chain.nodes.len());
+        let mut received = Vec::with_capacity(chain.nodes.len());
         for (pos, &nid) in chain.nodes.iter().enumerate() {
             let node = &plan.nodes[nid.0];
             let (operator, keyed, counts_output): (Box<dyn Operator>, bool, bool) =
@@ -1440,8 +1452,28 @@ impl Supervisor {
             };
             let key_groups = KeyGroupRange::for_subtask(plan.max_parallelism, p, s);
             let state = if keyed && !restored_finished {
-                Some(self.open_state(&node.id, s, key_groups)?)
+                // A reload's new version takes the old version's state as it was at the
+                // savepoint when it fits, instead of decoding the savepoint's files.
+                let handed = restore
+                    .as_ref()
+                    .filter(|r| r.savepoint)
+                    .zip(self.handover.as_ref())
+                    .and_then(|(r, h)| {
+                        let key = HandoverKey {
+                            pipeline: Arc::clone(&pipeline),
+                            operator: node.id.as_str().into(),
+                            subtask: s,
+                            checkpoint: r.metadata.checkpoint,
+                        };
+                        h.take(&key, key_groups, &self.backend_id)
+                    });
+                received.push(handed.is_some());
+                Some(match handed {
+                    Some(state) => state,
+                    None => self.open_state(&node.id, s, key_groups)?,
+                })
             } else {
+                received.push(false);
                 None
             };
             let ctx = OperatorContext {
@@ -1478,7 +1510,7 @@ impl Supervisor {
             store: Arc::clone(&ck.store),
             mode: ck.mode,
         });
-        let env = TaskEnv::new(
+        let mut env = TaskEnv::new(
             task,
             Arc::clone(&pipeline),
             head.id.as_str().into(),
@@ -1488,6 +1520,13 @@ impl Supervisor {
             restore,
             Arc::clone(&self.control),
         );
+        if received.iter().any(|&r| r) {
+            tracing::debug!(pipeline = %plan.id, %task, "Keyed state handed over from the previous version.");
+        }
+        env.handover = self
+            .handover
+            .as_ref()
+            .map(|h| HandoverSlot::new(Arc::clone(h), Arc::clone(&self.backend_id), received));
         let handle = if restored_finished {
             // Finished before the checkpoint: everything it produced is in downstream state,
             // and its upstream is finished too. It only ends its outputs.

@@ -31,6 +31,7 @@ use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
 use crate::runtime::dispose::dispose;
+use crate::state::handover::{Handover, HandoverKey};
 use crate::state::{CanonicalSnapshot, PendingSnapshot, SnapshotTarget};
 
 /// One node of a chain in one subtask.
@@ -107,12 +108,32 @@ pub struct ChainTask {
 }
 
 impl ChainTask {
-    /// Frees every node's keyed state, through [`dispose`]: during a hot reload, after the
-    /// new version started rather than in the pause.
-    fn free_state(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(state) = node.ctx.state.take() {
-                dispose(state);
+    /// Lets go of every node's keyed state: parked for the next version when the task
+    /// stopped right after a stop-with-savepoint snapshot and nothing changed since (see
+    /// [`crate::state::handover`]), otherwise freed through [`dispose`] (during a hot reload,
+    /// after the new version started rather than in the pause).
+    fn free_state(&mut self, env: &TaskEnv) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let Some(state) = node.ctx.state.take() else {
+                continue;
+            };
+            let frozen = env.handover.as_ref().and_then(|h| {
+                let (checkpoint, generations) = h.frozen.as_ref()?;
+                let then = (*generations.get(i)?)?;
+                (state.generation() == Some(then)).then_some((h, *checkpoint))
+            });
+            match frozen {
+                Some((h, checkpoint)) => h.registry.put(
+                    HandoverKey {
+                        pipeline: Arc::clone(&env.pipeline),
+                        operator: Arc::clone(&node.ctx.operator),
+                        subtask: node.ctx.subtask,
+                        checkpoint,
+                    },
+                    Arc::clone(&h.backend),
+                    state,
+                ),
+                None => dispose(state),
             }
         }
     }
@@ -303,7 +324,14 @@ impl ChainTask {
     ///
     /// # Errors
     /// Missing, corrupt or undecodable files.
-    pub fn restore(&mut self, from: &TaskRestore, skip_first: bool) -> Result<()> {
+    /// `received[i]`: node `i`'s keyed state was handed over from the version that took
+    /// this savepoint ([`crate::state::handover`]) and is not read from its files.
+    pub fn restore(
+        &mut self,
+        from: &TaskRestore,
+        skip_first: bool,
+        received: &[bool],
+    ) -> Result<()> {
         let store = &*from.store;
         for (i, n) in self.nodes.iter_mut().enumerate() {
             let op = Arc::clone(&n.ctx.operator);
@@ -317,7 +345,8 @@ impl ChainTask {
                     }
                 }
             }
-            if let Some(state) = n.ctx.state.as_mut() {
+            let handed_over = received.get(i).copied().unwrap_or(false);
+            if let Some(state) = n.ctx.state.as_mut().filter(|_| !handed_over) {
                 let range = n.ctx.key_groups;
                 let files: Vec<FileRef> = from
                     .metadata
@@ -600,6 +629,33 @@ pub struct TaskEnv {
     aligning_since: Option<std::time::Instant>,
     /// How long the last completed alignment took.
     alignment: std::time::Duration,
+    /// The job's hand-over of keyed state between versions, when it has one.
+    pub handover: Option<HandoverSlot>,
+}
+
+/// A task's link to its job's [`Handover`].
+pub struct HandoverSlot {
+    /// The job's parked states.
+    pub registry: Arc<Handover>,
+    /// The pipeline's state-backend configuration, as [`Handover::take`] compares it.
+    pub backend: Arc<str>,
+    /// By node: its keyed state was handed over (its restore skips the savepoint's files).
+    pub received: Vec<bool>,
+    /// The last stop-with-savepoint snapshot: its checkpoint, and each node's backend
+    /// generation then.
+    frozen: Option<(CheckpointId, Vec<Option<u64>>)>,
+}
+
+impl HandoverSlot {
+    /// A slot for a task whose nodes' keyed state was handed over as `received` says.
+    pub fn new(registry: Arc<Handover>, backend: Arc<str>, received: Vec<bool>) -> Self {
+        Self {
+            registry,
+            backend,
+            received,
+            frozen: None,
+        }
+    }
 }
 
 impl TaskEnv {
@@ -627,7 +683,16 @@ impl TaskEnv {
             writes: Vec::new(),
             aligning_since: None,
             alignment: std::time::Duration::ZERO,
+            handover: None,
         }
+    }
+
+    /// By node: whether its keyed state was handed over rather than restored from files.
+    fn received(&self) -> Vec<bool> {
+        self.handover
+            .as_ref()
+            .map(|h| h.received.clone())
+            .unwrap_or_default()
     }
 
     /// Tells the supervisor the task is open and restored.
@@ -699,6 +764,16 @@ async fn checkpoint_task(
         }
         Ok::<_, RunError>(snaps)
     })();
+    if let (Ok(_), Some(h)) = (&taken, env.handover.as_mut())
+        && barrier.kind == BarrierKind::SavepointThenStop
+    {
+        let generations = chain
+            .nodes
+            .iter()
+            .map(|n| n.ctx.state.as_ref().and_then(|s| s.generation()))
+            .collect();
+        h.frozen = Some((barrier.checkpoint, generations));
+    }
     chain.forward_barrier(barrier).await?;
     match taken {
         Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
@@ -736,7 +811,7 @@ pub async fn run_source(
                     }
                 }
             }
-            chain.restore(&from, true)?;
+            chain.restore(&from, true, &env.received())?;
         }
         env.started();
         // After a stop-with-savepoint barrier the source is paused: it produces nothing
@@ -807,7 +882,7 @@ pub async fn run_source(
     if result.is_err() {
         let _ = chain.close();
     }
-    chain.free_state();
+    chain.free_state(&env);
     result
 }
 
@@ -862,7 +937,7 @@ pub async fn run_chain(
     let result = async {
         chain.open()?;
         if let Some(from) = env.restore.clone() {
-            chain.restore(&from, false)?;
+            chain.restore(&from, false, &env.received())?;
         }
         env.started();
         let n = inputs.get().len();
@@ -934,7 +1009,7 @@ pub async fn run_chain(
     if result.is_err() {
         let _ = chain.close();
     }
-    chain.free_state();
+    chain.free_state(&env);
     result
 }
 

@@ -26,6 +26,8 @@ pub struct MemoryBackend {
     max_parallelism: u32,
     range: KeyGroupRange,
     tables: Vec<Table>,
+    /// Bumped by every write and restore (see [`StateBackend::generation`]).
+    generation: u64,
 }
 
 impl MemoryBackend {
@@ -35,6 +37,7 @@ impl MemoryBackend {
             max_parallelism,
             range,
             tables: Vec::new(),
+            generation: 0,
         }
     }
 
@@ -103,6 +106,7 @@ impl StateBackend for MemoryBackend {
         key: &Key,
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()> {
+        self.generation += 1;
         let group = self.group_mut(state, key)?;
         if let Some(v) = group.get_mut(key) {
             let mut slot = Some(std::mem::take(v));
@@ -162,7 +166,12 @@ impl StateBackend for MemoryBackend {
         w.finish()
     }
 
+    fn generation(&self) -> Option<u64> {
+        Some(self.generation)
+    }
+
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
+        self.generation += 1;
         for bytes in snapshots {
             let mut table = None;
             read_snapshot(bytes, self.max_parallelism, |item| {

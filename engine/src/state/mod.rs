@@ -16,6 +16,7 @@ use crate::runtime::error::{Result, RunError};
 
 pub mod canonical;
 pub mod conformance;
+pub mod handover;
 pub mod memory;
 pub mod rocksdb;
 
@@ -163,6 +164,19 @@ pub trait StateBackend: Send {
             self.snapshot(self.key_groups())?,
         )))
     }
+
+    /// A number that changes whenever the stored state may have changed (any write or
+    /// restore), so that a caller can tell that nothing changed between two points; `None`
+    /// when the backend does not track it (then [`handover`] never moves it).
+    fn generation(&self) -> Option<u64> {
+        None
+    }
+
+    /// The backend was handed to a new version of its pipeline ([`handover`]), whose
+    /// checkpoints do not know the old version's: forget which stored files earlier
+    /// checkpoints hold (an incremental backend uploads everything on its next checkpoint,
+    /// as after a restore).
+    fn detach_checkpoints(&mut self) {}
 
     /// Checkpoint `checkpoint` completed everywhere: incremental backends may now reuse the
     /// shared files it references.

@@ -453,6 +453,8 @@ pub struct RocksdbBackend {
     /// Write-back cache of decoded values; a `RefCell` because reads (`&self`) fill it and
     /// whole-database reads write it back.
     cache: RefCell<ValueCache>,
+    /// Bumped by every write and restore (see [`StateBackend::generation`]).
+    generation: u64,
     root: DirGuard,
 }
 
@@ -529,6 +531,7 @@ impl RocksdbBackend {
             uploads: Arc::default(),
             next_dir: 1,
             cache: RefCell::new(ValueCache::new(DEFAULT_CACHE_ENTRIES)),
+            generation: 0,
             root,
         })
     }
@@ -935,6 +938,7 @@ impl StateBackend for RocksdbBackend {
         key: &Key,
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()> {
+        self.generation += 1;
         let cache = self.cache.get_mut();
         if let Some(slot) = cache
             .maps
@@ -1015,7 +1019,16 @@ impl StateBackend for RocksdbBackend {
 
     /// Writes the entries of this backend's key groups into the database, each value as the
     /// snapshot holds it (canonical MessagePack is the stored encoding).
+    fn generation(&self) -> Option<u64> {
+        Some(self.generation)
+    }
+
+    fn detach_checkpoints(&mut self) {
+        *lock(&self.uploads) = Uploads::default();
+    }
+
     fn restore(&mut self, snapshots: &[&[u8]]) -> Result<()> {
+        self.generation += 1;
         self.reset_cache()?;
         for bytes in snapshots {
             let mut state = None;
@@ -1086,6 +1099,7 @@ impl StateBackend for RocksdbBackend {
     /// Restores native checkpoints (`.rocksdb` manifests) and canonical `.keyed` files; see
     /// the module docs for the cases.
     fn restore_files(&mut self, store: &dyn CheckpointStore, files: &[FileRef]) -> Result<()> {
+        self.generation += 1;
         self.reset_cache()?;
         let mut manifests = Vec::new();
         let mut canonical = Vec::new();
