@@ -678,6 +678,18 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
 
     assert!(run.wait_exit(Duration::from_secs(120)), "{}", run.log());
     let log = run.log();
+    // Seven reloads took a savepoint (six applied, one rolled back); the last three stay.
+    let kept: Vec<String> = std::fs::read_dir(tmp.path().join(".weir/savepoints"))
+        .expect("the savepoint directory")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("savepoint-totals-"))
+        .collect();
+    assert_eq!(kept.len(), 3, "{kept:?}\n{log}");
+    assert_eq!(
+        log.matches("Removed the savepoint of an older reload.")
+            .count(),
+        4
+    );
     for needle in [
         "Pipeline file changed; reloading.",
         "Reload applied.",

@@ -12,7 +12,7 @@ use weir_engine::checkpoint::metadata::{FileRef, is_shared_path};
 use weir_engine::checkpoint::retention::CheckpointFiles;
 use weir_engine::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, LocalStore};
 use weir_engine::checkpoint::{Result as StoreResult, plan_retention};
-use weir_engine::record::{Key, KeyGroupRange, encode};
+use weir_engine::record::{Key, KeyGroupRange};
 use weir_engine::state::{
     MemoryBackend, RocksdbBackend, SnapshotTarget, StateBackend, StateId, canonical, conformance,
 };
@@ -144,15 +144,27 @@ fn fill(b: &mut dyn StateBackend, m: u32, n: i64) {
     }
 }
 
-/// A canonical snapshot's states by name, each encoded on its own (entries in the order
-/// written).
+/// A canonical snapshot's states by name, each as the bytes of its kind and entries (in the
+/// order written: key group, key, encoded value).
 fn by_state(snapshot: &[u8], m: u32) -> BTreeMap<String, Vec<u8>> {
-    canonical::decode_snapshot(snapshot, m)
-        .unwrap()
-        .states
-        .iter()
-        .map(|s| (s.name.clone(), encode(s).unwrap()))
-        .collect()
+    let mut out: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut current = String::new();
+    canonical::read_snapshot(snapshot, m, |item| {
+        match item {
+            canonical::SnapshotItem::State { name, kind, .. } => {
+                current = name.to_owned();
+                out.insert(current.clone(), format!("{kind:?};").into_bytes());
+            }
+            canonical::SnapshotItem::Entry { kg, key, value } => {
+                let bytes = out.get_mut(&current).unwrap();
+                bytes.extend_from_slice(format!("{kg}|{:?}|", key.value()).as_bytes());
+                bytes.extend_from_slice(value);
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    out
 }
 
 #[test]

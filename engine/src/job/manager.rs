@@ -9,7 +9,7 @@
 //! Slots are guarded by one std mutex, never held across an await. Supervisors run on the
 //! control runtime; the job only talks to them through their request channels.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -68,6 +68,9 @@ pub(super) struct Job {
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// Keyed state handed from a reloaded pipeline's old version to its new one.
     handover: Arc<crate::state::handover::Handover>,
+    /// Savepoints this job took for reloads, oldest first, per pipeline (see
+    /// [`RELOAD_SAVEPOINTS_KEPT`]).
+    reload_savepoints: Mutex<HashMap<String, VecDeque<PathBuf>>>,
 }
 
 fn now_ms() -> u64 {
@@ -114,6 +117,10 @@ fn node_summaries(reports: &[NodeReport]) -> Vec<NodeSummary> {
         .collect()
 }
 
+/// Savepoints of a pipeline's reloads kept on disk (the newest; older ones this job took
+/// for reloads are deleted).
+pub const RELOAD_SAVEPOINTS_KEPT: usize = 3;
+
 impl Job {
     pub(super) fn new(
         options: &JobOptions,
@@ -139,6 +146,7 @@ impl Job {
             allow_non_restored_state: options.recovery.allow_non_restored_state,
             stop: Arc::clone(&options.stop),
             handover: Arc::default(),
+            reload_savepoints: Mutex::default(),
         })
     }
 
@@ -627,7 +635,37 @@ impl Job {
         self.handover.expect(&id);
         let result = self.replace_inner(new, &old, messages).await;
         self.handover.clear(&id);
+        self.prune_reload_savepoints(&id);
         result
+    }
+
+    /// Deletes the savepoints of this pipeline's older reloads beyond the last
+    /// [`RELOAD_SAVEPOINTS_KEPT`]. Only savepoints this job took for reloads: those taken
+    /// with `weir savepoint` or `weir stop --savepoint`, or when a pipeline is removed from
+    /// the file, are the user's and stay.
+    fn prune_reload_savepoints(&self, pipeline: &str) {
+        let old: Vec<PathBuf> = {
+            let mut all = self
+                .reload_savepoints
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(list) = all.get_mut(pipeline) else {
+                return;
+            };
+            let excess = list.len().saturating_sub(RELOAD_SAVEPOINTS_KEPT);
+            list.drain(..excess).collect()
+        };
+        for path in old {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::info!(pipeline, path = %path.display(), kept = RELOAD_SAVEPOINTS_KEPT, "Removed the savepoint of an older reload.");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(pipeline, path = %path.display(), error = %e, "Cannot remove the savepoint of an older reload; delete it by hand.");
+                }
+            }
+        }
     }
 
     async fn replace_inner(
@@ -648,7 +686,15 @@ impl Job {
                 })
                 .await
             {
-                Ok(sp) => Some(sp),
+                Ok(sp) => {
+                    self.reload_savepoints
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(id.clone())
+                        .or_default()
+                        .push_back(sp.path.clone());
+                    Some(sp)
+                }
                 Err(e) if self.live_state(&id) == Some("restarting") => {
                     // A crash-looping pipeline cannot take a savepoint, and editing its file
                     // is how it gets fixed: stop it, and start the new version from its latest

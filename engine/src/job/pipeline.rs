@@ -744,6 +744,9 @@ impl Supervisor {
                         let command = if self.draining {
                             tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Savepoint complete; draining (sources end, results are flushed).");
                             TaskCommand::Drain
+                        } else if matches!(self.waiters.get(&id), Some(Waiter::Savepoint { .. })) {
+                            tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Savepoint complete; stopping.");
+                            TaskCommand::Stop
                         } else {
                             tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");
                             TaskCommand::Stop
@@ -1869,7 +1872,7 @@ fn choose_restore(
             tracing::warn!(pipeline = %plan.id, savepoint = %path.display(), from = %meta.pipeline, "Restoring a savepoint taken by another pipeline; state maps by operator id.");
             meta.pipeline = plan.id.clone();
         }
-        check_compatible(plan, &meta)?;
+        check_compatible(plan, &meta, true)?;
         check_savepoint_mapping(plan, &meta, path, recovery.allow_non_restored_state)?;
         meta.finished_tasks = finished_in(plan, &meta);
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
@@ -1900,7 +1903,7 @@ fn choose_restore(
         let (meta, at) = read_checkpoint_at(plan, path)?;
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from the checkpoint given on the command line.");
-        check_compatible(plan, &meta)?;
+        check_compatible(plan, &meta, false)?;
         if ck.durable {
             write_restored_marker(
                 plan,
@@ -1985,7 +1988,7 @@ fn choose_restore(
         return Ok((None, last));
     };
     let mut meta = meta;
-    check_compatible(plan, &meta)?;
+    check_compatible(plan, &meta, recovery.latest_into_new_version)?;
     if recovery.latest_into_new_version {
         check_savepoint_mapping(
             plan,
@@ -2016,7 +2019,14 @@ fn choose_restore(
     ))
 }
 
-fn check_compatible(plan: &PipelinePlan, meta: &CheckpointMetadata) -> Result<()> {
+/// Refuses a checkpoint of another pipeline or `max_parallelism`; warns when the pipeline
+/// changed since, unless a change is what the restore is for (a savepoint, or a reload of a
+/// crash-looping pipeline: `new_version`).
+fn check_compatible(
+    plan: &PipelinePlan,
+    meta: &CheckpointMetadata,
+    new_version: bool,
+) -> Result<()> {
     if meta.pipeline != plan.id {
         return Err(build_error(
             plan,
@@ -2035,7 +2045,7 @@ fn check_compatible(plan: &PipelinePlan, meta: &CheckpointMetadata) -> Result<()
             ),
         ));
     }
-    if meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec) {
+    if !new_version && meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec) {
         tracing::warn!(pipeline = %plan.id, checkpoint = meta.checkpoint, "The pipeline changed since this checkpoint; state is restored by operator id.");
     }
     Ok(())

@@ -89,6 +89,8 @@ pub fn wait_disposed() {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -555,6 +555,8 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use rhai::Map;
     use serde::Serialize;
@@ -600,8 +602,10 @@ mod tests {
         ]
     }
 
-    fn read_all(bytes: &[u8], groups: u32) -> Result<Vec<(String, Vec<(u32, Key, Dynamic)>)>> {
-        let mut out: Vec<(String, Vec<(u32, Key, Dynamic)>)> = Vec::new();
+    type States = Vec<(String, Vec<(u32, Key, Dynamic)>)>;
+
+    fn read_all(bytes: &[u8], groups: u32) -> Result<States> {
+        let mut out: States = Vec::new();
         read_snapshot(bytes, groups, |item| {
             match item {
                 SnapshotItem::State { name, .. } => out.push((name.to_owned(), Vec::new())),

@@ -153,6 +153,8 @@ impl Handover {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use rhai::Dynamic;
     use weir_schema::StateKind;
 
