@@ -134,17 +134,18 @@ fn print_summary(s: &JobSummary) {
                 format!("{:.1}ms", d.as_secs_f64() * 1e3)
             })
         };
+        // From the start of `weir run`: a source's first record, the first record through
+        // every operator (sinks left out: after an `emit: final` stage they see records
+        // only at the end), and the first record into a sink.
         out.push_str(&format!(
-            "  first record in {}, first output in {}\n",
+            "  first record in {}, every operator processing after {}, first output in {}\n",
             ms(p.first_record),
+            ms(p.all_processing),
             ms(p.first_output)
         ));
         let mut notes = Vec::new();
         if let Some(c) = p.restored_from {
-            notes.push(format!(
-                "resumed from checkpoint {c}, every operator processing after {}",
-                ms(p.all_processing)
-            ));
+            notes.push(format!("resumed from checkpoint {c}"));
         }
         if p.checkpoints > 0 {
             // A checkpoint taken after every task finished holds no state: leave it out.
