@@ -321,6 +321,25 @@ impl Run {
         });
     }
 
+    /// Lets `pipeline` complete `more` checkpoints beyond its count now, then stops it with
+    /// `weir stop` (no savepoint) and waits for a successful end.
+    fn stop_after_checkpoints(&mut self, pipeline: &str, more: u64, what: &str) {
+        let at = self.pipeline(pipeline)["checkpoints"].as_u64().unwrap_or(0);
+        self.wait_for(what, |s| {
+            pipeline_of(s, pipeline)["checkpoints"]
+                .as_u64()
+                .unwrap_or(0)
+                >= at + more
+        });
+        let out = self.cli(&["stop", pipeline]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.finish_ok();
+    }
+
     /// `weir stop PIPELINE --savepoint`: the savepoint's directory.
     fn stop_with_savepoint(&self, pipeline: &str) -> PathBuf {
         let out = self.cli(&["stop", pipeline, "--savepoint"]);
@@ -1337,20 +1356,7 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
     let out = run.cli(&["savepoint", "totals", "--dir", arg(&custom)]);
     let savepoint = run.savepoint_path(&out, "weir savepoint --dir");
     assert!(savepoint.starts_with(&custom), "{}", savepoint.display());
-    let at = run.pipeline("totals")["checkpoints"].as_u64().unwrap_or(0);
-    run.wait_for("two more checkpoints after the savepoint", |s| {
-        pipeline_of(s, "totals")["checkpoints"]
-            .as_u64()
-            .unwrap_or(0)
-            >= at + 2
-    });
-    let out = run.cli(&["stop", "totals"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    run.finish_ok();
+    run.stop_after_checkpoints("totals", 2, "two more checkpoints after the savepoint");
     let before = committed(&d.join("out"));
     assert!(!before.is_empty() && before.len() < COUNT);
 
@@ -1497,20 +1503,7 @@ fn a_restore_that_dies_before_its_first_checkpoint_is_restored_again() {
     run.wait_mid_run("totals", STOP_AFTER);
     let out = run.cli(&["savepoint", "totals"]);
     let savepoint = run.savepoint_path(&out, "weir savepoint");
-    let at = run.pipeline("totals")["checkpoints"].as_u64().unwrap_or(0);
-    run.wait_for("three more checkpoints after the savepoint", |s| {
-        pipeline_of(s, "totals")["checkpoints"]
-            .as_u64()
-            .unwrap_or(0)
-            >= at + 3
-    });
-    let out = run.cli(&["stop", "totals"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    run.finish_ok();
+    run.stop_after_checkpoints("totals", 3, "three more checkpoints after the savepoint");
 
     run_and_kill_at(
         &yaml,

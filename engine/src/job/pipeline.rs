@@ -8,7 +8,7 @@
 //! module only carries them out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -1832,6 +1832,28 @@ fn write_restored_marker(plan: &PipelinePlan, store: &dyn CheckpointStore, marke
     }
 }
 
+/// Records, in durable checkpoint storage, that this run restored `path` (a savepoint when
+/// `savepoint`) over checkpoints up to `after` (see [`RestoredFrom`]).
+fn mark_restored(
+    plan: &PipelinePlan,
+    ck: &CheckpointSetup,
+    path: &Path,
+    savepoint: bool,
+    after: CheckpointId,
+    recovery: &RecoveryOptions,
+) {
+    if !ck.durable {
+        return;
+    }
+    let marker = RestoredFrom {
+        path: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        savepoint,
+        after,
+        allow_non_restored_state: recovery.allow_non_restored_state,
+    };
+    write_restored_marker(plan, &*ck.store, &marker);
+}
+
 fn read_restored_marker(store: &dyn CheckpointStore) -> Option<RestoredFrom> {
     store
         .get(RESTORED_MARKER)
@@ -1877,18 +1899,7 @@ fn choose_restore(
         meta.finished_tasks = finished_in(plan, &meta);
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         let last = last.max(meta.checkpoint);
-        if ck.durable {
-            write_restored_marker(
-                plan,
-                store,
-                &RestoredFrom {
-                    path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
-                    savepoint: true,
-                    after: last,
-                    allow_non_restored_state: recovery.allow_non_restored_state,
-                },
-            );
-        }
+        mark_restored(plan, ck, path, true, last, recovery);
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from a savepoint.");
         return Ok((
             Some(TaskRestore {
@@ -1904,18 +1915,7 @@ fn choose_restore(
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from the checkpoint given on the command line.");
         check_compatible(plan, &meta, false)?;
-        if ck.durable {
-            write_restored_marker(
-                plan,
-                store,
-                &RestoredFrom {
-                    path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
-                    savepoint: false,
-                    after: last,
-                    allow_non_restored_state: recovery.allow_non_restored_state,
-                },
-            );
-        }
+        mark_restored(plan, ck, path, false, last, recovery);
         return Ok((
             Some(TaskRestore {
                 store: Arc::new(at),
@@ -2087,11 +2087,7 @@ mod tests {
     use super::*;
 
     fn plan(yaml: &str) -> PipelinePlan {
-        let loaded = weir_schema::load_str("test.yaml", yaml);
-        let spec = loaded
-            .spec
-            .unwrap_or_else(|| panic!("invalid YAML: {:?}", loaded.diagnostics));
-        crate::plan::compile(&spec.pipelines[0], Path::new("/jobs")).expect("compiles")
+        crate::plan::plan_test_yaml(yaml, Path::new("/jobs"))
     }
 
     const JOB: &str = r#"version: 1

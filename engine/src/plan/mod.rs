@@ -169,6 +169,17 @@ impl PipelinePlan {
     }
 }
 
+/// Loads a YAML text and plans its first pipeline; panics with the diagnostics when the text
+/// does not load or plan (unit tests across the engine).
+#[cfg(test)]
+pub(crate) fn plan_test_yaml(yaml: &str, base_dir: &Path) -> PipelinePlan {
+    let loaded = weir_schema::load_str("test.yaml", yaml);
+    let spec = loaded
+        .spec
+        .unwrap_or_else(|| panic!("invalid YAML: {:?}", loaded.diagnostics));
+    compile(&spec.pipelines[0], base_dir).expect("compiles")
+}
+
 /// Plans every pipeline of a spec (convenience wrapper over [`compile`] for a whole file).
 pub fn compile_file(spec: &FileSpec, base_dir: &Path) -> Result<FilePlan, PlanError> {
     let pipelines = spec

@@ -194,11 +194,7 @@ mod tests {
     use std::path::Path;
 
     fn plan(yaml: &str) -> PipelinePlan {
-        let loaded = weir_schema::load_str("test.yaml", yaml);
-        let spec = loaded
-            .spec
-            .unwrap_or_else(|| panic!("invalid YAML: {:?}", loaded.diagnostics));
-        crate::plan::compile(&spec.pipelines[0], Path::new(".")).expect("compiles")
+        crate::plan::plan_test_yaml(yaml, Path::new("."))
     }
 
     fn chain_of(plan: &PipelinePlan, id: &str) -> u32 {

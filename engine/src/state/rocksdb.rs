@@ -60,7 +60,9 @@ use rhai::{Dynamic, ImmutableString};
 use serde::{Deserialize, Serialize};
 use weir_schema::{RocksdbSpec, StateKind};
 
-use super::canonical::{SnapshotItem, SnapshotWriter, kind_code, kind_of, read_snapshot};
+use super::canonical::{
+    SnapshotItem, SnapshotWriter, decode_value, kind_code, kind_of, read_snapshot,
+};
 use super::{CANONICAL_SUFFIX, PendingSnapshot, SnapshotTarget, StateBackend, StateId};
 use crate::checkpoint::metadata::{KeyGroups, is_shared_path};
 use crate::checkpoint::storage::{read_verified, read_verified_to_file, write_file};
@@ -214,10 +216,6 @@ fn parse_key(bytes: &[u8]) -> Option<Key> {
 
 fn encode_value(value: &Dynamic) -> Result<Vec<u8>> {
     encode(value).map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
-}
-
-fn decode_value(bytes: &[u8]) -> Result<Dynamic> {
-    super::canonical::decode_value(bytes)
 }
 
 fn db_err(what: &'static str, path: &Path) -> impl FnOnce(::rocksdb::Error) -> RunError {
