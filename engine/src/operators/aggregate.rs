@@ -10,7 +10,7 @@ use rhai::{Array, Dynamic, Map};
 use weir_schema::{AggregateFunction, AggregationSpec, EmitMode, StateKind};
 
 use super::reduce::{ACC, keyed_output, migrate_keyed_state, require_keys};
-use crate::operators::{Operator, OperatorContext};
+use crate::operators::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::runtime::Batch;
 use crate::runtime::error::{Result, RunError};
@@ -256,7 +256,7 @@ impl Operator for AggregateOperator {
         let updates = self.emit == EmitMode::Updates;
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
-        for (r, k) in records.into_iter().zip(keys) {
+        for (mut r, k) in records.into_iter().zip(keys) {
             let mut failure = None;
             match &mut self.kind {
                 Kind::Builtin(aggs) => {
@@ -270,9 +270,12 @@ impl Operator for AggregateOperator {
                 }
                 Kind::Script(s) => {
                     let script = &mut s.script;
-                    let rec = r.clone();
+                    let keep_backup = ctx.on_error != ErrorPolicy::Fail;
+                    let original = ctx.keeps_failed_records().then(|| r.clone());
+                    // `add` gets the record by value and hands it back (see `ScriptFn::invoke`).
+                    let mut args = [Dynamic::UNIT, r];
                     ctx.state_mut()?.update(id, &k, &mut |slot| {
-                        let acc = match slot.take() {
+                        args[0] = match slot.take() {
                             Some(a) => a,
                             None => match script.call("init", ()) {
                                 Ok(a) => a,
@@ -282,15 +285,17 @@ impl Operator for AggregateOperator {
                                 }
                             },
                         };
-                        let backup = acc.clone();
-                        match script.call("add", (acc, rec.clone())) {
+                        let backup = keep_backup.then(|| args[0].clone());
+                        match script.invoke("add", &mut args) {
                             Ok(new) => *slot = Some(new),
                             Err(e) => {
                                 failure = Some(e);
-                                *slot = Some(backup);
+                                *slot = backup;
                             }
                         }
                     })?;
+                    let [_, left] = args;
+                    r = original.unwrap_or(left);
                 }
             }
             if let Some(e) = failure {

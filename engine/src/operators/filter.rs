@@ -23,7 +23,8 @@ impl Operator for FilterOperator {
         let keys = std::mem::take(&mut batch.keys);
         let records = std::mem::take(&mut batch.records);
         for (i, r) in records.into_iter().enumerate() {
-            let keep = match self.script.call("filter", (r.clone(),)) {
+            // The script gets a copy: a filter passes its records on unchanged.
+            let keep = match self.script.invoke("filter", &mut [r.clone()]) {
                 Ok(v) => match v.as_bool() {
                     Ok(b) => b,
                     Err(t) => {

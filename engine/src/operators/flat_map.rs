@@ -21,18 +21,22 @@ impl Operator for FlatMapOperator {
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
         batch.keys.clear();
         let records = std::mem::take(&mut batch.records);
+        let exact = ctx.keeps_failed_records();
         for r in records {
-            let original = r.clone();
-            match self.script.call("flat_map", (r,)) {
+            let original = exact.then(|| r.clone());
+            let mut args = [r];
+            let message = match self.script.invoke("flat_map", &mut args) {
                 Ok(v) => match v.into_array() {
-                    Ok(items) => batch.records.extend(items),
-                    Err(t) => ctx.record_failed(
-                        original,
-                        format!("`fn flat_map` must return an array, not {t}"),
-                    )?,
+                    Ok(items) => {
+                        batch.records.extend(items);
+                        continue;
+                    }
+                    Err(t) => format!("`fn flat_map` must return an array, not {t}"),
                 },
-                Err(e) => ctx.record_failed(original, e)?,
-            }
+                Err(e) => e,
+            };
+            let [left] = args;
+            ctx.record_failed(original.unwrap_or(left), message)?;
         }
         Ok(())
     }

@@ -43,7 +43,8 @@ impl Operator for KeyByOperator {
                         continue;
                     }
                 },
-                KeySelector::Script(s) => match s.call("key", (r.clone(),)) {
+                // The script gets a copy: `key_by` passes its records on unchanged.
+                KeySelector::Script(s) => match s.invoke("key", &mut [r.clone()]) {
                     Ok(v) => Key::from_dynamic(&v),
                     Err(e) => {
                         ctx.record_failed(r, e)?;

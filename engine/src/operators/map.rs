@@ -23,16 +23,21 @@ impl Operator for MapOperator {
         let keys = std::mem::take(&mut batch.keys);
         let records = std::mem::take(&mut batch.records);
         batch.records.reserve(records.len());
+        let exact = ctx.keeps_failed_records();
         for (i, r) in records.into_iter().enumerate() {
-            let original = r.clone();
-            match self.script.call("map", (r,)) {
+            let original = exact.then(|| r.clone());
+            let mut args = [r];
+            match self.script.invoke("map", &mut args) {
                 Ok(v) => {
                     batch.records.push(v);
                     if keyed {
                         batch.keys.push(keys[i].clone());
                     }
                 }
-                Err(e) => ctx.record_failed(original, e)?,
+                Err(e) => {
+                    let [left] = args;
+                    ctx.record_failed(original.unwrap_or(left), e)?;
+                }
             }
         }
         Ok(())

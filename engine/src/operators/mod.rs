@@ -212,6 +212,13 @@ impl OperatorContext {
         }
     }
 
+    /// Whether a record that fails must be reported exactly as it arrived, because dead
+    /// letters carry it. Otherwise the record as the script left it when it failed serves for
+    /// the excerpt in the error, which spares scripted operators a deep clone per record.
+    pub fn keeps_failed_records(&self) -> bool {
+        self.on_error == ErrorPolicy::DeadLetter
+    }
+
     /// Applies the error policy to a failed record: `Err` under `fail`; otherwise counts it
     /// (and queues the dead letter) and returns `Ok` so processing goes on.
     ///

@@ -63,14 +63,18 @@ impl Operator for ProcessOperator {
         let mut failures = Vec::new();
         let script = &mut self.script;
         let out = &mut batch.records;
+        let exact = ctx.keeps_failed_records();
         with_frame(&mut ctx.state, &self.names, || {
             for (r, k) in records.into_iter().zip(keys) {
                 set_key(Some(k));
-                match script.call("process", (r.clone(),)) {
+                let original = exact.then(|| r.clone());
+                let mut args = [r];
+                match script.invoke("process", &mut args) {
                     Ok(_) => take_emitted(out),
                     Err(e) => {
                         discard_emitted();
-                        failures.push((r, e));
+                        let [left] = args;
+                        failures.push((original.unwrap_or(left), e));
                     }
                 }
             }

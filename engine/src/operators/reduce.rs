@@ -202,11 +202,12 @@ impl Operator for ReduceOperator {
             .state
             .ok_or_else(|| RunError::Internal("reduce used before open".into()))?;
         let keep_backup = ctx.on_error != ErrorPolicy::Fail;
+        let exact = ctx.keeps_failed_records();
         let updates = self.emit == EmitMode::Updates;
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
         for (r, k) in records.into_iter().zip(keys) {
-            let original = r.clone();
+            let original = exact.then(|| r.clone());
             let mut rec = Some(r);
             let mut failure = None;
             let mut emitted = None;
@@ -218,10 +219,12 @@ impl Operator for ReduceOperator {
                     None => r,
                     Some(acc) => {
                         let backup = keep_backup.then(|| acc.clone());
-                        match script.call("reduce", (acc, r)) {
+                        let mut args = [acc, r];
+                        match script.invoke("reduce", &mut args) {
                             Ok(new) => new,
                             Err(e) => {
-                                failure = Some(e);
+                                let [_, left] = args;
+                                failure = Some((e, left));
                                 *slot = backup;
                                 return;
                             }
@@ -233,8 +236,8 @@ impl Operator for ReduceOperator {
                 }
                 *slot = Some(new);
             })?;
-            if let Some(e) = failure {
-                ctx.record_failed(original, e)?;
+            if let Some((e, left)) = failure {
+                ctx.record_failed(original.unwrap_or(left), e)?;
             }
             batch.records.extend(emitted);
         }
@@ -267,6 +270,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::operators::Harness;
     use crate::record::KeyGroupRange;
+    use crate::script::runtime::CompiledScript;
     use crate::state::MemoryBackend;
 
     const MAX: u32 = 128;
@@ -275,8 +279,8 @@ pub(crate) mod tests {
         let engine = Arc::new(crate::script::runtime::runtime_engine(
             &ScriptLimitsSpec::default(),
         ));
-        let ast = crate::script::compile(&engine, text).expect("compile");
-        ScriptFn::new(engine, Arc::new(ast))
+        let script = CompiledScript::compile(&engine, text).expect("compile");
+        ScriptFn::new(engine, Arc::new(script))
     }
 
     pub(crate) fn keyed_ctx() -> OperatorContext {

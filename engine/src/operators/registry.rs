@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rhai::{AST, Engine};
+use rhai::Engine;
 use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
 
 use super::Operator;
@@ -24,7 +24,7 @@ use crate::connectors::{LineParser, Source};
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 use crate::record::FieldPath;
 use crate::runtime::error::{Result, RunError};
-use crate::script::runtime::ScriptFn;
+use crate::script::runtime::{CompiledScript, ScriptFn};
 
 /// Makes an operator (or sink) instance for a subtask `(subtask, parallelism)`.
 pub type OperatorFactory = Box<dyn Fn(u32, u32) -> Result<Box<dyn Operator>> + Send + Sync>;
@@ -63,12 +63,12 @@ impl BuildContext<'_> {
         }
     }
 
-    fn compile(&self, node: &PlanNode) -> Result<Arc<AST>> {
+    fn compile(&self, node: &PlanNode) -> Result<Arc<CompiledScript>> {
         let text = node
             .script
             .as_deref()
             .ok_or_else(|| self.error(node, "this operator needs a script"))?;
-        crate::script::compile(&self.engine, text)
+        CompiledScript::compile(&self.engine, text)
             .map(Arc::new)
             .map_err(|e| self.error(node, format!("script does not compile: {e}")))
     }
@@ -77,9 +77,9 @@ impl BuildContext<'_> {
         &self,
         node: &PlanNode,
     ) -> Result<impl Fn() -> ScriptFn + Send + Sync + use<>> {
-        let ast = self.compile(node)?;
+        let script = self.compile(node)?;
         let engine = Arc::clone(&self.engine);
-        Ok(move || ScriptFn::new(Arc::clone(&engine), Arc::clone(&ast)))
+        Ok(move || ScriptFn::new(Arc::clone(&engine), Arc::clone(&script)))
     }
 }
 

@@ -11,27 +11,114 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rhai::{
-    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString, Position,
-    Scope,
+    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString,
+    ParseError, Position, Scope,
 };
 use weir_schema::ScriptLimitsSpec;
 
 use crate::record::Key;
 use crate::state::{StateBackend, StateId};
 
+/// A script compiled for the runtime: the whole AST, plus the body of each of its functions
+/// compiled on its own as a top-level program (see [`ScriptFn::invoke`]). Built once per
+/// operator at plan time and shared by its subtasks.
+pub struct CompiledScript {
+    ast: AST,
+    bodies: Vec<FnBody>,
+}
+
+/// One script function's body as a program whose free variables are the parameters.
+///
+/// Its text is the script's own with everything before the body blanked out (newlines kept),
+/// so the positions in its errors are the script's positions.
+struct FnBody {
+    name: String,
+    params: Vec<String>,
+    program: AST,
+}
+
+impl CompiledScript {
+    /// Compiles `text` with the pipeline's runtime engine.
+    ///
+    /// # Errors
+    /// Rhai's parse error, with its position in the script.
+    pub fn compile(engine: &Engine, text: &str) -> Result<Self, Box<ParseError>> {
+        let ast = super::compile(engine, text)?;
+        let functions = ast.clone_functions_only();
+        let bodies = ast
+            .iter_fn_def()
+            .filter_map(|def| FnBody::compile(engine, text, &functions, def))
+            .collect();
+        Ok(Self { ast, bodies })
+    }
+
+    fn body(&self, name: &str, arity: usize) -> Option<&FnBody> {
+        self.bodies
+            .iter()
+            .find(|b| b.name == name && b.params.len() == arity)
+    }
+
+    /// How many functions run through [`ScriptFn::invoke`]'s fast path (for tests).
+    #[cfg(test)]
+    fn inlined(&self) -> usize {
+        self.bodies.len()
+    }
+}
+
+impl FnBody {
+    /// `None` when the body cannot be cut out exactly (the function is then called as usual).
+    fn compile(
+        engine: &Engine,
+        text: &str,
+        functions: &AST,
+        def: &rhai::ScriptFuncDef,
+    ) -> Option<Self> {
+        let start = byte_offset(text, def.body.start_position())?;
+        let close = byte_offset(text, def.body.end_position())?;
+        if !text[start..].starts_with('{') || !text[close..].starts_with('}') || close < start {
+            return None;
+        }
+        let mut program: String = text[..start]
+            .chars()
+            .map(|c| if c.is_whitespace() { c } else { ' ' })
+            .collect();
+        program.push_str(&text[start..=close]);
+        let body = engine.compile(&program).ok()?;
+        Some(Self {
+            name: def.name.to_string(),
+            params: def.params.iter().map(ToString::to_string).collect(),
+            program: body.merge(functions),
+        })
+    }
+}
+
+/// The byte offset of a Rhai position (1-based line and character column) in `text`.
+fn byte_offset(text: &str, pos: Position) -> Option<usize> {
+    let (line, column) = (pos.line()?, pos.position()?);
+    let line_start = if line == 1 {
+        0
+    } else {
+        text.match_indices('\n').nth(line - 2)?.0 + 1
+    };
+    text[line_start..]
+        .char_indices()
+        .nth(column - 1)
+        .map(|(i, _)| line_start + i)
+}
+
 /// One compiled script, ready to call per record.
 pub struct ScriptFn {
     engine: Arc<Engine>,
-    ast: Arc<AST>,
+    script: Arc<CompiledScript>,
     scope: Scope<'static>,
 }
 
 impl ScriptFn {
-    /// Wraps a compiled script; each subtask gets its own (the AST and engine are shared).
-    pub fn new(engine: Arc<Engine>, ast: Arc<AST>) -> Self {
+    /// Wraps a compiled script; each subtask gets its own (the script and engine are shared).
+    pub fn new(engine: Arc<Engine>, script: Arc<CompiledScript>) -> Self {
         Self {
             engine,
-            ast,
+            script,
             scope: Scope::new(),
         }
     }
@@ -44,13 +131,43 @@ impl ScriptFn {
     pub fn call(&mut self, name: &str, args: impl FuncArgs) -> Result<Dynamic, String> {
         let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
         self.engine
-            .call_fn_with_options::<Dynamic>(options, &mut self.scope, &self.ast, name, args)
+            .call_fn_with_options::<Dynamic>(options, &mut self.scope, &self.script.ast, name, args)
             .map_err(|e| describe(&e))
+    }
+
+    /// Calls `name` on the hot path: runs the function's body with the arguments placed in the
+    /// scope by value, and hands them back in `args` afterwards, as the script left them.
+    ///
+    /// A script function receives its arguments by value, and Rhai consumes them, so keeping a
+    /// record for an error report used to take a deep clone per call; here the record comes
+    /// back instead, and the call skips Rhai's per-call function set-up. The body sees exactly
+    /// what the function would: its parameters, the script's other functions, and no other
+    /// variables. A function whose body could not be cut out is called as usual, on clones.
+    ///
+    /// # Errors
+    /// The script's error as text (with its script position).
+    pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
+        let Some(body) = self.script.body(name, args.len()) else {
+            return self.call(name, args.to_vec());
+        };
+        let base = self.scope.len();
+        for (param, arg) in body.params.iter().zip(args.iter_mut()) {
+            self.scope.push(param.as_str(), std::mem::take(arg));
+        }
+        let result = self
+            .engine
+            .eval_ast_with_scope::<Dynamic>(&mut self.scope, &body.program);
+        self.scope.rewind(base + args.len());
+        for (param, arg) in body.params.iter().zip(args.iter_mut()).rev() {
+            *arg = self.scope.remove::<Dynamic>(param).unwrap_or_default();
+        }
+        self.scope.rewind(base);
+        result.map_err(|e| describe(&e))
     }
 
     /// Whether the script defines `name` with `arity` parameters.
     pub fn defines(&self, name: &str, arity: usize) -> bool {
-        super::defines(&self.ast, name, arity)
+        super::defines(&self.script.ast, name, arity)
     }
 }
 
@@ -231,4 +348,109 @@ fn register(engine: &mut Engine) {
             with_state(&name, |s, k, id| s.map_remove(id, k, &field))
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use rhai::Map;
+
+    use super::*;
+
+    fn script_with(limits: &ScriptLimitsSpec, text: &str) -> ScriptFn {
+        let engine = Arc::new(runtime_engine(limits));
+        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
+        ScriptFn::new(engine, Arc::new(compiled))
+    }
+
+    fn script(text: &str) -> ScriptFn {
+        script_with(&ScriptLimitsSpec::default(), text)
+    }
+
+    fn record(n: i64) -> Dynamic {
+        let mut m = Map::new();
+        m.insert("n".into(), Dynamic::from(n));
+        m.insert("user".into(), Dynamic::from("ü1"));
+        Dynamic::from_map(m)
+    }
+
+    fn field(d: &Dynamic, name: &str) -> String {
+        d.read_lock::<Map>().expect("a map")[name].to_string()
+    }
+
+    #[test]
+    fn invoke_runs_the_body_and_hands_the_arguments_back_as_left() {
+        let mut s = script(
+            "fn helper(x) { x * 10 }\n\n/* a comment, ünïcödé */ fn map(r) {\n    r.n += 1;\n    #{n: helper(r.n), user: r.user}\n}\n",
+        );
+        assert_eq!(s.script.inlined(), 2, "both bodies are cut out");
+        let mut args = [record(1)];
+        let out = s.invoke("map", &mut args).expect("runs");
+        assert_eq!(field(&out, "n"), "20");
+        assert_eq!(field(&out, "user"), "ü1");
+        assert_eq!(
+            field(&args[0], "n"),
+            "2",
+            "the argument as the script left it"
+        );
+        assert_eq!(s.scope.len(), 0, "nothing stays in the scope");
+    }
+
+    #[test]
+    fn invoke_matches_a_plain_call_on_results_and_errors() {
+        let cases = [
+            "fn f(r) { if r.n > 1 { return \"big\"; } let t = r.n; t }",
+            "fn f(r) {\n  let x = 1;\n  x + r.missing.deeper\n}",
+            "fn f(r) { throw \"no \" + r.n }",
+            "let outer = 5;\nfn f(r) { outer + r.n }",
+            "fn f(r) { r.n / (r.n - 2) }",
+            "fn f(r) {}",
+            "fn f(r) { this }",
+            "fn f(r) { let r = 7; r }",
+        ];
+        for text in cases {
+            let mut s = script(text);
+            // `this` does not parse outside a function: that one is called as usual.
+            let inlined = usize::from(!text.contains("this"));
+            assert_eq!(s.script.inlined(), inlined, "{text}");
+            for n in [1, 2, 3] {
+                let via_call = s.call("f", (record(n),)).map(|v| format!("{v:?}"));
+                let via_invoke = s.invoke("f", &mut [record(n)]).map(|v| format!("{v:?}"));
+                assert_eq!(via_invoke, via_call, "{text} with n = {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn invoke_errors_point_at_the_script_line() {
+        let mut s = script("// line 1\nfn f(r) {\n  let x = 1;\n  x + r.missing.deeper\n}");
+        let e = s.invoke("f", &mut [record(1)]).expect_err("fails");
+        assert!(e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn the_operation_budget_is_per_invocation() {
+        let limits = ScriptLimitsSpec {
+            max_operations: 5_000,
+            ..ScriptLimitsSpec::default()
+        };
+        let mut s = script_with(&limits, "fn f(r) { let i = 0; while i < r { i += 1; } i }");
+        for _ in 0..10 {
+            let n = s.invoke("f", &mut [Dynamic::from(300_i64)]);
+            assert_eq!(n.map(|v| v.as_int().ok()), Ok(Some(300)));
+        }
+        let e = s
+            .invoke("f", &mut [Dynamic::from(1_000_000_i64)])
+            .expect_err("over budget");
+        assert!(e.contains("Too many operations"), "{e}");
+        assert_eq!(s.scope.len(), 0);
+    }
+
+    #[test]
+    fn a_missing_function_is_reported_like_a_call() {
+        let mut s = script("fn f(r) { r }");
+        let mut args = [record(1)];
+        let e = s.invoke("g", &mut args).expect_err("no g");
+        assert!(e.contains("g"), "{e}");
+        assert_eq!(field(&args[0], "n"), "1", "arguments survive the fallback");
+    }
 }
