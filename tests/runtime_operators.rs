@@ -451,7 +451,15 @@ pipelines:
         input: picky
         on_error: { dead_letter: dead }
         script: |
-          fn map(r) { if r.id % 7 == 0 { throw "sevens are worse"; } r }
+          fn map(r) {
+            let id = r.id;
+            r.id = -1;
+            r.touched = true;
+            if id % 7 == 0 { throw "sevens are worse"; }
+            r.id = id;
+            r.remove("touched");
+            r
+          }
     sinks:
       - { id: out, type: file, input: dl, path: out }
       - { id: dead, type: file, path: dead }
@@ -475,7 +483,13 @@ pipelines:
             .contains("sevens are worse")
     );
     assert_eq!(dead[0]["operator"], "dl");
-    assert!(dead[0]["record"]["id"].as_i64().unwrap() % 7 == 0);
+    // A dead letter carries the record as the operator received it, whatever the script did to
+    // it before failing.
+    for d in &dead {
+        assert!(d["record"]["id"].as_i64().unwrap() % 7 == 0, "{d}");
+        assert!(d["record"].get("touched").is_none(), "{d}");
+    }
+    assert!(out.iter().all(|r| r.get("touched").is_none()));
     let picky = s.pipelines[0]
         .nodes
         .iter()

@@ -212,12 +212,14 @@ pub struct StdinSourceSpec {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum OnErrorSpec {
-    /// Fail the task; the restart strategy decides what happens next.
+    /// Fail the task; the restart strategy decides what happens next. The error shows an excerpt
+    /// of the record as the script left it when it failed.
     #[default]
     Fail,
     /// Drop the record and count it in the run summary.
     Skip,
     /// Send `{record, error, operator}` to the named sink (a sink with no `input`) and go on.
+    /// The record is the one the operator received, unchanged by the script.
     DeadLetter(String),
 }
 

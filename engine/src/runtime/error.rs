@@ -30,7 +30,7 @@ pub enum RunError {
         subtask: u32,
         /// What went wrong (Rhai's message for scripts, with its position).
         message: String,
-        /// An excerpt of the record.
+        /// An excerpt of the record; for a script, as the script left it when it failed.
         record: String,
     },
     /// A source could not parse its input under `on_error: fail`.
