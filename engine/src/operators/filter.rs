@@ -23,8 +23,11 @@ impl Operator for FilterOperator {
         let keys = std::mem::take(&mut batch.keys);
         let records = std::mem::take(&mut batch.records);
         for (i, r) in records.into_iter().enumerate() {
-            // The script gets a copy: a filter passes its records on unchanged.
-            let keep = match self.script.invoke("filter", &mut [r.clone()]) {
+            // A filter passes its records on unchanged: the script works on a copy.
+            let keep = match self
+                .script
+                .invoke_on_copy("filter", std::slice::from_ref(&r))
+            {
                 Ok(v) => match v.as_bool() {
                     Ok(b) => b,
                     Err(t) => {

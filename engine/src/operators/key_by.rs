@@ -43,8 +43,8 @@ impl Operator for KeyByOperator {
                         continue;
                     }
                 },
-                // The script gets a copy: `key_by` passes its records on unchanged.
-                KeySelector::Script(s) => match s.invoke("key", &mut [r.clone()]) {
+                // `key_by` passes its records on unchanged: the script works on a copy.
+                KeySelector::Script(s) => match s.invoke_on_copy("key", std::slice::from_ref(&r)) {
                     Ok(v) => Key::from_dynamic(&v),
                     Err(e) => {
                         ctx.record_failed(r, e)?;

@@ -255,4 +255,5 @@ fn check_functions(
         );
     }
 }
+pub mod fast;
 pub mod runtime;

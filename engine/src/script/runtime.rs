@@ -16,6 +16,7 @@ use rhai::{
 };
 use weir_schema::ScriptLimitsSpec;
 
+use super::fast::FastExpr;
 use crate::record::Key;
 use crate::state::{StateBackend, StateId};
 
@@ -35,6 +36,8 @@ struct FnBody {
     name: String,
     params: Vec<String>,
     program: AST,
+    /// The native evaluation of a simple body, tried first.
+    fast: Option<FastExpr>,
 }
 
 impl CompiledScript {
@@ -63,6 +66,20 @@ impl CompiledScript {
     fn inlined(&self) -> usize {
         self.bodies.len()
     }
+
+    /// Function `name`'s native evaluation alone (for tests).
+    #[cfg(test)]
+    pub(crate) fn native_eval(&self, name: &str, args: &[Dynamic]) -> Option<Dynamic> {
+        self.body(name, args.len())?.fast.as_ref()?.eval(args)
+    }
+
+    /// Whether function `name` is evaluated natively when its records allow (for tests).
+    #[cfg(test)]
+    pub(crate) fn native(&self, name: &str) -> bool {
+        self.bodies
+            .iter()
+            .any(|b| b.name == name && b.fast.is_some())
+    }
 }
 
 impl FnBody {
@@ -84,10 +101,13 @@ impl FnBody {
             .collect();
         program.push_str(&text[start..=close]);
         let body = engine.compile(&program).ok()?;
+        let params: Vec<String> = def.params.iter().map(ToString::to_string).collect();
+        let fast = FastExpr::compile(engine, &body, &params);
         Some(Self {
             name: def.name.to_string(),
-            params: def.params.iter().map(ToString::to_string).collect(),
+            params,
             program: body.merge(functions),
+            fast,
         })
     }
 }
@@ -135,18 +155,50 @@ impl ScriptFn {
             .map_err(|e| describe(&e))
     }
 
-    /// Calls `name` on the hot path: runs the function's body with the arguments placed in the
-    /// scope by value, and hands them back in `args` afterwards, as the script left them.
+    /// Calls `name` on the hot path and hands the arguments back in `args`, as the script left
+    /// them.
     ///
-    /// A script function receives its arguments by value, and Rhai consumes them, so keeping a
-    /// record for an error report used to take a deep clone per call; here the record comes
-    /// back instead, and the call skips Rhai's per-call function set-up. The body sees exactly
-    /// what the function would: its parameters, the script's other functions, and no other
-    /// variables. A function whose body could not be cut out is called as usual, on clones.
+    /// Two things make it cheaper than [`call`](Self::call):
+    /// - a simple body is first evaluated natively ([`FastExpr`]), which only reads `args`;
+    /// - otherwise the function's body runs with the arguments placed in the scope by value,
+    ///   which skips Rhai's per-call function set-up, and the arguments come back afterwards.
+    ///   A script function consumes its arguments, so keeping a record for an error report
+    ///   used to take a deep clone per call.
+    ///
+    /// Either way the script sees exactly what the function would: its parameters, the
+    /// script's other functions and no other variables. A function whose body could not be cut
+    /// out is called as usual, on clones.
     ///
     /// # Errors
     /// The script's error as text (with its script position).
     pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
+        if let Some(value) = self.native(name, args) {
+            return Ok(value);
+        }
+        self.interpret(name, args)
+    }
+
+    /// [`invoke`](Self::invoke) for an operator that passes its records on unchanged: the
+    /// script gets copies, made only when the native path cannot answer.
+    ///
+    /// # Errors
+    /// The script's error as text (with its script position).
+    pub fn invoke_on_copy(&mut self, name: &str, args: &[Dynamic]) -> Result<Dynamic, String> {
+        if let Some(value) = self.native(name, args) {
+            return Ok(value);
+        }
+        self.interpret(name, &mut args.to_vec())
+    }
+
+    fn native(&self, name: &str, args: &[Dynamic]) -> Option<Dynamic> {
+        self.script
+            .body(name, args.len())?
+            .fast
+            .as_ref()?
+            .eval(args)
+    }
+
+    fn interpret(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
         let Some(body) = self.script.body(name, args.len()) else {
             return self.call(name, args.to_vec());
         };

@@ -1,0 +1,479 @@
+//! A native fast path for simple script functions.
+//!
+//! Most per-record scripts are one expression over the record: pick fields, do integer
+//! arithmetic, build a string, compare, build a new record. For a function whose body is
+//! exactly that — literals, its parameters, property reads, `+ - * / %` on integers, `+` on
+//! strings, comparisons, `!`, `&&`, `||` and map literals — [`FastExpr::compile`] turns the body
+//! into a small tree evaluated natively, with no interpreter set-up per call.
+//!
+//! The fast path only ever *reads* its arguments, and it gives up on a record (returns `None`)
+//! whenever Rhai might do anything other than the obvious: a type it does not cover, a missing
+//! property, an overflow, a division by zero, a size limit within reach. The caller then runs
+//! the record through Rhai, so every error, every coercion and every sandbox breach is Rhai's
+//! own; the fast path is exact by construction on the records it accepts. The operation budget
+//! is respected by refusing the fast path for a script whose worst case could reach it.
+
+use std::cmp::Ordering;
+
+use rhai::{AST, Dynamic, Engine, Expr, ImmutableString, Map, Stmt};
+
+/// A compiled body; see the module docs.
+#[derive(Debug)]
+pub struct FastExpr {
+    root: Node,
+    limits: Limits,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Longest string allowed, 0 for no limit (Rhai's convention).
+    string: usize,
+    /// Most map entries allowed, 0 for no limit.
+    map: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Debug)]
+enum Node {
+    Const(Dynamic),
+    Param(usize),
+    /// A property chain on a parameter: `r.a.b`.
+    Prop(usize, Vec<ImmutableString>),
+    Map(Vec<(rhai::Identifier, Node)>),
+    Binary(Op, Box<Node>, Box<Node>),
+    Not(Box<Node>),
+    Neg(Box<Node>),
+    And(Vec<Node>),
+    Or(Vec<Node>),
+}
+
+/// Rhai counts at least one operation per node it evaluates, plus a few per call; the fast path
+/// is only used when this many per node (and this many besides) stay under the budget.
+const OPS_PER_NODE: u64 = 4;
+const OPS_BESIDES: u64 = 16;
+
+impl FastExpr {
+    /// Compiles `program` (a function body cut out as a top-level program, see
+    /// `script::runtime`) whose free variables are `params`. `None` when the body is not a
+    /// single expression of the supported kinds, or could reach the operation budget.
+    pub fn compile(engine: &Engine, program: &AST, params: &[String]) -> Option<Self> {
+        let expr = single_expression(program.statements())?;
+        let mut nodes = 0;
+        let root = compile_expr(&expr, params, &mut nodes)?;
+        let max_ops = engine.max_operations();
+        if max_ops != 0 && OPS_PER_NODE * nodes + OPS_BESIDES >= max_ops {
+            return None;
+        }
+        Some(Self {
+            root,
+            limits: Limits {
+                string: engine.max_string_size(),
+                map: engine.max_map_size(),
+            },
+        })
+    }
+
+    /// Evaluates the body on `args`; `None` hands the record to Rhai.
+    pub fn eval(&self, args: &[Dynamic]) -> Option<Dynamic> {
+        eval(&self.root, args, self.limits)
+    }
+}
+
+/// The one expression a body consists of: `{ expr }`, possibly nested blocks.
+fn single_expression(statements: &[Stmt]) -> Option<Expr> {
+    match statements {
+        [Stmt::Block(block)] => single_expression(block.statements()),
+        [Stmt::Expr(e)] => Some((**e).clone()),
+        [Stmt::FnCall(call, pos)] => Some(Expr::FnCall(call.clone(), *pos)),
+        _ => None,
+    }
+}
+
+fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64) -> Option<Node> {
+    *nodes += 1;
+    let node = match expr {
+        Expr::IntegerConstant(i, _) => Node::Const(Dynamic::from_int(*i)),
+        Expr::StringConstant(s, _) => Node::Const(Dynamic::from(s.clone())),
+        Expr::BoolConstant(b, _) => Node::Const(Dynamic::from_bool(*b)),
+        Expr::Unit(_) => Node::Const(Dynamic::UNIT),
+        Expr::DynamicConstant(d, _) if is_scalar(d) => Node::Const((**d).clone()),
+        Expr::Variable(..) => Node::Param(param_index(expr, params)?),
+        Expr::Dot(chain, flags, _) if flags.is_empty() => {
+            let param = param_index(&chain.lhs, params)?;
+            let mut path = Vec::new();
+            property_path(&chain.rhs, &mut path)?;
+            *nodes += path.len() as u64;
+            Node::Prop(param, path)
+        }
+        Expr::Map(map, _) => {
+            let mut fields = Vec::with_capacity(map.0.len());
+            for (name, value) in &map.0 {
+                fields.push((
+                    name.name.as_str().into(),
+                    compile_expr(value, params, nodes)?,
+                ));
+            }
+            Node::Map(fields)
+        }
+        Expr::And(items, _) => Node::And(compile_all(items, params, nodes)?),
+        Expr::Or(items, _) => Node::Or(compile_all(items, params, nodes)?),
+        Expr::FnCall(call, _) if call.op_token.is_some() && call.namespace.is_empty() => {
+            match (call.name.as_str(), call.args.as_slice()) {
+                ("!", [a]) => Node::Not(Box::new(compile_expr(a, params, nodes)?)),
+                ("-", [a]) => Node::Neg(Box::new(compile_expr(a, params, nodes)?)),
+                (name, [a, b]) => Node::Binary(
+                    binary_op(name)?,
+                    Box::new(compile_expr(a, params, nodes)?),
+                    Box::new(compile_expr(b, params, nodes)?),
+                ),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    Some(node)
+}
+
+fn compile_all(items: &[Expr], params: &[String], nodes: &mut u64) -> Option<Vec<Node>> {
+    items
+        .iter()
+        .map(|e| compile_expr(e, params, nodes))
+        .collect()
+}
+
+fn is_scalar(d: &Dynamic) -> bool {
+    d.is_int() || d.is_string() || d.is_bool() || d.is_unit()
+}
+
+fn param_index(expr: &Expr, params: &[String]) -> Option<usize> {
+    let Expr::Variable(var, ..) = expr else {
+        return None;
+    };
+    if !var.2.is_empty() {
+        return None;
+    }
+    params.iter().position(|p| p.as_str() == var.1.as_str())
+}
+
+/// `a` or `a.b.c` on the right of a `.`.
+fn property_path(expr: &Expr, path: &mut Vec<ImmutableString>) -> Option<()> {
+    match expr {
+        Expr::Property(p, _) => {
+            path.push(p.2.clone());
+            Some(())
+        }
+        Expr::Dot(chain, flags, _) if flags.is_empty() => {
+            let Expr::Property(p, _) = &chain.lhs else {
+                return None;
+            };
+            path.push(p.2.clone());
+            property_path(&chain.rhs, path)
+        }
+        _ => None,
+    }
+}
+
+fn binary_op(name: &str) -> Option<Op> {
+    Some(match name {
+        "+" => Op::Add,
+        "-" => Op::Sub,
+        "*" => Op::Mul,
+        "/" => Op::Div,
+        "%" => Op::Rem,
+        "==" => Op::Eq,
+        "!=" => Op::Ne,
+        "<" => Op::Lt,
+        "<=" => Op::Le,
+        ">" => Op::Gt,
+        ">=" => Op::Ge,
+        _ => return None,
+    })
+}
+
+fn eval(node: &Node, args: &[Dynamic], limits: Limits) -> Option<Dynamic> {
+    match node {
+        Node::Const(c) => Some(c.clone()),
+        Node::Param(i) => scalar(args.get(*i)?.clone()),
+        Node::Prop(i, path) => {
+            let (first, rest) = path.split_first()?;
+            let mut value = property(args.get(*i)?, first)?;
+            for key in rest {
+                value = property(&value, key)?;
+            }
+            scalar(value)
+        }
+        Node::Map(fields) => {
+            if limits.map != 0 && fields.len() >= limits.map {
+                return None;
+            }
+            let mut out = Map::new();
+            let mut strings = 0;
+            for (name, value) in fields {
+                let v = eval(value, args, limits)?;
+                if let Ok(s) = v.as_immutable_string_ref() {
+                    strings += s.len();
+                }
+                out.insert(name.clone(), v);
+            }
+            if limits.string != 0 && strings >= limits.string {
+                return None;
+            }
+            Some(Dynamic::from_map(out))
+        }
+        Node::Binary(op, a, b) => binary(
+            *op,
+            &eval(a, args, limits)?,
+            &eval(b, args, limits)?,
+            limits,
+        ),
+        Node::Not(a) => Some(Dynamic::from_bool(!eval(a, args, limits)?.as_bool().ok()?)),
+        Node::Neg(a) => Some(Dynamic::from_int(
+            eval(a, args, limits)?.as_int().ok()?.checked_neg()?,
+        )),
+        Node::And(items) => {
+            for item in items {
+                if !eval(item, args, limits)?.as_bool().ok()? {
+                    return Some(Dynamic::FALSE);
+                }
+            }
+            Some(Dynamic::TRUE)
+        }
+        Node::Or(items) => {
+            for item in items {
+                if eval(item, args, limits)?.as_bool().ok()? {
+                    return Some(Dynamic::TRUE);
+                }
+            }
+            Some(Dynamic::FALSE)
+        }
+    }
+}
+
+/// Only values whose every operation here matches Rhai's built-ins pass; anything else
+/// (floats, arrays, maps, timestamps, custom types) goes to Rhai.
+fn scalar(value: Dynamic) -> Option<Dynamic> {
+    is_scalar(&value).then_some(value)
+}
+
+/// `map.key` on a map that has the key (a missing key is Rhai's business: `()` or an error).
+fn property(target: &Dynamic, key: &str) -> Option<Dynamic> {
+    let map = target.as_map_ref().ok()?;
+    map.get(key).cloned()
+}
+
+fn binary(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
+    if let (Ok(x), Ok(y)) = (a.as_int(), b.as_int()) {
+        return Some(match op {
+            Op::Add => Dynamic::from_int(x.checked_add(y)?),
+            Op::Sub => Dynamic::from_int(x.checked_sub(y)?),
+            Op::Mul => Dynamic::from_int(x.checked_mul(y)?),
+            Op::Div if y != 0 => Dynamic::from_int(x.checked_div(y)?),
+            Op::Rem if y != 0 => Dynamic::from_int(x.checked_rem(y)?),
+            Op::Div | Op::Rem => return None,
+            cmp => Dynamic::from_bool(compare(cmp, x.cmp(&y))?),
+        });
+    }
+    if let (Ok(x), Ok(y)) = (a.as_immutable_string_ref(), b.as_immutable_string_ref()) {
+        return Some(match op {
+            Op::Add => {
+                let len = x.len() + y.len();
+                if limits.string != 0 && len >= limits.string {
+                    return None;
+                }
+                let mut s = String::with_capacity(len);
+                s.push_str(&x);
+                s.push_str(&y);
+                Dynamic::from(s)
+            }
+            Op::Sub | Op::Mul | Op::Div | Op::Rem => return None,
+            cmp => Dynamic::from_bool(compare(cmp, x.as_str().cmp(y.as_str()))?),
+        });
+    }
+    if let (Ok(x), Ok(y)) = (a.as_bool(), b.as_bool()) {
+        return match op {
+            Op::Eq => Some(Dynamic::from_bool(x == y)),
+            Op::Ne => Some(Dynamic::from_bool(x != y)),
+            _ => None,
+        };
+    }
+    None
+}
+
+fn compare(op: Op, ordering: Ordering) -> Option<bool> {
+    Some(match op {
+        Op::Eq => ordering == Ordering::Equal,
+        Op::Ne => ordering != Ordering::Equal,
+        Op::Lt => ordering == Ordering::Less,
+        Op::Le => ordering != Ordering::Greater,
+        Op::Gt => ordering == Ordering::Greater,
+        Op::Ge => ordering != Ordering::Less,
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Rem => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use weir_schema::ScriptLimitsSpec;
+
+    use super::*;
+    use crate::script::runtime::{CompiledScript, ScriptFn, runtime_engine};
+
+    fn script(limits: &ScriptLimitsSpec, text: &str) -> (ScriptFn, Arc<CompiledScript>) {
+        let engine = Arc::new(runtime_engine(limits));
+        let compiled = Arc::new(CompiledScript::compile(&engine, text).expect("compiles"));
+        (ScriptFn::new(engine, Arc::clone(&compiled)), compiled)
+    }
+
+    fn records() -> Vec<Dynamic> {
+        let json = [
+            r#"{"user":"u1","amount":5,"ts":1700000000000,"name":"ünï","big":9223372036854775807,"neg":-3,"zero":0,"f":1.5,"flag":true,"nested":{"a":{"b":7}},"arr":[1,2],"none":null,"long":"abcdefghij"}"#,
+            r#"{"user":"u0","amount":50,"ts":1,"name":"zed","big":-9223372036854775808,"neg":4,"zero":0,"f":-0.5,"flag":false,"nested":{"a":{"b":"x"}},"arr":[],"none":null,"long":""}"#,
+            r#"{"user":5,"amount":"5","nested":{"a":3},"flag":1}"#,
+            r#"{}"#,
+            r#"[1,2,3]"#,
+            r#""just a string""#,
+        ];
+        json.iter()
+            .map(|j| serde_json::from_str::<Dynamic>(j).expect("json"))
+            .collect()
+    }
+
+    const SCRIPTS: &[(&str, bool)] = &[
+        (
+            "fn f(r) { #{key: \"user:\" + r.user, v: r.amount * 2 + 1} }",
+            true,
+        ),
+        ("fn f(r) { r.amount > 10 && r.user != \"u0\" }", true),
+        ("fn f(r) { r.big + 1 }", true),
+        ("fn f(r) { r.big - 1 }", true),
+        ("fn f(r) { r.big * r.neg }", true),
+        ("fn f(r) { -r.big }", true),
+        ("fn f(r) { r.amount / r.zero }", true),
+        ("fn f(r) { r.amount % r.zero }", true),
+        ("fn f(r) { r.amount % 3 - -r.neg }", true),
+        ("fn f(r) { r.nested.a.b * 2 }", true),
+        ("fn f(r) { r.missing }", true),
+        ("fn f(r) { r.none }", true),
+        ("fn f(r) { r.f + 1 }", true),
+        ("fn f(r) { r.user + r.amount }", true),
+        ("fn f(r) { !r.flag || r.amount == 5 }", true),
+        ("fn f(r) { r.name < \"z\" && r.name >= \"a\" }", true),
+        ("fn f(r) { r.name <= r.user || r.name > r.user }", true),
+        ("fn f(r) { #{a: r.arr, b: r.nested} }", true),
+        ("fn f(r) { r.user - \"u\" }", true),
+        ("fn f(r) { r }", true),
+        ("fn f(r) { r.user == 5 }", true),
+        ("fn f(r) { true == r.flag }", true),
+        ("fn f(r) { r.flag != false }", true),
+        ("fn f(r) { #{} }", false),
+        ("fn f(r) { r.long + r.long + r.long }", true),
+        ("fn f(r) { r.ts }", true),
+        ("fn f(r) { if r.amount > 1 { 1 } else { 2 } }", false),
+        ("fn f(r) { let x = r.amount; x }", false),
+        ("fn f(r) { r.user.len() }", false),
+        ("fn f(r) { `${r.user}!` }", false),
+        ("fn f(r) { r[\"user\"] }", false),
+        ("fn f(r) { r?.user }", false),
+        ("fn g(x) { x } fn f(r) { g(r.amount) }", false),
+    ];
+
+    /// A result as text, without the script position: a plain call reports no position for
+    /// a size limit broken by the returned value, the body run by `invoke` does.
+    fn shown(result: Result<Dynamic, String>) -> Result<String, String> {
+        result.map(|v| format!("{v:?}")).map_err(|e| {
+            match (e.find(" (line "), e.find("position ")) {
+                (Some(start), Some(p)) => {
+                    let end = p + e[p..].find(')').map_or(0, |i| i + 1);
+                    format!("{}{}", &e[..start], &e[end..])
+                }
+                _ => e,
+            }
+        })
+    }
+
+    /// Every script gives the same value or the same error through `invoke` (native first)
+    /// as through a plain Rhai call, on every record, including the ones the native path
+    /// hands back to Rhai.
+    #[test]
+    fn native_evaluation_is_indistinguishable_from_rhai() {
+        let tight = ScriptLimitsSpec {
+            max_string_size: weir_schema::units::SizeSpec(25),
+            max_map_size: 2,
+            ..ScriptLimitsSpec::default()
+        };
+        let mut natively = 0;
+        for limits in [ScriptLimitsSpec::default(), tight] {
+            for (text, native) in SCRIPTS {
+                let (mut s, compiled) = script(&limits, text);
+                assert_eq!(compiled.native("f"), *native, "{text}");
+                for r in records() {
+                    let rhai = s.call("f", (r.clone(),));
+                    let mut args = [r.clone()];
+                    let ours = s.invoke("f", &mut args);
+                    assert_eq!(shown(ours), shown(rhai), "{text} on {r:?}");
+                    natively += usize::from(compiled.native_eval("f", &args).is_some());
+                }
+            }
+        }
+        // The comparison covers the native path itself, not only its fallbacks.
+        assert!(natively >= 30, "{natively} results were computed natively");
+    }
+
+    #[test]
+    fn two_parameters() {
+        let (mut s, compiled) = script(
+            &ScriptLimitsSpec::default(),
+            "fn f(acc, r) { #{sum: acc.sum + r.amount, n: acc.n + 1} }",
+        );
+        assert!(compiled.native("f"));
+        let acc: Dynamic = serde_json::from_str(r#"{"sum":10,"n":1}"#).expect("json");
+        for r in records() {
+            let rhai = s.call("f", (acc.clone(), r.clone()));
+            let ours = s.invoke("f", &mut [acc.clone(), r]);
+            assert_eq!(shown(ours), shown(rhai));
+        }
+    }
+
+    #[test]
+    fn the_benchmark_map_is_evaluated_natively() {
+        let engine = runtime_engine(&ScriptLimitsSpec::default());
+        let program = engine
+            .compile("{ #{key: \"user:\" + r.user, v: r.amount * 2 + 1} }")
+            .expect("compiles");
+        let fast = FastExpr::compile(&engine, &program, &["r".to_owned()]).expect("native");
+        let r: Dynamic = serde_json::from_str(r#"{"user":"u7","amount":3,"ts":1}"#).expect("json");
+        let out = fast.eval(std::slice::from_ref(&r)).expect("no fallback");
+        let out = out.as_map_ref().expect("map");
+        assert_eq!(out["key"].to_string(), "user:u7");
+        assert_eq!(out["v"].as_int(), Ok(7));
+    }
+
+    #[test]
+    fn a_tiny_operation_budget_disables_the_native_path() {
+        let limits = ScriptLimitsSpec {
+            max_operations: 10,
+            ..ScriptLimitsSpec::default()
+        };
+        let (_, compiled) = script(
+            &limits,
+            "fn f(r) { #{key: \"user:\" + r.user, v: r.amount * 2 + 1} }",
+        );
+        assert!(!compiled.native("f"));
+    }
+}
