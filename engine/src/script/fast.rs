@@ -342,7 +342,7 @@ mod tests {
 
     fn records() -> Vec<Dynamic> {
         let json = [
-            r#"{"user":"u1","amount":5,"ts":1700000000000,"name":"ünï","big":9223372036854775807,"neg":-3,"zero":0,"f":1.5,"flag":true,"nested":{"a":{"b":7}},"arr":[1,2],"none":null,"long":"abcdefghij"}"#,
+            r#"{"user":"u1","amount":5,"ts":1700000000000,"name":"ünï","big":9223372036854775807,"neg":-3,"zero":0,"f":1.5,"flag":true,"nested":{"a":{"b":7}},"arr":[1,2],"none":null,"long":"abcdefghij","len":3}"#,
             r#"{"user":"u0","amount":50,"ts":1,"name":"zed","big":-9223372036854775808,"neg":4,"zero":0,"f":-0.5,"flag":false,"nested":{"a":{"b":"x"}},"arr":[],"none":null,"long":""}"#,
             r#"{"user":5,"amount":"5","nested":{"a":3},"flag":1}"#,
             r#"{}"#,
@@ -384,6 +384,7 @@ mod tests {
         ("fn f(r) { #{} }", false),
         ("fn f(r) { r.long + r.long + r.long }", true),
         ("fn f(r) { r.ts }", true),
+        ("fn f(r) { r.len + 1 }", true),
         ("fn f(r) { if r.amount > 1 { 1 } else { 2 } }", false),
         ("fn f(r) { let x = r.amount; x }", false),
         ("fn f(r) { r.user.len() }", false),
