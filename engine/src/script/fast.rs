@@ -436,6 +436,111 @@ mod tests {
         assert!(natively >= 30, "{natively} results were computed natively");
     }
 
+    /// Random expressions of the native subset (and a little beyond it), rendered fully
+    /// parenthesised.
+    struct ExprGen(u64);
+
+    impl ExprGen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+            items[(self.next() % items.len() as u64) as usize]
+        }
+
+        fn expr(&mut self, depth: u32) -> String {
+            let leaf = depth == 0 || self.next().is_multiple_of(3);
+            if leaf {
+                return match self.next() % 4 {
+                    0 => self
+                        .pick(&[
+                            "0",
+                            "1",
+                            "2",
+                            "-3",
+                            "100",
+                            "9223372036854775807",
+                            "-9223372036854775807",
+                        ])
+                        .to_owned(),
+                    1 => self
+                        .pick(&["\"\"", "\"a\"", "\"ü\"", "\"user:\"", "true", "false", "()"])
+                        .to_owned(),
+                    _ => format!(
+                        "r.{}",
+                        self.pick(&[
+                            "user",
+                            "amount",
+                            "ts",
+                            "name",
+                            "big",
+                            "neg",
+                            "zero",
+                            "f",
+                            "flag",
+                            "nested.a.b",
+                            "nested.a",
+                            "arr",
+                            "none",
+                            "long",
+                            "missing",
+                            "len",
+                        ])
+                    ),
+                };
+            }
+            match self.next() % 6 {
+                0 => format!("(!{})", self.expr(depth - 1)),
+                1 => format!("(- {})", self.expr(depth - 1)),
+                2 => format!(
+                    "#{{k: {}, v: {}}}",
+                    self.expr(depth - 1),
+                    self.expr(depth - 1)
+                ),
+                _ => {
+                    let op = self.pick(&[
+                        "+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "&&", "||",
+                    ]);
+                    format!("({} {op} {})", self.expr(depth - 1), self.expr(depth - 1))
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_expressions_agree_with_rhai() {
+        let mut generator = ExprGen(0x9E37_79B9_7F4A_7C15);
+        let mut natively = 0;
+        let mut compiled_natively = 0;
+        for _ in 0..1500 {
+            let text = format!("fn f(r) {{ {} }}", generator.expr(4));
+            let engine = Arc::new(runtime_engine(&ScriptLimitsSpec::default()));
+            // Rhai rejects some literal combinations at parse time (`"a" && true`).
+            let Ok(compiled) = CompiledScript::compile(&engine, &text) else {
+                continue;
+            };
+            let compiled = Arc::new(compiled);
+            let mut s = ScriptFn::new(engine, Arc::clone(&compiled));
+            compiled_natively += usize::from(compiled.native("f"));
+            for r in records() {
+                let rhai = s.call("f", (r.clone(),));
+                let mut args = [r.clone()];
+                let ours = s.invoke("f", &mut args);
+                assert_eq!(shown(ours), shown(rhai), "{text} on {r:?}");
+                natively += usize::from(compiled.native_eval("f", &args).is_some());
+            }
+        }
+        assert!(
+            compiled_natively >= 1000,
+            "{compiled_natively} of 1500 compiled natively"
+        );
+        assert!(natively >= 1000, "{natively} results computed natively");
+    }
+
     #[test]
     fn two_parameters() {
         let (mut s, compiled) = script(
