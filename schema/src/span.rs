@@ -50,19 +50,25 @@ impl SourceFile {
 
     /// The byte offset of a 1-based line and column (in characters), clamped to the text.
     pub fn offset_of(&self, line: usize, col: usize) -> usize {
-        let mut offset = 0;
-        for (i, l) in self.text.split_inclusive('\n').enumerate() {
-            if i + 1 == line {
-                let within: usize = l
-                    .char_indices()
-                    .nth(col.saturating_sub(1))
-                    .map_or(l.trim_end_matches('\n').len(), |(b, _)| b);
-                return offset + within;
-            }
-            offset += l.len();
-        }
-        self.text.len()
+        offset_of(&self.text, line, col)
     }
+}
+
+/// The byte offset in `text` of a 1-based line and column (in characters), clamped to the
+/// text: a column past its line's end gives the line's end, a line past the text its end.
+pub fn offset_of(text: &str, line: usize, col: usize) -> usize {
+    let mut offset = 0;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            let within: usize = l
+                .char_indices()
+                .nth(col.saturating_sub(1))
+                .map_or(l.trim_end_matches('\n').len(), |(b, _)| b);
+            return offset + within;
+        }
+        offset += l.len();
+    }
+    text.len()
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {

@@ -254,6 +254,8 @@ impl Operator for AggregateOperator {
             .state
             .ok_or_else(|| RunError::Internal("aggregate used before open".into()))?;
         let updates = self.emit == EmitMode::Updates;
+        let keep_backup = ctx.on_error != ErrorPolicy::Fail;
+        let exact = ctx.keeps_failed_records();
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
         for (mut r, k) in records.into_iter().zip(keys) {
@@ -270,8 +272,7 @@ impl Operator for AggregateOperator {
                 }
                 Kind::Script(s) => {
                     let script = &mut s.script;
-                    let keep_backup = ctx.on_error != ErrorPolicy::Fail;
-                    let original = ctx.keeps_failed_records().then(|| r.clone());
+                    let original = exact.then(|| r.clone());
                     // `add` gets the record by value and hands it back (see `ScriptFn::invoke`).
                     let mut args = [Dynamic::UNIT, r];
                     ctx.state_mut()?.update(id, &k, &mut |slot| {

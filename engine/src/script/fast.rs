@@ -334,10 +334,32 @@ mod tests {
     use super::*;
     use crate::script::runtime::{CompiledScript, ScriptFn, runtime_engine};
 
-    fn script(limits: &ScriptLimitsSpec, text: &str) -> (ScriptFn, Arc<CompiledScript>) {
+    /// `None` when Rhai does not parse `text`.
+    fn try_script(
+        limits: &ScriptLimitsSpec,
+        text: &str,
+    ) -> Option<(ScriptFn, Arc<CompiledScript>)> {
         let engine = Arc::new(runtime_engine(limits));
-        let compiled = Arc::new(CompiledScript::compile(&engine, text).expect("compiles"));
-        (ScriptFn::new(engine, Arc::clone(&compiled)), compiled)
+        let compiled = Arc::new(CompiledScript::compile(&engine, text).ok()?);
+        Some((ScriptFn::new(engine, Arc::clone(&compiled)), compiled))
+    }
+
+    fn script(limits: &ScriptLimitsSpec, text: &str) -> (ScriptFn, Arc<CompiledScript>) {
+        try_script(limits, text).expect("compiles")
+    }
+
+    /// Asserts that `f` gives the same value or error through `invoke` as through a plain Rhai
+    /// call on every record; returns how many of the results the native path computed.
+    fn agrees_with_rhai(s: &mut ScriptFn, compiled: &CompiledScript, text: &str) -> usize {
+        let mut natively = 0;
+        for r in records() {
+            let rhai = s.call("f", (r.clone(),));
+            let mut args = [r.clone()];
+            let ours = s.invoke("f", &mut args);
+            assert_eq!(shown(ours), shown(rhai), "{text} on {r:?}");
+            natively += usize::from(compiled.native_eval("f", &args).is_some());
+        }
+        natively
     }
 
     fn records() -> Vec<Dynamic> {
@@ -423,13 +445,7 @@ mod tests {
             for (text, native) in SCRIPTS {
                 let (mut s, compiled) = script(&limits, text);
                 assert_eq!(compiled.native("f"), *native, "{text}");
-                for r in records() {
-                    let rhai = s.call("f", (r.clone(),));
-                    let mut args = [r.clone()];
-                    let ours = s.invoke("f", &mut args);
-                    assert_eq!(shown(ours), shown(rhai), "{text} on {r:?}");
-                    natively += usize::from(compiled.native_eval("f", &args).is_some());
-                }
+                natively += agrees_with_rhai(&mut s, &compiled, text);
             }
         }
         // The comparison covers the native path itself, not only its fallbacks.
@@ -518,21 +534,12 @@ mod tests {
         let mut compiled_natively = 0;
         for _ in 0..1500 {
             let text = format!("fn f(r) {{ {} }}", generator.expr(4));
-            let engine = Arc::new(runtime_engine(&ScriptLimitsSpec::default()));
             // Rhai rejects some literal combinations at parse time (`"a" && true`).
-            let Ok(compiled) = CompiledScript::compile(&engine, &text) else {
+            let Some((mut s, compiled)) = try_script(&ScriptLimitsSpec::default(), &text) else {
                 continue;
             };
-            let compiled = Arc::new(compiled);
-            let mut s = ScriptFn::new(engine, Arc::clone(&compiled));
             compiled_natively += usize::from(compiled.native("f"));
-            for r in records() {
-                let rhai = s.call("f", (r.clone(),));
-                let mut args = [r.clone()];
-                let ours = s.invoke("f", &mut args);
-                assert_eq!(shown(ours), shown(rhai), "{text} on {r:?}");
-                natively += usize::from(compiled.native_eval("f", &args).is_some());
-            }
+            natively += agrees_with_rhai(&mut s, &compiled, &text);
         }
         assert!(
             compiled_natively >= 1000,

@@ -15,6 +15,7 @@ use rhai::{
     ParseError, Position, Scope,
 };
 use weir_schema::ScriptLimitsSpec;
+use weir_schema::span::offset_of;
 
 use super::fast::FastExpr;
 use crate::record::Key;
@@ -70,7 +71,7 @@ impl CompiledScript {
     /// Function `name`'s native evaluation alone (for tests).
     #[cfg(test)]
     pub(crate) fn native_eval(&self, name: &str, args: &[Dynamic]) -> Option<Dynamic> {
-        self.body(name, args.len())?.fast.as_ref()?.eval(args)
+        self.body(name, args.len())?.native(args)
     }
 
     /// Whether function `name` is evaluated natively when its records allow (for tests).
@@ -83,6 +84,11 @@ impl CompiledScript {
 }
 
 impl FnBody {
+    /// The native evaluation, when the body has one and it can answer for `args`.
+    fn native(&self, args: &[Dynamic]) -> Option<Dynamic> {
+        self.fast.as_ref()?.eval(args)
+    }
+
     /// `None` when the body cannot be cut out exactly (the function is then called as usual).
     fn compile(
         engine: &Engine,
@@ -90,8 +96,10 @@ impl FnBody {
         functions: &AST,
         def: &rhai::ScriptFuncDef,
     ) -> Option<Self> {
-        let start = byte_offset(text, def.body.start_position())?;
-        let close = byte_offset(text, def.body.end_position())?;
+        // Clamped offsets: a position off the text fails the brace checks below.
+        let offset = |pos: Position| Some(offset_of(text, pos.line()?, pos.position()?));
+        let start = offset(def.body.start_position())?;
+        let close = offset(def.body.end_position())?;
         if !text[start..].starts_with('{') || !text[close..].starts_with('}') || close < start {
             return None;
         }
@@ -112,18 +120,24 @@ impl FnBody {
     }
 }
 
-/// The byte offset of a Rhai position (1-based line and character column) in `text`.
-fn byte_offset(text: &str, pos: Position) -> Option<usize> {
-    let (line, column) = (pos.line()?, pos.position()?);
-    let line_start = if line == 1 {
-        0
-    } else {
-        text.match_indices('\n').nth(line - 2)?.0 + 1
-    };
-    text[line_start..]
-        .char_indices()
-        .nth(column - 1)
-        .map(|(i, _)| line_start + i)
+/// Runs `body` with `args` moved into `scope` as its parameters, and moves them back.
+fn run_body(
+    engine: &Engine,
+    scope: &mut Scope<'static>,
+    body: &FnBody,
+    args: &mut [Dynamic],
+) -> Result<Dynamic, String> {
+    let base = scope.len();
+    for (param, arg) in body.params.iter().zip(args.iter_mut()) {
+        scope.push(param.as_str(), std::mem::take(arg));
+    }
+    let result = engine.eval_ast_with_scope::<Dynamic>(scope, &body.program);
+    scope.rewind(base + args.len());
+    for (param, arg) in body.params.iter().zip(args.iter_mut()).rev() {
+        *arg = scope.remove::<Dynamic>(param).unwrap_or_default();
+    }
+    scope.rewind(base);
+    result.map_err(|e| describe(&e))
 }
 
 /// One compiled script, ready to call per record.
@@ -172,10 +186,13 @@ impl ScriptFn {
     /// # Errors
     /// The script's error as text (with its script position).
     pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
-        if let Some(value) = self.native(name, args) {
-            return Ok(value);
+        match self.script.body(name, args.len()) {
+            Some(body) => match body.native(args) {
+                Some(value) => Ok(value),
+                None => run_body(&self.engine, &mut self.scope, body, args),
+            },
+            None => self.call(name, args.to_vec()),
         }
-        self.interpret(name, args)
     }
 
     /// [`invoke`](Self::invoke) for an operator that passes its records on unchanged: the
@@ -184,37 +201,13 @@ impl ScriptFn {
     /// # Errors
     /// The script's error as text (with its script position).
     pub fn invoke_on_copy(&mut self, name: &str, args: &[Dynamic]) -> Result<Dynamic, String> {
-        if let Some(value) = self.native(name, args) {
-            return Ok(value);
+        match self.script.body(name, args.len()) {
+            Some(body) => match body.native(args) {
+                Some(value) => Ok(value),
+                None => run_body(&self.engine, &mut self.scope, body, &mut args.to_vec()),
+            },
+            None => self.call(name, args.to_vec()),
         }
-        self.interpret(name, &mut args.to_vec())
-    }
-
-    fn native(&self, name: &str, args: &[Dynamic]) -> Option<Dynamic> {
-        self.script
-            .body(name, args.len())?
-            .fast
-            .as_ref()?
-            .eval(args)
-    }
-
-    fn interpret(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
-        let Some(body) = self.script.body(name, args.len()) else {
-            return self.call(name, args.to_vec());
-        };
-        let base = self.scope.len();
-        for (param, arg) in body.params.iter().zip(args.iter_mut()) {
-            self.scope.push(param.as_str(), std::mem::take(arg));
-        }
-        let result = self
-            .engine
-            .eval_ast_with_scope::<Dynamic>(&mut self.scope, &body.program);
-        self.scope.rewind(base + args.len());
-        for (param, arg) in body.params.iter().zip(args.iter_mut()).rev() {
-            *arg = self.scope.remove::<Dynamic>(param).unwrap_or_default();
-        }
-        self.scope.rewind(base);
-        result.map_err(|e| describe(&e))
     }
 
     /// Whether the script defines `name` with `arity` parameters.
