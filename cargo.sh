@@ -156,7 +156,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "would run: ${update[*]}"
     say "would run: ${install[*]}"
   else
-    say "installing ${packages[*]} (about 100 MB, once):"
+    say "installing ${packages[*]}:"
     say "+ ${update[*]}"
     "${update[@]}" || die "apt-get update failed (see above)." \
       "Check the network and the apt sources, or install ${packages[*]} yourself."
