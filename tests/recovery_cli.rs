@@ -63,7 +63,7 @@ pipelines:
 /// Runs until `checkpoints` checkpoints completed, then SIGKILLs the process.
 fn run_and_kill(yaml: &Path, checkpoints: usize) -> String {
     let mut child = weir()
-        .args(["run", "--no-progress"])
+        .args(["run", "--no-progress", "--no-api"])
         .arg(yaml)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -94,7 +94,7 @@ fn run_and_kill(yaml: &Path, checkpoints: usize) -> String {
 
 fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
     let out = weir()
-        .args(["run", "--no-progress"])
+        .args(["run", "--no-progress", "--no-api"])
         .args(extra)
         .arg(yaml)
         .output()
@@ -235,7 +235,7 @@ fn sigterm_then_resume(backend: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let yaml = job_on(tmp.path(), 8_000, backend);
     let mut child = weir()
-        .args(["run", "--no-progress"])
+        .args(["run", "--no-progress", "--no-api"])
         .arg(&yaml)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

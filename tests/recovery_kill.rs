@@ -335,6 +335,7 @@ impl Runner {
         let child = Command::new(WEIR)
             .arg("run")
             .arg("--no-progress")
+            .arg("--no-api")
             .args(extra)
             .arg(&self.file)
             .env("RUST_LOG", "info")

@@ -4,7 +4,9 @@
 //! another parallelism or a changed pipeline; the restore rules (removed, added and migrated
 //! operators, `max_parallelism`, moved and damaged savepoint directories); the API token; and
 //! failures around a savepoint (an unwritable savepoint directory, a restored run that dies
-//! before its first checkpoint).
+//! before its first checkpoint); and the control API's security against the real binary (the
+//! file's `api:` section and flag precedence, empty and missing tokens, confined savepoint
+//! directories and reload files, cross-site requests, a taken port).
 //!
 //! Every scenario compares its committed output with a straight, failure-free run of the
 //! final pipeline computed by `weir` itself in a separate directory. The keyed pipelines read
@@ -141,6 +143,14 @@ fn wait_child(child: &mut Child, deadline: Duration, log: impl Fn() -> String) -
 
 /// `weir run --no-api EXTRA FILE` to its end: `(success, stderr)`.
 fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["--no-api"];
+    args.extend_from_slice(extra);
+    let (status, log) = run_to_end_with(yaml, &args, &[]);
+    (status.success(), log)
+}
+
+/// `weir run ARGS FILE` with extra environment variables, to its end: `(status, stderr)`.
+fn run_to_end_with(yaml: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
     let dir = yaml.parent().expect("the pipeline file is in a directory");
     let log_path = dir.join(format!(
         "run-{}.log",
@@ -150,18 +160,21 @@ fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
             .unwrap_or(0)
     ));
     let log_file = std::fs::File::create(&log_path).expect("create the log file");
-    let mut child = weir()
-        .args(["run", "--no-progress", "--no-api"])
-        .args(extra)
+    let mut command = weir();
+    command
+        .args(["run", "--no-progress"])
+        .args(args)
         .arg(yaml)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .expect("start weir run");
+        .stderr(log_file);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().expect("start weir run");
     let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let status = wait_child(&mut child, RUN_DEADLINE, read);
-    (status.success(), read())
+    (status, read())
 }
 
 /// A `weir run --api-port 0` in the background, its stderr collected.
@@ -173,17 +186,28 @@ struct Run {
 }
 
 impl Run {
-    /// Starts `weir run` and waits until its control API listens.
+    /// Starts `weir run --api-port 0 EXTRA FILE` and waits until its control API listens.
     fn start(yaml: &Path, extra: &[&str]) -> Self {
-        let mut child = weir()
-            .args(["run", "--no-progress", "--api-port", "0"])
-            .args(extra)
+        let mut args = vec!["--api-port", "0"];
+        args.extend_from_slice(extra);
+        Self::start_with(yaml, &args, &[])
+    }
+
+    /// Starts `weir run ARGS FILE` with extra environment variables (the API settings come
+    /// from `args` and the file) and waits until its control API listens.
+    fn start_with(yaml: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = weir();
+        command
+            .args(["run", "--no-progress"])
+            .args(args)
             .arg(yaml)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start weir run");
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("start weir run");
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
@@ -1350,7 +1374,8 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
     let yaml = write_yaml(d, KEYED);
     // A savepoint mid-run, then the run goes on (committing more output) and is stopped
     // without one: restoring the savepoint rolls the output back to it.
-    let mut run = Run::start(&yaml, &[]);
+    // A directory outside the savepoint root needs --allow-any-savepoint-dir.
+    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
     run.wait_mid_run("totals", STOP_AFTER);
     let custom = d.join("custom");
     let out = run.cli(&["savepoint", "totals", "--dir", arg(&custom)]);
@@ -1433,7 +1458,7 @@ fn an_unwritable_savepoint_dir_is_refused_before_anything_stops() {
     // Under a regular file: no directory can be created there.
     std::fs::write(dir.path().join("a-file"), b"x").expect("write a file");
     let bad = dir.path().join("a-file").join("savepoints");
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
     run.wait_mid_run("totals", STOP_AFTER);
     for args in [
         vec!["stop", "totals", "--savepoint", "--dir", arg(&bad)],
@@ -1521,4 +1546,340 @@ fn a_restore_that_dies_before_its_first_checkpoint_is_restored_again() {
         &straight(&unlimited(KEYED)),
         "a plain run after a restore that died early",
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Control API security
+// ---------------------------------------------------------------------------------------
+
+/// A short bounded pipeline (the `beta` of [`BETA`] without its rate limit) under `api`.
+fn short_job(api: &str) -> String {
+    unlimited(&format!("version: 1\n{api}pipelines:\n{BETA}"))
+}
+
+/// One raw HTTP/1.1 request to `addr` with exactly these header lines: the status code.
+fn raw_status(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the API");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {answer:?}"))
+}
+
+fn assert_forbidden(out: &Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+    assert!(stderr.contains("weir::api::forbidden"), "{what}: {stderr}");
+    stderr
+}
+
+#[test]
+fn the_api_section_sets_port_and_token_and_flags_win() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Two pipelines, one `api:` section for the whole file: port 0 (a free one) and a token
+    // from MY_WEIR_TOKEN; no API flag on the command line.
+    let api = "api: {enabled: true, port: 0, token_env: MY_WEIR_TOKEN}\n";
+    let yaml = write_yaml(dir.path(), &format!("{KEYED}{BETA}{api}"));
+    let mut run = Run::start_with(&yaml, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
+    assert!(run.log().contains("MY_WEIR_TOKEN"), "{}", run.log());
+    assert_unauthorized(&run.cli(&["stop", "beta"]), "stop without the file's token");
+    assert_eq!(run.pipeline("beta")["state"], "running");
+    let out = run.cli(&["stop", "beta", "--token", "s3cret"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(run.pipeline("beta")["state"], "stopped");
+    assert_eq!(run.pipeline("totals")["state"], "running");
+    let out = run.cli_env(&["stop", "totals"], &[("WEIR_API_TOKEN", "s3cret")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.finish_ok();
+
+    // The issue's file: `enabled: false` on 7071 with the variable set serves no API at all.
+    let off = write_yaml(
+        dir.path(),
+        &short_job("api: {enabled: false, port: 7071, token_env: MY_WEIR_TOKEN}\n"),
+    );
+    let (status, log) = run_to_end_with(&off, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("control API on"), "the API is off:\n{log}");
+    assert!(!log.contains("Control API listening"), "{log}");
+
+    // Flags win: --api-port switches it on, --api-token replaces the file's variable (which
+    // is not even set), and the log says what the flags override.
+    let mut run = Run::start_with(&off, &["--api-port", "0", "--api-token", "flag-token"], &[]);
+    let log = run.log();
+    assert!(
+        log.contains("--api-port switches on the API the file disables"),
+        "{log}"
+    );
+    assert!(
+        log.contains("overrides the file's `api.token_env: MY_WEIR_TOKEN`"),
+        "{log}"
+    );
+    assert_unauthorized(
+        &run.cli(&["stop", "beta", "--token", "s3cret"]),
+        "the file's token",
+    );
+    let out = run.cli(&["stop", "beta", "--token", "flag-token"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.finish_ok();
+}
+
+#[test]
+fn empty_or_missing_tokens_stop_weir_run_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plain = write_yaml(dir.path(), &short_job(""));
+    // (flags, environment, the error code expected)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 3] = [
+        (&["--api-token", ""], &[], "weir::api::empty_token"),
+        (&[], &[("WEIR_API_TOKEN", "")], "weir::api::empty_token"),
+        (&["--api-token", "two words"], &[], "weir::api::bad_token"),
+    ];
+    for (args, env, code) in cases {
+        let (status, log) = run_to_end_with(&plain, args, env);
+        assert_eq!(status.code(), Some(1), "{args:?} {env:?}: {log}");
+        assert!(log.contains(code), "{args:?} {env:?}: {log}");
+        assert!(!dir.path().join("out_beta").exists(), "nothing ran: {log}");
+    }
+    let file = write_yaml(
+        dir.path(),
+        &short_job("api: {port: 0, token_env: MY_WEIR_TOKEN}\n"),
+    );
+    let (status, log) = run_to_end_with(&file, &[], &[]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("weir::api::token_env_unset"), "{log}");
+    assert!(log.contains("`MY_WEIR_TOKEN`, which is not set"), "{log}");
+    let (status, log) = run_to_end_with(&file, &[], &[("MY_WEIR_TOKEN", "")]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("weir::api::empty_token"), "{log}");
+    assert!(!dir.path().join("out_beta").exists(), "nothing ran: {log}");
+}
+
+#[test]
+fn api_savepoint_dirs_are_confined_to_the_savepoint_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = std::fs::canonicalize(dir.path()).expect("canonical tempdir");
+    let yaml = write_yaml(&d, KEYED);
+    let root = d.join(".weir").join("savepoints");
+    let outside = d.join("outside");
+    std::fs::create_dir_all(&root).expect("mkdir root");
+    std::fs::create_dir_all(&outside).expect("mkdir outside");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&outside, root.join("escape")).expect("symlink");
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+
+    let mut refused = vec![
+        vec!["savepoint", "totals", "--dir", arg(&outside)],
+        vec!["savepoint", "totals", "--dir", "../../x"],
+        vec![
+            "stop",
+            "totals",
+            "--savepoint",
+            "--dir",
+            "/tmp/weir-elsewhere",
+        ],
+    ];
+    if cfg!(unix) {
+        refused.push(vec!["savepoint", "totals", "--dir", "escape/x"]);
+    }
+    for args in &refused {
+        let stderr = assert_forbidden(&run.cli(args), &format!("{args:?}"));
+        assert!(stderr.contains("--allow-any-savepoint-dir"), "{stderr}");
+        assert_eq!(run.pipeline("totals")["state"], "running", "{args:?}");
+    }
+    assert_eq!(std::fs::read_dir(&outside).expect("list").count(), 0);
+    assert!(!d.join("x").exists() && !Path::new("/tmp/weir-elsewhere").exists());
+
+    // A relative directory is relative to the root.
+    let out = run.cli(&["savepoint", "totals", "--dir", "nightly"]);
+    let savepoint = run.savepoint_path(&out, "savepoint --dir nightly");
+    assert!(
+        savepoint.starts_with(root.join("nightly")),
+        "{}",
+        savepoint.display()
+    );
+
+    // Browsers: a foreign Origin or Host, or a body not declared JSON, is refused before
+    // the token check and before the job; `weir`'s own requests pass.
+    let stop = "/v1/pipelines/totals/stop";
+    let json = "Content-Type: application/json";
+    let host = "Host: 127.0.0.1";
+    assert_eq!(
+        raw_status(
+            &run.api,
+            "POST",
+            stop,
+            &[host, json, "Origin: http://evil.example"],
+            "{}"
+        ),
+        403
+    );
+    assert_eq!(
+        raw_status(
+            &run.api,
+            "POST",
+            stop,
+            &[host, "Content-Type: text/plain"],
+            "{}"
+        ),
+        415
+    );
+    assert_eq!(raw_status(&run.api, "POST", stop, &[host], ""), 415);
+    assert_eq!(
+        raw_status(
+            &run.api,
+            "GET",
+            "/v1/status",
+            &["Host: evil.example:8642"],
+            ""
+        ),
+        403
+    );
+    let huge = format!("{{\"dir\": \"{}\"}}", "a".repeat(70_000));
+    assert_eq!(
+        raw_status(
+            &run.api,
+            "POST",
+            "/v1/pipelines/totals/savepoints",
+            &[host, json],
+            &huge
+        ),
+        413
+    );
+    assert_eq!(run.pipeline("totals")["state"], "running");
+    run.stop_after_checkpoints("totals", 1, "a checkpoint after the refused calls");
+
+    // With --allow-any-savepoint-dir, any directory goes.
+    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    let out = run.cli(&["stop", "totals", "--savepoint", "--dir", arg(&outside)]);
+    let savepoint = run.savepoint_path(&out, "stop --savepoint --dir outside the root");
+    assert!(savepoint.starts_with(&outside), "{}", savepoint.display());
+    run.finish_ok();
+}
+
+#[test]
+fn reload_reads_only_the_running_file_or_yaml_beside_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = std::fs::canonicalize(dir.path()).expect("canonical tempdir");
+    let yaml = write_yaml(&d, KEYED);
+    // The next version changes only the `api:` section.
+    let next = d.join("next.yaml");
+    std::fs::write(&next, format!("{KEYED}api: {{port: 7071}}\n")).expect("write next.yaml");
+    std::fs::write(d.join("secret.txt"), "root:x:0:0:secret\n").expect("write a secret");
+    let mut run = Run::start(&yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+
+    for file in [
+        "/etc/passwd",
+        "../../../../etc/passwd",
+        arg(&d.join("secret.txt")),
+    ] {
+        let out = run.cli(&["reload", "--plan", file]);
+        let stderr = assert_forbidden(&out, file);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stdout.contains("root:") && !stderr.contains("root:"),
+            "{file}: {stdout}{stderr}"
+        );
+        assert!(
+            stderr.contains("compares only the running file"),
+            "{stderr}"
+        );
+    }
+    // The raw API call the issue names answers 403 with no line of the file.
+    let client = weir_engine::api::ApiClient::new(&run.api, None).expect("client");
+    let request = weir_engine::control::ReloadRequest {
+        file: Some("/etc/passwd".into()),
+        plan_only: true,
+    };
+    match client.reload(&request) {
+        Err(weir_engine::api::ClientError::Api { status, error }) => {
+            assert_eq!(status, 403);
+            assert!(!error.to_string().contains("root:"), "{error}");
+        }
+        other => panic!("expected a 403, got {other:?}"),
+    }
+
+    // A file beside the running one is compared; its `api:` change is reported, not applied.
+    let out = run.cli(&["reload", "--plan", arg(&next)]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("reload plan (nothing applied)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the file's `api:` section changed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("port: 8642") && stdout.contains("port: 7071"),
+        "{stdout}"
+    );
+    run.stop_after_checkpoints("totals", 1, "a checkpoint after the plans");
+}
+
+#[test]
+fn a_taken_port_stops_weir_run_naming_the_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let by_flag = write_yaml(dir.path(), &short_job(""));
+    let by_file = dir.path().join("by_file.yaml");
+    std::fs::write(&by_file, short_job(&format!("api: {{port: {port}}}\n"))).expect("write");
+    for (yaml, args) in [
+        (&by_flag, vec!["--api-port", port.as_str()]),
+        (&by_file, vec![]),
+    ] {
+        let (status, log) = run_to_end_with(yaml, &args, &[]);
+        assert_eq!(status.code(), Some(1), "{log}");
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("address in use"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{log}");
+        let want = format!(
+            "error[weir::api::address_in_use]: cannot listen on 127.0.0.1:{port}: address in use \
+             by process {} (`",
+            std::process::id()
+        );
+        assert!(lines[0].starts_with(&want), "{}\nwanted: {want}", lines[0]);
+        assert!(lines[0].contains("--no-api"), "{}", lines[0]);
+        assert!(
+            !dir.path().join("out_beta").exists(),
+            "no pipeline ran: {log}"
+        );
+    }
+    // With --no-api the same file runs.
+    let (ok, log) = run_to_end(&by_file, &[]);
+    assert!(ok, "{log}");
+    drop(taken);
 }

@@ -74,6 +74,11 @@ pub enum ControlError {
     /// Missing or wrong bearer token (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// The request is refused whatever the token: a cross-site `Origin`, a `Host` that is not
+    /// a loopback name, or a path outside what the API may touch (a reload file outside the
+    /// running file's directory, a savepoint directory outside the savepoint root) (403).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// The whole job.
@@ -153,7 +158,9 @@ pub struct SubtaskCheckpointInfo {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SavepointRequest {
     /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
-    /// `.weir/savepoints` next to the file).
+    /// `.weir/savepoints` next to the file). A relative path is relative to that savepoint
+    /// root; unless `weir run` was started with `--allow-any-savepoint-dir`, the directory
+    /// must lie inside the root (no `..`, symlinks resolved).
     pub dir: Option<PathBuf>,
 }
 
@@ -180,7 +187,7 @@ pub struct StopRequest {
     /// Drain first: sources end, everything in flight and every `emit: final` result is
     /// flushed to the sinks, then the savepoint is taken.
     pub drain: bool,
-    /// Where the savepoint goes (as [`SavepointRequest::dir`]).
+    /// Where the savepoint goes (as [`SavepointRequest::dir`], confined the same way).
     pub dir: Option<PathBuf>,
 }
 
@@ -196,7 +203,9 @@ pub struct StopOutcome {
 /// Asks for a reload.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReloadRequest {
-    /// Compare this file instead of re-reading the running one (with `plan_only`).
+    /// Compare this file instead of re-reading the running one (with `plan_only`). Only the
+    /// running file or a `.yaml`/`.yml` file under its directory is accepted (a relative path
+    /// is relative to that directory); anything else is refused unread.
     pub file: Option<PathBuf>,
     /// Print the plan only; change nothing.
     pub plan_only: bool,

@@ -40,19 +40,24 @@ pub struct FileSpec {
     pub api: ApiSpec,
 }
 
-/// The HTTP control API that `weir run` serves on the loopback interface.
+/// The HTTP control API that `weir run` serves on the loopback interface. `weir run`'s flags
+/// win over this section: `--no-api` switches it off, `--api-port` sets the port (and switches
+/// it on), `--api-token` (or `WEIR_API_TOKEN`) sets the token. Read when `weir run` starts: a
+/// reload that changes it is reported and takes effect at the next start.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ApiSpec {
     /// Serve the control API. `weir status`, `weir savepoint`, `weir stop` and `weir reload`
-    /// need it.
+    /// need it. Default: `true`.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// TCP port on 127.0.0.1. `0` picks a free port and prints it.
+    /// TCP port on 127.0.0.1. `0` picks a free port and prints it. `weir run` refuses to start
+    /// when the port is taken. Default: `8642`.
     #[serde(default = "default_api_port")]
     pub port: u16,
     /// Name of an environment variable holding a bearer token. When set, mutating calls
-    /// (checkpoint, savepoint, stop, reload) must send `Authorization: Bearer <token>`.
+    /// (checkpoint, savepoint, stop, reload) must send `Authorization: Bearer <token>`, and
+    /// `weir run` refuses to start if the variable is unset or empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_env: Option<String>,
 }
@@ -454,7 +459,7 @@ pub(crate) fn default_true() -> bool {
     true
 }
 fn default_api_port() -> u16 {
-    7070
+    8642
 }
 fn default_parallelism() -> u32 {
     1

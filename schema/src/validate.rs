@@ -47,7 +47,31 @@ pub fn validate(
         }
         PipelineCheck::new(&mut cx, pi, p).run();
     }
+    check_api(&mut cx, spec);
     cx.out
+}
+
+/// `api.token_env` must be a name an environment variable can have.
+fn check_api(cx: &mut Cx<'_>, spec: &FileSpec) {
+    let Some(name) = &spec.api.token_env else {
+        return;
+    };
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        let path = YamlPath::root().join("api").join("token_env");
+        cx.error(
+            codes::INVALID_VALUE,
+            &path,
+            format!("`{name}` is not an environment variable name"),
+            "not a variable name",
+        )
+        .help("name the variable that holds the token, such as `WEIR_TOKEN` (letters, digits and `_`, not starting with a digit); not the token itself")
+        .push(&mut cx.out);
+    }
 }
 
 struct Cx<'a> {

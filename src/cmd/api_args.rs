@@ -95,9 +95,16 @@ fn report(client: Option<&ApiClient>, err: &ClientError) -> MietteDiagnostic {
             ControlError::Unauthorized(_) => (
                 "weir::api::unauthorized",
                 format!(
-                    "pass the token `weir run` was started with (its --api-token or \
-                     {TOKEN_ENV}) with --token TOKEN or the {TOKEN_ENV} environment variable"
+                    "pass the token `weir run` was started with (its --api-token, {TOKEN_ENV} \
+                     or the variable its file's `api.token_env` names) with --token TOKEN or \
+                     the {TOKEN_ENV} environment variable"
                 ),
+            ),
+            ControlError::Forbidden(_) => (
+                "weir::api::forbidden",
+                "the API refuses this whatever the token; the message says what it accepts \
+                 (README, \"Control API security\")"
+                    .to_owned(),
             ),
         },
         ClientError::TimedOut { .. } => (
@@ -137,8 +144,9 @@ fn running_pipelines(client: Option<&ApiClient>) -> String {
     }
 }
 
-/// Renders a report for standard error: colours only on a terminal without `NO_COLOR`.
-fn render(diagnostic: &MietteDiagnostic) -> String {
+/// Renders a report for standard error: colours only on a terminal without `NO_COLOR`; long
+/// lines are not wrapped (the terminal does it), so flags and paths stay whole and greppable.
+pub fn render(diagnostic: &dyn miette::Diagnostic) -> String {
     use std::io::IsTerminal;
     let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let theme = if color {
@@ -148,13 +156,15 @@ fn render(diagnostic: &MietteDiagnostic) -> String {
     };
     let mut out = String::new();
     if GraphicalReportHandler::new_themed(theme)
+        .with_wrap_lines(false)
         .render_report(&mut out, diagnostic)
         .is_err()
     {
         out = format!(
-            "error[{}]: {}\n",
-            diagnostic.code.as_deref().unwrap_or("weir::api"),
-            diagnostic.message
+            "error[{}]: {diagnostic}\n",
+            diagnostic
+                .code()
+                .map_or_else(|| "weir::api".to_owned(), |c| c.to_string()),
         );
     }
     out

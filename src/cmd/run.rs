@@ -49,16 +49,23 @@ pub struct RunArgs {
     #[arg(long)]
     pub watch: bool,
     /// Port of the control API on 127.0.0.1 (`weir status`, `savepoint`, `stop`, `reload`).
-    /// Default 8642; when that is taken, the run goes on without the API. 0 picks a free
-    /// port (printed in the log).
+    /// Wins over the file's `api.port` (and `api.enabled: false`); default 8642. `weir run`
+    /// refuses to start when the port is taken. 0 picks a free port (printed in the log).
     #[arg(long, value_name = "PORT", conflicts_with = "no_api")]
     pub api_port: Option<u16>,
-    /// Do not serve the control API.
+    /// Do not serve the control API (wins over the file's `api:`).
     #[arg(long)]
     pub no_api: bool,
-    /// Bearer token the API requires on mutating calls (default: `WEIR_API_TOKEN`).
-    #[arg(long, env = "WEIR_API_TOKEN", hide_env_values = true)]
+    /// Bearer token the API requires on mutating calls. Without the flag: the
+    /// `WEIR_API_TOKEN` environment variable, else the variable the file's `api.token_env`
+    /// names. An empty token is refused.
+    #[arg(long, value_name = "TOKEN")]
     pub api_token: Option<String>,
+    /// Let API requests (`weir savepoint --dir`, `weir stop --savepoint --dir`) write
+    /// savepoints to any directory. Without it, a requested directory must lie under the
+    /// pipeline's `savepoints.dir` (a relative one is relative to it).
+    #[arg(long)]
+    pub allow_any_savepoint_dir: bool,
 }
 
 fn init_logs() {
@@ -284,12 +291,39 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let api = (!args.no_api).then(|| {
-        weir_engine::api::ApiConfig::local(
-            args.api_port.unwrap_or(weir_engine::api::DEFAULT_PORT),
-            args.api_token.clone().filter(|t| !t.is_empty()),
-        )
-    });
+    let api_spec = validation
+        .spec
+        .as_ref()
+        .map(|s| s.api.clone())
+        .unwrap_or_default();
+    let flags = weir_engine::api::settings::ApiFlags {
+        no_api: args.no_api,
+        port: args.api_port,
+        token: args.api_token.clone(),
+    };
+    let api = match weir_engine::api::settings::resolve(&flags, &api_spec, &|name| {
+        std::env::var_os(name)
+    }) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprint!("{}", super::api_args::render(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    // On a terminal (no log subscriber) the notes go straight to standard error.
+    for note in &api.overrides {
+        if tty {
+            eprintln!("note: {note}");
+        } else {
+            tracing::warn!("Control API: {note}.");
+        }
+    }
+    if api.config.is_some() && !tty {
+        tracing::info!(
+            token = %weir_engine::api::settings::source_name(&api.token_source),
+            "Control API token source."
+        );
+    }
     let options = JobOptions {
         handle_signals: true,
         progress,
@@ -304,8 +338,9 @@ pub fn run(args: &RunArgs) -> ExitCode {
         },
         file: Some(args.file.clone()),
         watch: args.watch,
-        api,
-        api_optional: args.api_port.is_none(),
+        api: api.config,
+        api_spec: Some(api_spec),
+        allow_any_savepoint_dir: args.allow_any_savepoint_dir,
         api_ready: Some(Arc::new(|addr| {
             eprintln!("control API on http://{addr}");
         })),
@@ -324,6 +359,13 @@ pub fn run(args: &RunArgs) -> ExitCode {
             } else {
                 ExitCode::FAILURE
             }
+        }
+        Err(weir_engine::runtime::error::RunError::Api(e)) => {
+            // One line: which address, who holds it, what to do.
+            let code = miette::Diagnostic::code(&e)
+                .map_or_else(|| "weir::api".to_owned(), |c| c.to_string());
+            eprintln!("error[{code}]: {e}");
+            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("error: {e}");

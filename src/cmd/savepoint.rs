@@ -15,8 +15,10 @@ use super::api_args::{self, ApiArgs};
 pub struct SavepointArgs {
     /// The pipeline id.
     pub pipeline: String,
-    /// The directory to create the savepoint in (default: the pipeline's
-    /// `.weir/savepoints` next to the file).
+    /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
+    /// `.weir/savepoints` next to the file). A relative DIR is relative to that savepoint root,
+    /// not to this shell's directory; an absolute one must lie inside the root unless
+    /// `weir run` was started with --allow-any-savepoint-dir.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
@@ -30,7 +32,7 @@ pub fn run(args: &SavepointArgs) -> ExitCode {
         Err(code) => return code,
     };
     let request = SavepointRequest {
-        dir: args.dir.as_deref().map(api_args::absolute),
+        dir: args.dir.clone(),
     };
     match client.savepoint(&args.pipeline, &request) {
         Ok(info) => {

@@ -23,8 +23,10 @@ pub struct StopArgs {
     /// reaches the sinks before the pipeline stops.
     #[arg(long)]
     pub drain: bool,
-    /// The directory to create the savepoint in (default: the pipeline's
-    /// `.weir/savepoints` next to the file).
+    /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
+    /// `.weir/savepoints` next to the file). A relative DIR is relative to that savepoint root,
+    /// not to this shell's directory; an absolute one must lie inside the root unless
+    /// `weir run` was started with --allow-any-savepoint-dir.
     #[arg(long, value_name = "DIR", requires = "savepoint")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
@@ -40,7 +42,7 @@ pub fn run(args: &StopArgs) -> ExitCode {
     let request = StopRequest {
         savepoint: args.savepoint,
         drain: args.drain,
-        dir: args.dir.as_deref().map(api_args::absolute),
+        dir: args.dir.clone(),
     };
     match client.stop(&args.pipeline, &request) {
         Ok(outcome) => {

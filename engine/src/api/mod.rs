@@ -1,10 +1,12 @@
 //! The control HTTP API of `weir run`: a small JSON-over-HTTP/1.1 server that translates
 //! requests into [`JobControl`](crate::control::JobControl) calls (`server`), the blocking
 //! client the CLI verbs (`weir status`, `savepoint`, `stop`, `reload`) use to call it
-//! (`client`), and the text rendering of answers shared by the CLI and `weir run`'s logs
-//! (`render`).
+//! (`client`), the text rendering of answers shared by the CLI and `weir run`'s logs
+//! (`render`), how flags, environment and the file's `api:` section combine into where it
+//! listens and its token (`settings`), and who holds a port that is taken (`port_owner`).
 //!
-//! This module owns the wire: routes, status codes, the error body and the bearer-token check.
+//! This module owns the wire: routes, status codes, the error body, the request screening
+//! (`Host`, `Origin`, `Content-Type`, body size) and the bearer-token check.
 //! It owns no job behaviour: what a call does is entirely the `JobControl` implementation's,
 //! and the request and answer types are `control`'s, unchanged on the wire.
 //!
@@ -15,7 +17,7 @@
 //! |--------------------------------------|---------------------|-----------------------|
 //! | `GET /v1/status`                     |                     | `JobStatus`           |
 //! | `GET /v1/pipelines/{id}/checkpoints` |                     | `Vec<CheckpointInfo>` |
-//! | `POST /v1/pipelines/{id}/checkpoints`|                     | `CheckpointInfo`      |
+//! | `POST /v1/pipelines/{id}/checkpoints`| empty or `{}`      | `CheckpointInfo`      |
 //! | `POST /v1/pipelines/{id}/savepoints` | `SavepointRequest`  | `SavepointInfo`       |
 //! | `POST /v1/pipelines/{id}/stop`       | `StopRequest`       | `StopOutcome`         |
 //! | `POST /v1/reload`                    | `ReloadRequest`     | `ReloadOutcome`       |
@@ -23,12 +25,18 @@
 //! An empty request body stands for the request type's default. Status codes: 404
 //! `no_such_pipeline` (and unknown routes, with code `invalid`), 405 for a known path with the
 //! wrong method, 409 `busy`, 400 `invalid` (and malformed bodies), 500 `failed`, 401
-//! `unauthorized`.
+//! `unauthorized`, 403 `forbidden` (foreign `Host` or `Origin`, a path outside what the API
+//! may touch), 413 for a body over 64 KiB and 415 for a mutating call not declared
+//! `application/json` (both with code `invalid`).
 
 pub mod client;
+pub mod port_owner;
 pub mod render;
 pub mod server;
+pub mod settings;
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;
 

@@ -1,6 +1,15 @@
 //! The HTTP side of the control API: binds the listener, routes requests to a
-//! [`JobControl`], checks the bearer token on mutating calls and turns every failure into a
-//! JSON error with the status code of its [`ControlError`] variant.
+//! [`JobControl`], refuses what a browser or a stray client must not do, checks the bearer
+//! token on mutating calls and turns every failure into a JSON error with the status code of
+//! its [`ControlError`] variant.
+//!
+//! Every request passes, in order: a `Host` that is a loopback name or an IP address (a web
+//! page that rebinds its own domain to 127.0.0.1 sends its domain: refused, 403); for a
+//! mutating call (anything but `GET`/`HEAD`), no foreign `Origin` (403), `Content-Type:
+//! application/json` (415: a cross-site form or `fetch` cannot send it without a CORS
+//! preflight, which this server never grants) and the bearer token when one is set (401).
+//! Bodies are limited to [`MAX_BODY`] bytes (413). What a request may name on disk (reload
+//! files, savepoint directories) is the job's to confine, not this module's.
 //!
 //! It owns no job behaviour and keeps no state beyond the control object and the token.
 //! Mutating calls run on their own tokio task, so a client that hangs up mid-savepoint does
@@ -17,7 +26,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,6 +48,9 @@ const ROUTES: &str = "GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoint
 
 /// How long [`ApiServer::shutdown`] waits for calls in flight before it stops waiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The largest request body accepted (every request type is a few hundred bytes at most).
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// Where and how the API listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,13 +77,15 @@ impl ApiConfig {
 pub enum ApiError {
     /// Another process (often another `weir run`) listens on the address.
     #[error(
-        "cannot listen on {addr}: address in use; pick another with --api-port or switch the \
-         API off with --no-api"
+        "cannot listen on {addr}: address in use by {owner}; stop it, pick another port with \
+         --api-port (or `api.port` in the file), or run without the API with --no-api"
     )]
     #[diagnostic(code(weir::api::address_in_use))]
     AddressInUse {
         /// The address asked for.
         addr: SocketAddr,
+        /// Who holds it: `process 1234 (`weir run p.yaml`)`, or how to find out.
+        owner: String,
     },
     /// Any other failure to bind (permission, no such interface, ...).
     #[error(
@@ -91,7 +105,10 @@ pub enum ApiError {
 impl ApiError {
     fn bind(addr: SocketAddr, source: io::Error) -> Self {
         match source.kind() {
-            io::ErrorKind::AddrInUse => Self::AddressInUse { addr },
+            io::ErrorKind::AddrInUse => Self::AddressInUse {
+                addr,
+                owner: super::port_owner::describe(addr.port()),
+            },
             _ => Self::Listen { addr, source },
         }
     }
@@ -149,6 +166,7 @@ pub async fn serve(control: Arc<dyn JobControl>, config: ApiConfig) -> Result<Ap
     let app = router(AppState {
         control,
         token: config.token.map(Arc::from),
+        port: local_addr.port(),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -173,12 +191,27 @@ pub async fn serve(control: Arc<dyn JobControl>, config: ApiConfig) -> Result<Ap
 
 /// What every handler shares.
 #[derive(Clone)]
-struct AppState {
+pub(crate) struct AppState {
     control: Arc<dyn JobControl>,
     token: Option<Arc<str>>,
+    /// The port the API listens on (its own origin is `http://127.0.0.1:<port>`).
+    port: u16,
 }
 
-fn router(state: AppState) -> Router {
+#[cfg(test)]
+impl AppState {
+    /// The state of a router over `control` (tests drive it without a socket).
+    pub(crate) fn new(control: Arc<dyn JobControl>, token: Option<String>, port: u16) -> Self {
+        Self {
+            control,
+            token: token.map(Arc::from),
+            port,
+        }
+    }
+}
+
+/// The whole API as an axum router: routes, the request checks, the body limit.
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route(
@@ -191,6 +224,8 @@ fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(state.clone(), screen))
         .with_state(state)
 }
 
@@ -209,6 +244,7 @@ pub(crate) fn status_code(error: &ControlError) -> StatusCode {
         ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
         ControlError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         ControlError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
     }
 }
 
@@ -254,11 +290,18 @@ async fn checkpoints(
     s.control.checkpoints(&id).map(Json).map_err(Failure::from)
 }
 
+/// The body of a checkpoint trigger: nothing (`{}` or empty); anything else is refused rather
+/// than ignored.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CheckpointRequest {}
+
 async fn trigger_checkpoint(
     State(s): State<AppState>,
     id: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CheckpointInfo>, Failure> {
     let id = pipeline_id(id)?;
+    let CheckpointRequest {} = parse_body(body, "checkpoint request (no fields: `{}`)")?;
     tracing::info!(pipeline = %id, "API: checkpoint requested.");
     let control = Arc::clone(&s.control);
     detached("checkpoint", async move {
@@ -340,6 +383,135 @@ async fn wrong_method(method: Method, uri: Uri) -> Failure {
             uri.path()
         )),
     }
+}
+
+/// Refuses, before any route, what only a browser tricked by another site (or a confused
+/// client) sends: a `Host` that is not a loopback name or an IP address (DNS rebinding); and
+/// for mutating calls, an `Origin` other than the API's own, or a body that is not declared
+/// `application/json`.
+async fn screen(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let refusal = check_host(request.headers()).and_then(|()| {
+        let open = request.method() == Method::GET || request.method() == Method::HEAD;
+        if open {
+            return Ok(());
+        }
+        check_origin(request.headers(), s.port)?;
+        check_content_type(request.headers())
+    });
+    match refusal {
+        Ok(()) => next.run(request).await,
+        Err(failure) => {
+            tracing::warn!(
+                method = %request.method(),
+                path = request.uri().path(),
+                reason = %failure.error,
+                "API: refused a request."
+            );
+            failure.into_response()
+        }
+    }
+}
+
+/// `Ok` without a `Host` header, or with one naming `localhost` (or `*.localhost`) or an IP
+/// address: names that a web page cannot rebind to this machine.
+fn check_host(headers: &HeaderMap) -> Result<(), Failure> {
+    let Some(value) = headers.get(header::HOST) else {
+        return Ok(());
+    };
+    let host = value.to_str().ok().map(|v| split_authority(v).0);
+    match host {
+        Some(h) if is_local_name(h) || h.parse::<std::net::IpAddr>().is_ok() => Ok(()),
+        _ => Err(Failure {
+            status: StatusCode::FORBIDDEN,
+            error: ControlError::Forbidden(format!(
+                "the request is addressed to host `{}`, not to this machine's loopback \
+                 address: the control API answers only to `127.0.0.1`, `[::1]` or \
+                 `localhost` (a web page that points its own domain at 127.0.0.1 must not \
+                 reach it); call it as http://127.0.0.1:<port>",
+                String::from_utf8_lossy(value.as_bytes())
+            )),
+        }),
+    }
+}
+
+/// An authority (`Host` header, or an origin without its scheme) split into its host and
+/// port: `[::1]:8642` → (`::1`, `8642`), `localhost` → (`localhost`, none).
+fn split_authority(authority: &str) -> (&str, Option<&str>) {
+    let authority = authority.trim();
+    if let Some(rest) = authority.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => (rest, None),
+        };
+    }
+    match authority.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (authority, None),
+    }
+}
+
+fn is_local_name(host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    host == "localhost" || host.ends_with(".localhost")
+}
+
+/// `Ok` without an `Origin` header (any non-browser client), or with the API's own origin:
+/// `http://` + a loopback address or `localhost` + `:` + its port.
+fn check_origin(headers: &HeaderMap, port: u16) -> Result<(), Failure> {
+    let Some(value) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let own = value
+        .to_str()
+        .ok()
+        .and_then(|o| o.strip_prefix("http://"))
+        .is_some_and(|authority| {
+            let (host, given_port) = split_authority(authority);
+            let loopback = is_local_name(host)
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            let same_port = match given_port {
+                Some(p) => p.parse::<u16>() == Ok(port),
+                None => port == 80,
+            };
+            loopback && same_port
+        });
+    if own {
+        return Ok(());
+    }
+    Err(Failure {
+        status: StatusCode::FORBIDDEN,
+        error: ControlError::Forbidden(format!(
+            "cross-origin request refused: `Origin: {}` is not this API's own origin \
+             (http://127.0.0.1:{port}); a web page must not stop, reload or savepoint \
+             pipelines. Call the API from `weir` or a tool that sends no `Origin` header",
+            String::from_utf8_lossy(value.as_bytes())
+        )),
+    })
+}
+
+/// `Ok` when the request declares `Content-Type: application/json` (parameters such as
+/// `charset` allowed), as every mutating call must, with or without a body.
+fn check_content_type(headers: &HeaderMap) -> Result<(), Failure> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or_default().trim());
+    if declared.is_some_and(|t| t.eq_ignore_ascii_case("application/json")) {
+        return Ok(());
+    }
+    let given = match headers.get(header::CONTENT_TYPE) {
+        Some(v) => format!("`{}`", String::from_utf8_lossy(v.as_bytes())),
+        None => "none".to_owned(),
+    };
+    Err(Failure {
+        status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        error: ControlError::Invalid(format!(
+            "a mutating call must declare `Content-Type: application/json` (given: {given}), \
+             even with an empty body; with curl: -H 'Content-Type: application/json'"
+        )),
+    })
 }
 
 /// Checks the bearer token of every request that is not a `GET` (or `HEAD`).

@@ -16,7 +16,7 @@ use crate::control::{
 
 /// One call that reached the control object.
 #[derive(Clone, Debug, PartialEq)]
-enum Call {
+pub(super) enum Call {
     Checkpoints(String),
     Trigger(String),
     Savepoint(String, SavepointRequest),
@@ -28,7 +28,7 @@ enum Call {
 /// Answers by pipeline id: `p` succeeds, `busy`/`bad`/`boom` fail with busy/invalid/failed,
 /// `slow` takes 300 ms, anything else is no such pipeline.
 #[derive(Default)]
-struct Fake {
+pub(super) struct Fake {
     calls: Mutex<Vec<Call>>,
 }
 
@@ -39,8 +39,16 @@ impl Fake {
         }
     }
 
-    fn calls(&self) -> Vec<Call> {
+    /// Every call so far, in order.
+    pub(super) fn calls(&self) -> Vec<Call> {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Forgets the calls so far.
+    pub(super) fn clear(&self) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.clear();
+        }
     }
 
     fn canned(pipeline: &str) -> Result<(), ControlError> {
@@ -201,14 +209,14 @@ impl JobControl for Fake {
 }
 
 /// The real server on `127.0.0.1:0` over a fresh [`Fake`].
-struct Harness {
+pub(super) struct Harness {
     server: Option<ApiServer>,
-    fake: Arc<Fake>,
+    pub(super) fake: Arc<Fake>,
     rt: tokio::runtime::Runtime,
 }
 
 impl Harness {
-    fn start(token: Option<&str>) -> Self {
+    pub(super) fn start(token: Option<&str>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -226,14 +234,14 @@ impl Harness {
         }
     }
 
-    fn addr(&self) -> String {
+    pub(super) fn addr(&self) -> String {
         self.server
             .as_ref()
             .map(|s| s.local_addr().to_string())
             .unwrap_or_default()
     }
 
-    fn client(&self, token: Option<&str>) -> ApiClient {
+    pub(super) fn client(&self, token: Option<&str>) -> ApiClient {
         ApiClient::new(&self.addr(), token.map(String::from)).expect("client")
     }
 }
@@ -617,13 +625,27 @@ fn a_port_in_use_is_a_clear_error() {
         .block_on(serve(control, ApiConfig { addr, token: None }))
         .expect_err("the port is taken");
     assert!(matches!(err, ApiError::AddressInUse { .. }), "{err:?}");
-    assert_eq!(
-        err.to_string(),
-        format!(
-            "cannot listen on {addr}: address in use; pick another with --api-port or switch \
-             the API off with --no-api"
-        )
+    let text = err.to_string();
+    // This very process holds the port, and the message says so (on Linux, via /proc).
+    let owner = if std::path::Path::new("/proc/net/tcp").exists() {
+        format!("process {} (`", std::process::id())
+    } else {
+        "another process (see which with `ss".to_owned()
+    };
+    assert!(
+        text.starts_with(&format!(
+            "cannot listen on {addr}: address in use by {owner}"
+        )),
+        "{text}"
     );
+    assert!(
+        text.ends_with(
+            "; stop it, pick another port with --api-port (or `api.port` in the file), or run \
+             without the API with --no-api"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "one line: {text}");
 }
 
 #[test]

@@ -71,6 +71,11 @@ pub(super) struct Job {
     /// Savepoints this job took for reloads, oldest first, per pipeline (see
     /// [`RELOAD_SAVEPOINTS_KEPT`]).
     reload_savepoints: Mutex<HashMap<String, VecDeque<PathBuf>>>,
+    /// Savepoint requests may name any directory (`--allow-any-savepoint-dir`).
+    allow_any_savepoint_dir: bool,
+    /// The file's `api:` section the control API was set up from (a reload that changes it
+    /// is reported: the API keeps its settings until the next start).
+    api_spec: Option<weir_schema::ApiSpec>,
 }
 
 fn now_ms() -> u64 {
@@ -147,6 +152,8 @@ impl Job {
             stop: Arc::clone(&options.stop),
             handover: Arc::default(),
             reload_savepoints: Mutex::default(),
+            allow_any_savepoint_dir: options.allow_any_savepoint_dir,
+            api_spec: options.api_spec.clone(),
         })
     }
 
@@ -443,26 +450,51 @@ impl Job {
         }
     }
 
+    /// A note when the `api:` section of a reloaded file differs from the one the control API
+    /// was set up from: the API is not rebound by a reload (its clients would lose it
+    /// mid-call), so the change waits for the next start of `weir run`.
+    fn api_change(&self, new: Option<&weir_schema::ApiSpec>) -> Option<String> {
+        let (old, new) = (self.api_spec.as_ref()?, new?);
+        if old == new {
+            return None;
+        }
+        let show = |a: &weir_schema::ApiSpec| {
+            format!(
+                "enabled: {}, port: {}, token_env: {}",
+                a.enabled,
+                a.port,
+                a.token_env.as_deref().unwrap_or("none")
+            )
+        };
+        Some(format!(
+            "the file's `api:` section changed ({} → {}); the control API keeps its current \
+             settings until `weir run` restarts (and `weir run`'s --no-api, --api-port and \
+             --api-token flags win over the file)",
+            show(old),
+            show(new)
+        ))
+    }
+
     /// Applies (or plans) a reload.
     async fn do_reload(
         self: &Arc<Self>,
         request: ReloadRequest,
     ) -> Result<ReloadOutcome, ControlError> {
-        let file = request
-            .file
-            .clone()
-            .or_else(|| self.file.clone())
-            .ok_or_else(|| {
-                ControlError::Invalid(
-                    "this job was not started from a file, so it cannot reload".into(),
-                )
-            })?;
+        let running = self.file.clone().ok_or_else(|| {
+            ControlError::Invalid(
+                "this job was not started from a file, so it cannot reload".into(),
+            )
+        })?;
         if request.file.is_some() && !request.plan_only {
             return Err(ControlError::Invalid(
                 "a reload applies the running file; another file can only be compared (plan_only)"
                     .into(),
             ));
         }
+        let file = match &request.file {
+            Some(f) => super::confine::reload_file(&running, f)?,
+            None => running,
+        };
         let _guard = self
             .reload_lock
             .try_lock()
@@ -491,6 +523,10 @@ impl Job {
                 return Ok(self.finish_reload(outcome, request.plan_only));
             }
         };
+        if let Some(note) = self.api_change(validation.spec.as_ref().map(|s| &s.api)) {
+            tracing::warn!("{note}");
+            outcome.messages.push(note);
+        }
         let old_plan = self.file_plan();
         let plans = crate::reload::plan::diff(&old_plan, &new_plan, self.allow_non_restored_state);
         outcome.pipelines = plans.clone();
@@ -805,6 +841,27 @@ impl Job {
         }
     }
 
+    /// The directory a savepoint request for `pipeline` names, resolved and confined to the
+    /// pipeline's savepoint root (see [`super::confine`]); `None` when it names none.
+    fn requested_savepoint_dir(
+        &self,
+        pipeline: &str,
+        dir: Option<&std::path::Path>,
+    ) -> Result<Option<PathBuf>, ControlError> {
+        let Some(dir) = dir else {
+            return Ok(None);
+        };
+        let root = {
+            let slots = self.slots();
+            let slot = slots
+                .iter()
+                .find(|s| s.plan.id == pipeline && !s.removed)
+                .ok_or_else(|| ControlError::NoSuchPipeline(pipeline.to_owned()))?;
+            super::confine::savepoint_root(&slot.plan)
+        };
+        super::confine::savepoint_dir(pipeline, &root, dir, self.allow_any_savepoint_dir).map(Some)
+    }
+
     /// The live state of a running pipeline (`running`, `restarting`, ...).
     fn live_state(&self, pipeline: &str) -> Option<&'static str> {
         let slots = self.slots();
@@ -921,8 +978,9 @@ impl JobControl for Arc<Job> {
     ) -> BoxFuture<'_, Result<SavepointInfo, ControlError>> {
         let pipeline = pipeline.to_owned();
         Box::pin(async move {
+            let dir = self.requested_savepoint_dir(&pipeline, request.dir.as_deref())?;
             self.ask(&pipeline, |reply| Request::Savepoint {
-                dir: request.dir,
+                dir,
                 after: AfterSavepoint::Continue,
                 reply,
             })
@@ -936,7 +994,11 @@ impl JobControl for Arc<Job> {
         request: StopRequest,
     ) -> BoxFuture<'_, Result<StopOutcome, ControlError>> {
         let pipeline = pipeline.to_owned();
-        Box::pin(async move { self.stop_pipeline(&pipeline, request).await })
+        Box::pin(async move {
+            let dir = self.requested_savepoint_dir(&pipeline, request.dir.as_deref())?;
+            self.stop_pipeline(&pipeline, StopRequest { dir, ..request })
+                .await
+        })
     }
 
     fn reload(&self, request: ReloadRequest) -> BoxFuture<'_, Result<ReloadOutcome, ControlError>> {

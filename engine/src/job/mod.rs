@@ -16,6 +16,7 @@ use crate::runtime::error::{Result, RunError};
 use crate::runtime::task::{Control, Fault};
 use crate::runtime::{NodeMetrics, NodeReport};
 
+mod confine;
 mod manager;
 mod pipeline;
 mod wiring;
@@ -60,11 +61,14 @@ pub struct JobOptions {
     pub file: Option<PathBuf>,
     /// Watch `file` and every script it references; reload on changes.
     pub watch: bool,
-    /// Serve the control API.
+    /// Serve the control API. When its address is taken the job does not start.
     pub api: Option<crate::api::ApiConfig>,
-    /// When the API's address is in use, run without the API (with a warning) instead of
-    /// failing (the default port was not asked for explicitly).
-    pub api_optional: bool,
+    /// The file's `api:` section the API settings came from; a reload that changes it says
+    /// that the change waits for the next start.
+    pub api_spec: Option<weir_schema::ApiSpec>,
+    /// Let savepoint requests name any directory instead of one under the pipeline's
+    /// `savepoints.dir` (`weir run --allow-any-savepoint-dir`).
+    pub allow_any_savepoint_dir: bool,
     /// Called with the API's address once it listens.
     pub api_ready: Option<Arc<dyn Fn(std::net::SocketAddr) + Send + Sync>>,
     /// Renders validation diagnostics for reload reports (the CLI's miette rendering).
@@ -167,8 +171,8 @@ impl JobSummary {
 /// Runs every pipeline of `plan` to completion (or until stopped) on a new tokio runtime.
 ///
 /// # Errors
-/// When the runtime cannot start, or the control API cannot listen; pipeline failures are
-/// reported in the summary.
+/// When the runtime cannot start, or the control API cannot listen ([`RunError::Api`]: no
+/// pipeline started); pipeline failures are reported in the summary.
 pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("weir-worker");
@@ -217,11 +221,7 @@ pub async fn run_async(
                     }
                     Some(server)
                 }
-                Err(e @ crate::api::ApiError::AddressInUse { .. }) if options.api_optional => {
-                    tracing::warn!("Control API off: {e}");
-                    None
-                }
-                Err(e) => return Err(RunError::Internal(e.to_string())),
+                Err(e) => return Err(RunError::Api(e)),
             }
         }
         None => None,

@@ -91,6 +91,9 @@ pub enum RunError {
         /// The failure that ended the pipeline.
         cause: Box<RunError>,
     },
+    /// The control API could not listen (its port is taken): the job did not start.
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiError),
     /// A bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,7 +104,7 @@ impl RunError {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Operator { .. } | Self::Parse { .. } | Self::Build { .. } => ErrorClass::User,
-            Self::Io { .. } | Self::Disconnected { .. } => ErrorClass::External,
+            Self::Io { .. } | Self::Disconnected { .. } | Self::Api(_) => ErrorClass::External,
             Self::State(_) | Self::Internal(_) => ErrorClass::Internal,
             Self::Checkpoint(e) => e.class(),
             Self::GaveUp { cause, .. } => cause.class(),
