@@ -82,7 +82,7 @@ pub struct PipelineSpec {
     /// the pipeline from scratch.
     #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_-]*$"))]
     pub id: String,
-    /// Free text shown by `weir status` and `weir graph`.
+    /// Free text, shown by `weir graph`; it changes nothing else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Default number of parallel subtasks for every source, operator and sink (each may
@@ -262,13 +262,13 @@ pub struct CheckpointSpec {
     #[serde(default = "default_one")]
     #[schemars(range(min = 1))]
     pub retain: u32,
-    /// Unaligned checkpoints: barriers overtake in-flight records, which are stored in the
-    /// checkpoint. Shortens checkpoints under backpressure. Only with `exactly_once`.
-    /// Default: `false`.
+    /// Unaligned checkpoints (barriers overtake in-flight records, which are stored in the
+    /// checkpoint). **Not supported yet**: `true` is rejected by validation; checkpoints are
+    /// always aligned. Default: `false`.
     #[serde(default)]
     pub unaligned: bool,
-    /// With `unaligned: true`, start every checkpoint aligned and switch to unaligned only if
-    /// alignment takes longer than this. `0ms` means always unaligned. Default: `0ms`.
+    /// With unaligned checkpoints, how long to try aligned first. **Not supported yet**:
+    /// validation rejects the field.
     #[serde(default = "default_zero")]
     pub aligned_timeout: DurationSpec,
 }

@@ -89,7 +89,7 @@ pub struct FileSourceSpec {
     /// Record format. Default: `jsonl`.
     #[serde(default)]
     pub format: RecordFormat,
-    /// CSV options, for `format: csv`.
+    /// CSV options, for `format: csv` (rejected with another format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csv: Option<CsvOptions>,
     /// Keep reading as files grow and new files match (like `tail -F`); the source then never
@@ -196,7 +196,7 @@ pub struct StdinSourceSpec {
     /// Record format. Default: `jsonl`.
     #[serde(default)]
     pub format: RecordFormat,
-    /// CSV options, for `format: csv`.
+    /// CSV options, for `format: csv` (rejected with another format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csv: Option<CsvOptions>,
     /// What to do with a line that does not parse. Default: `fail`.
@@ -289,7 +289,7 @@ pub struct AggregationSpec {
     /// The aggregate function.
     #[serde(rename = "fn")]
     pub function: AggregateFunction,
-    /// The field to aggregate (a dotted path such as `order.amount`). Not used by `count`.
+    /// The field to aggregate (a dotted path such as `order.amount`). `count` takes none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
     /// Output field name. Default: the function name (`sum`, `count`, ...).
@@ -330,12 +330,13 @@ macro_rules! operator_spec {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             #[schemars(range(min = 1))]
             pub parallelism: Option<u32>,
-            /// What to do when processing a record fails. Default: `fail`.
+            /// What to do when processing a record fails. Default: `fail`. (A `union` never
+            /// fails a record: anything else is rejected there.)
             #[serde(default)]
             pub on_error: OnErrorSpec,
             /// How records travel from the inputs to this operator's subtasks. Default:
-            /// `forward` when the parallelism matches the input's, `rebalance` otherwise; always
-            /// `hash` after a `key_by`.
+            /// `forward` when the parallelism matches the input's, `rebalance` otherwise. After a
+            /// `key_by` records always go by key hash, so setting it there is rejected.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub partitioning: Option<PartitioningSpec>,
             $($(#[$fmeta])* pub $field: $ty,)*

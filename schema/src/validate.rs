@@ -213,6 +213,113 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_checkpoints();
         self.check_restart();
         self.check_state();
+        self.check_no_effect();
+    }
+
+    /// Settings that would have no effect where they are written: rejected, so that nothing
+    /// a user writes is silently ignored.
+    fn check_no_effect(&mut self) {
+        use crate::model::{AggregateFunction, RecordFormat};
+        for (si, s) in self.p.sources.iter().enumerate() {
+            let (format, csv) = match s {
+                SourceSpec::File(f) => (f.format, f.csv.is_some()),
+                SourceSpec::Stdin(f) => (f.format, f.csv.is_some()),
+                SourceSpec::Generator(_) => continue,
+            };
+            if csv && format != RecordFormat::Csv {
+                self.cx
+                    .key_error(
+                        codes::NO_EFFECT,
+                        &self.base.join("sources").join(si).join("csv"),
+                        format!(
+                            "source `{}` has `csv:` options but reads `format: {}`",
+                            s.id(),
+                            serde_json::to_value(format)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_owned))
+                                .unwrap_or_default()
+                        ),
+                        "ignored without format: csv",
+                    )
+                    .help("add `format: csv`, or remove `csv:`")
+                    .push(&mut self.cx.out);
+            }
+        }
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            let path = self.base.join("operators").join(oi);
+            if let OperatorSpec::Union(u) = op
+                && u.on_error != OnErrorSpec::Fail
+            {
+                let at = match u.on_error {
+                    OnErrorSpec::DeadLetter(_) => path.join("on_error").join("dead_letter"),
+                    _ => path.join("on_error"),
+                };
+                self.cx
+                    .key_error(
+                        codes::NO_EFFECT,
+                        &at,
+                        format!(
+                            "union `{}` never fails a record, so `on_error` has no effect",
+                            u.id
+                        ),
+                        "no effect on a union",
+                    )
+                    .help("remove `on_error`; set it on the operators whose scripts can fail")
+                    .push(&mut self.cx.out);
+            }
+            if let OperatorSpec::Aggregate(a) = op {
+                for (i, agg) in a.aggregations.iter().enumerate() {
+                    if agg.function == AggregateFunction::Count && agg.field.is_some() {
+                        self.cx
+                            .key_error(codes::NO_EFFECT, &path.join("aggregations").join(i).join("field"), "`count` counts records and reads no field", "ignored by count")
+                            .help("remove `field`; to count only records that have the field, filter them first")
+                            .push(&mut self.cx.out);
+                    }
+                }
+            }
+        }
+        // After a `key_by`, records always travel by key hash.
+        let key_bys: HashSet<&str> = self
+            .p
+            .operators
+            .iter()
+            .filter(|o| matches!(o, OperatorSpec::KeyBy(_)))
+            .map(OperatorSpec::id)
+            .collect();
+        let declared = self
+            .p
+            .operators
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| {
+                Some((
+                    self.base.join("operators").join(i),
+                    o.id(),
+                    o.partitioning()?,
+                    o.wiring(),
+                ))
+            })
+            .chain(self.p.sinks.iter().enumerate().filter_map(|(i, s)| {
+                Some((
+                    self.base.join("sinks").join(i),
+                    s.id(),
+                    s.partitioning()?,
+                    s.wiring(),
+                ))
+            }))
+            .collect::<Vec<_>>();
+        for (path, id, _, wiring) in declared {
+            if let Some((from, _)) = wiring
+                .names()
+                .into_iter()
+                .find(|(n, _)| key_bys.contains(n))
+            {
+                self.cx
+                    .key_error(codes::NO_EFFECT, &path.join("partitioning"), format!("`{id}` reads from the key_by `{from}`, whose records always go by key hash, so `partitioning` has no effect"), "ignored after a key_by")
+                    .help("remove `partitioning`; to spread records differently, read from an operator that is not a key_by")
+                    .push(&mut self.cx.out);
+            }
+        }
     }
 
     fn check_ids(&mut self) {
@@ -979,21 +1086,23 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 .help("checkpoints need at least `10ms` between them; `1s` to `1m` is usual")
                 .push(&mut self.cx.out);
         }
-        if c.unaligned && c.mode == CheckpointMode::AtLeastOnce {
+        // Unaligned checkpoints are part of the model but not of the engine yet: refusing
+        // them beats a setting that is accepted and silently ignored.
+        if c.unaligned {
             self.cx
-                .error(codes::BAD_PARAMETER, &base.join("unaligned"), "unaligned checkpoints need `mode: exactly_once`", "needs exactly_once")
-                .help("at-least-once never aligns barriers, so there is nothing to unalign: remove `unaligned`, or use `mode: exactly_once`")
+                .error(codes::NOT_SUPPORTED, &base.join("unaligned"), "unaligned checkpoints are not supported yet", "not supported yet")
+                .help("remove `unaligned` (or set it to `false`): checkpoints are aligned; under backpressure, a longer `timeout` keeps them from aborting")
                 .push(&mut self.cx.out);
         }
-        if !c.aligned_timeout.get().is_zero() && !c.unaligned {
+        if self.cx.spans.exists(&base.join("aligned_timeout")) {
             self.cx
-                .warning(
-                    codes::BAD_PARAMETER,
+                .key_error(
+                    codes::NOT_SUPPORTED,
                     &base.join("aligned_timeout"),
-                    "`aligned_timeout` has no effect without `unaligned: true`",
-                    "ignored",
+                    "`aligned_timeout` is not supported yet (it belongs to unaligned checkpoints)",
+                    "not supported yet",
                 )
-                .help("set `unaligned: true`, or remove `aligned_timeout`")
+                .help("remove `aligned_timeout`: checkpoints are always aligned")
                 .push(&mut self.cx.out);
         }
         let storage = c.storage.trim();

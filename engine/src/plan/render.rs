@@ -176,6 +176,11 @@ fn text_pipeline(out: &mut String, plan: &PipelinePlan) {
         "pipeline {} (max_parallelism {})",
         plan.id, plan.max_parallelism
     );
+    if let Some(d) = &plan.spec.description {
+        for line in d.lines() {
+            let _ = writeln!(out, "  # {line}");
+        }
+    }
 
     out.push_str("  logical graph:\n    nodes:\n");
     for node in &plan.nodes {
@@ -525,6 +530,7 @@ mod tests {
     const YAML: &str = r#"version: 1
 pipelines:
   - id: orders
+    description: "Order totals.\nTwo lines."
     parallelism: 2
     sources:
       - {type: generator, id: orders, count: 10, fields: {n: {kind: sequence}}}
@@ -560,6 +566,8 @@ pipelines:
         assert_eq!(t, text(&plan), "output is deterministic");
         for line in [
             "pipeline orders (max_parallelism 128)",
+            "  # Order totals.",
+            "  # Two lines.",
             "      orders: generator (x2)",
             "      dlq: file (x1)",
             "      orders -> parse [forward]",
