@@ -417,30 +417,68 @@ pub enum FailoverSpec {
 #[serde(deny_unknown_fields)]
 pub struct ScriptLimitsSpec {
     /// Maximum Rhai operations per call (one record): a CPU budget that stops runaway loops.
-    /// Default: `1000000`.
+    /// 1 to 10000000000. Default: `1000000`.
     #[serde(default = "default_max_operations")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_OPERATIONS_CEILING))]
     pub max_operations: u64,
-    /// Maximum function-call nesting. Default: `32`.
+    /// Maximum function-call nesting (recursion depth). 1 to 512, and `max_call_levels` ×
+    /// (`max_expr_depth` + 8) at most 8192, so that the deepest script fits the stack of the
+    /// threads that run scripts (32 MiB). Default: `32`.
     #[serde(default = "default_max_call_levels")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_CALL_LEVELS_CEILING))]
     pub max_call_levels: u32,
-    /// Maximum expression nesting depth when compiling. Default: `64`.
+    /// Maximum expression nesting depth, checked when scripts compile (a level of
+    /// parentheses, a nested call or block counts one or two). 1 to 1000, and
+    /// `max_call_levels` × (`max_expr_depth` + 8) at most 8192. Default: `64`.
     #[serde(default = "default_max_expr_depth")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_EXPR_DEPTH_CEILING))]
     pub max_expr_depth: u32,
-    /// Largest string a script may build. Default: `1MiB`.
+    /// Largest string a script may build; also the most string bytes one value may hold in
+    /// total (the strings of a record, of a list or map state). Above `0B`, up to `256MiB`.
+    /// Default: `1MiB`.
     #[serde(default = "default_max_string")]
     pub max_string_size: SizeSpec,
-    /// Largest array a script may build, in elements. Default: `10000`.
+    /// Largest array a script may build, in items (nested arrays' items included); also
+    /// the most items a `list` state may hold. 1 to 10000000. Default: `10000`.
     #[serde(default = "default_max_collection")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_COLLECTION_CEILING))]
     pub max_array_size: u32,
-    /// Largest object map a script may build, in entries. Default: `10000`.
+    /// Largest object map a script may build, in entries (nested maps' entries included);
+    /// also the most entries a `map` state may hold. 1 to 10000000. Default: `10000`.
     #[serde(default = "default_max_collection")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_COLLECTION_CEILING))]
     pub max_map_size: u32,
+    /// Most records one input record may become in one operator: the length of the array
+    /// `fn flat_map` returns, or the number of `emit` calls of one `process` (or `on_end`)
+    /// call. More is a record error, handled by the operator's `on_error`. 1 to 1000000
+    /// (one call's output is held in memory at once). Default: `10000`.
+    #[serde(default = "default_max_collection")]
+    #[schemars(range(min = 1, max = MAX_OUTPUTS_PER_RECORD_CEILING))]
+    pub max_outputs_per_record: u32,
 }
+
+/// Highest `limits.max_operations` (about a minute of one core per record).
+pub const MAX_OPERATIONS_CEILING: u64 = 10_000_000_000;
+
+/// Highest `limits.max_call_levels`.
+pub const MAX_CALL_LEVELS_CEILING: u32 = 512;
+
+/// Highest `limits.max_expr_depth`: parsing takes up to ~2 KiB of stack per level.
+pub const MAX_EXPR_DEPTH_CEILING: u32 = 1000;
+
+/// Highest `max_call_levels × (max_expr_depth + 8)`: a script evaluates with up to ~1.25 KiB
+/// of stack per expression level per call level, plus ~7 KiB per call level (measured with
+/// Rhai 1.27), so the deepest script allowed needs ~10 MiB of the 32 MiB its threads get.
+pub const SCRIPT_DEPTH_BUDGET: u64 = 8192;
+
+/// Highest `limits.max_array_size` and `limits.max_map_size`.
+pub const MAX_COLLECTION_CEILING: u32 = 10_000_000;
+
+/// Highest `limits.max_string_size` (checked by validation, since sizes are text).
+pub const MAX_STRING_SIZE_CEILING: SizeSpec = SizeSpec::mib(256);
+
+/// Highest `limits.max_outputs_per_record`: one call's output is held in memory at once.
+pub const MAX_OUTPUTS_PER_RECORD_CEILING: u32 = 1_000_000;
 
 impl Default for ScriptLimitsSpec {
     fn default() -> Self {
@@ -451,6 +489,7 @@ impl Default for ScriptLimitsSpec {
             max_string_size: default_max_string(),
             max_array_size: default_max_collection(),
             max_map_size: default_max_collection(),
+            max_outputs_per_record: default_max_collection(),
         }
     }
 }

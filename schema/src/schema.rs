@@ -241,6 +241,17 @@ fn description_of(node: Option<&Value>) -> Option<String> {
     Some(format!("{first}."))
 }
 
+/// `min to max` (or `at least min`, `at most max`) of a numeric schema.
+fn range_of(node: Option<&Value>) -> Option<String> {
+    let node = node?;
+    match (node.get("minimum"), node.get("maximum")) {
+        (Some(min), Some(max)) => Some(format!("{min} to {max}")),
+        (Some(min), None) => Some(format!("at least {min}")),
+        (None, Some(max)) => Some(format!("at most {max}")),
+        (None, None) => None,
+    }
+}
+
 fn instance_value<'a>(value: &'a Value, path: &YamlPath) -> Option<&'a Value> {
     path.0.iter().try_fold(value, |v, seg| match seg {
         PathSeg::Key(k) => v.get(k),
@@ -566,7 +577,12 @@ fn translate(
             let help = if code == codes::UNSUPPORTED_VERSION {
                 "this build reads `version: 1`".to_owned()
             } else {
-                description_of(node_schema).unwrap_or_else(|| "see `weir schema`".to_owned())
+                let what =
+                    description_of(node_schema).unwrap_or_else(|| "see `weir schema`".to_owned());
+                match range_of(node_schema) {
+                    Some(range) => format!("{what} Allowed: {range}."),
+                    None => what,
+                }
             };
             vec![
                 Diagnostic::error(code, format!("{path}: {}", f.message))

@@ -214,6 +214,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_restart();
         self.check_state();
         self.check_no_effect();
+        self.check_limits();
     }
 
     /// Settings that would have no effect where they are written: rejected, so that nothing
@@ -320,7 +321,6 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .push(&mut self.cx.out);
             }
         }
-    }
 
     fn check_ids(&mut self) {
         for e in self.elements() {
@@ -1215,6 +1215,64 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             )
             .help("use `state: {backend: fs}` or `state: {backend: rocksdb}` to recover exactly-once after a crash")
             .push(&mut self.cx.out);
+    }
+}
+
+impl PipelineCheck<'_, '_> {
+    /// Script limits the schema cannot range-check: sizes are text (`1MiB`), and call levels
+    /// and expression depth share one stack. A size of `0` would mean "no limit" to Rhai, so
+    /// it is refused, as is anything above a ceiling.
+    fn check_limits(&mut self) {
+        let limits = &self.p.limits;
+        let depth = u64::from(limits.max_call_levels) * (u64::from(limits.max_expr_depth) + 8);
+        let budget = crate::model::SCRIPT_DEPTH_BUDGET;
+        if depth > budget {
+            let base = self.base.join("limits");
+            let path = if self.cx.spans.exists(&base.join("max_call_levels")) {
+                base.join("max_call_levels")
+            } else {
+                base.join("max_expr_depth")
+            };
+            let most_calls = budget / (u64::from(limits.max_expr_depth) + 8);
+            let most_depth = (budget / u64::from(limits.max_call_levels.max(1))).saturating_sub(8);
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path,
+                    format!(
+                        "`max_call_levels: {}` with `max_expr_depth: {}` could overflow the stack of a worker thread",
+                        limits.max_call_levels, limits.max_expr_depth
+                    ),
+                    "too deep together",
+                )
+                .help(format!(
+                    "`max_call_levels` × (`max_expr_depth` + 8) must be at most {budget} (it is {depth}): \
+                     with this `max_expr_depth` use at most `max_call_levels: {most_calls}`, or with these \
+                     call levels at most `max_expr_depth: {most_depth}`"
+                ))
+                .push(&mut self.cx.out);
+        }
+        let path = self.base.join("limits").join("max_string_size");
+        let size = self.p.limits.max_string_size;
+        let ceiling = format!("{}MiB", crate::model::MAX_STRING_SIZE_CEILING.bytes() >> 20);
+        if size.bytes() == 0 {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path,
+                    "a string size limit of 0 bytes would mean no limit at all",
+                    "zero",
+                )
+                .help(format!(
+                    "give a real bound, however large, up to `{ceiling}` (the default is `1MiB`)"
+                ))
+                .push(&mut self.cx.out);
+        } else if size > crate::model::MAX_STRING_SIZE_CEILING {
+            self.cx
+                .error(codes::INVALID_VALUE, &path, format!("a string size limit of `{size}` is above the ceiling of `{ceiling}`"), "above the ceiling")
+                .help(format!("use at most `{ceiling}`: one value a script holds (a record, a state value) lives in memory at once"))
+                .push(&mut self.cx.out);
+        }
     }
 }
 

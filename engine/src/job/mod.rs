@@ -175,7 +175,13 @@ impl JobSummary {
 /// pipeline started); pipeline failures are reported in the summary.
 pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().thread_name("weir-worker");
+    // Scripts run on the workers and recurse on their stack: size it for what `limits:`
+    // allows (tokio's default of 2 MiB is too small; see `SCRIPT_STACK_SIZE`). Only the
+    // pages a thread touches take memory.
+    builder
+        .enable_all()
+        .thread_name("weir-worker")
+        .thread_stack_size(crate::script::SCRIPT_STACK_SIZE);
     if let Some(n) = options.worker_threads {
         builder.worker_threads(n.max(1));
     }
@@ -187,6 +193,7 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weir-control")
+        .thread_stack_size(crate::script::SCRIPT_STACK_SIZE)
         .build()
         .map_err(|e| RunError::Internal(format!("cannot start the control runtime: {e}")))?;
     let workers = rt.handle().clone();

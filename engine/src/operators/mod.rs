@@ -9,8 +9,8 @@ use rhai::{Dynamic, Map};
 use weir_schema::OnErrorSpec;
 
 use crate::record::{KeyGroupRange, excerpt};
-use crate::runtime::Batch;
 use crate::runtime::error::{Result, RunError};
+use crate::runtime::{Batch, Pending};
 use crate::state::StateBackend;
 
 pub mod aggregate;
@@ -43,6 +43,35 @@ pub trait Operator: Send {
     /// # Errors
     /// A failure under `on_error: fail`, or an I/O failure.
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()>;
+
+    /// Whether one input record may become many output records (`flat_map`, `process`):
+    /// the task then drives the operator through [`process_some`](Self::process_some), so
+    /// that what it produces goes downstream in pieces rather than as one giant batch.
+    fn expands(&self) -> bool {
+        false
+    }
+
+    /// Processes records from the front of `input`, appending what comes out to `out`, and
+    /// returns as soon as `out` holds at least `limit` records (after the record that crossed
+    /// it: one record's outputs are never split across calls) or `input` is empty. Called
+    /// instead of [`process`](Self::process) when [`expands`](Self::expands) says so. The
+    /// default processes everything at once.
+    ///
+    /// # Errors
+    /// As [`process`](Self::process).
+    fn process_some(
+        &mut self,
+        input: &mut Pending,
+        out: &mut Batch,
+        limit: usize,
+        ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        let _ = limit;
+        let mut batch = input.take(usize::MAX);
+        self.process(&mut batch, ctx)?;
+        out.append(&mut batch);
+        Ok(())
+    }
 
     /// Takes a snapshot of operator-local state (not keyed state: the runtime snapshots
     /// `ctx.state` itself) at a barrier, e.g. a sink's pending files. `None`: nothing to keep.

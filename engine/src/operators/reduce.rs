@@ -55,7 +55,7 @@ pub fn migrate_keyed_state(
             let mut removed = false;
             let mut no_frame_state: Option<Box<dyn StateBackend>> = None;
             let state = ctx.state_mut()?;
-            with_frame(&mut no_frame_state, &[], || {
+            with_frame(&mut no_frame_state, &[], 0, || {
                 set_key(Some(k.clone()));
                 state.update(*id, &k, &mut |slot| {
                     let Some(old) = slot.take() else { return };
@@ -146,12 +146,17 @@ pub(crate) fn require_keys(batch: &Batch, ctx: &OperatorContext) -> Result<()> {
     if batch.is_empty() || batch.is_keyed() {
         return Ok(());
     }
-    Err(RunError::Build {
+    Err(unkeyed(ctx))
+}
+
+/// The error of a keyed operator fed records without keys (a wiring bug).
+pub(crate) fn unkeyed(ctx: &OperatorContext) -> RunError {
+    RunError::Build {
         pipeline: ctx.pipeline.to_string(),
         element: ctx.operator.to_string(),
         message: "a keyed operator received records without keys; put a `key_by` right before it"
             .to_owned(),
-    })
+    }
 }
 
 /// The name of the accumulator state of `reduce` (and `aggregate`), as `migrate(name, old)`
@@ -276,9 +281,11 @@ pub(crate) mod tests {
     const MAX: u32 = 128;
 
     pub(crate) fn script(text: &str) -> ScriptFn {
-        let engine = Arc::new(crate::script::runtime::runtime_engine(
-            &ScriptLimitsSpec::default(),
-        ));
+        script_with(&ScriptLimitsSpec::default(), text)
+    }
+
+    pub(crate) fn script_with(limits: &ScriptLimitsSpec, text: &str) -> ScriptFn {
+        let engine = Arc::new(crate::script::runtime::runtime_engine(limits));
         let script = CompiledScript::compile(&engine, text).expect("compile");
         ScriptFn::new(engine, Arc::new(script))
     }

@@ -73,6 +73,11 @@ impl BuildContext<'_> {
             .map_err(|e| self.error(node, format!("script does not compile: {e}")))
     }
 
+    /// `limits.max_outputs_per_record` of the pipeline.
+    fn max_outputs_per_record(&self) -> usize {
+        usize::try_from(self.plan.spec.limits.max_outputs_per_record).unwrap_or(usize::MAX)
+    }
+
     fn script_factory(
         &self,
         node: &PlanNode,
@@ -159,7 +164,8 @@ fn build_operator(
         }
         OperatorSpec::FlatMap(_) => {
             let f = ctx.script_factory(node)?;
-            Box::new(move |_, _| Ok(Box::new(FlatMapOperator::new(f())) as Box<dyn Operator>))
+            let max = ctx.max_outputs_per_record();
+            Box::new(move |_, _| Ok(Box::new(FlatMapOperator::new(f(), max)) as Box<dyn Operator>))
         }
         OperatorSpec::KeyBy(k) => match &k.field {
             Some(field) => {
@@ -218,8 +224,9 @@ fn build_operator(
         OperatorSpec::Process(p) => {
             let f = ctx.script_factory(node)?;
             let declared: Vec<_> = p.state.iter().map(|(n, k)| (n.clone(), *k)).collect();
+            let max = ctx.max_outputs_per_record();
             Box::new(move |_, _| {
-                Ok(Box::new(ProcessOperator::new(f(), declared.clone())) as Box<dyn Operator>)
+                Ok(Box::new(ProcessOperator::new(f(), declared.clone(), max)) as Box<dyn Operator>)
             })
         }
         OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),

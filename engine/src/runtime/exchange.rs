@@ -4,7 +4,7 @@
 use tokio::sync::mpsc::Sender;
 
 use super::error::{Result, RunError};
-use super::{Barrier, Batch, Message};
+use super::{BATCH_SIZE, Barrier, Batch, Message, Pending};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 
@@ -56,7 +56,9 @@ impl Output {
             })
     }
 
-    /// Sends a batch, waiting while the receiving channel is full (backpressure).
+    /// Sends a batch, waiting while the receiving channel is full (backpressure). A batch
+    /// of more than [`BATCH_SIZE`] records goes in pieces of that size, so that a channel's
+    /// capacity bounds the records it holds.
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
@@ -64,6 +66,17 @@ impl Output {
         if batch.is_empty() || self.targets.is_empty() {
             return Ok(());
         }
+        if batch.len() <= BATCH_SIZE {
+            return self.send_batch(batch).await;
+        }
+        let mut rest = Pending::new(batch);
+        while !rest.is_empty() {
+            self.send_batch(rest.take(BATCH_SIZE)).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_batch(&mut self, batch: Batch) -> Result<()> {
         let n = self.targets.len();
         match self.partitioning {
             _ if n == 1 => self.send_to(0, Message::Records(batch)).await,

@@ -61,6 +61,84 @@ impl Batch {
     pub fn is_keyed(&self) -> bool {
         !self.keys.is_empty() && self.keys.len() == self.records.len()
     }
+
+    /// Appends `other`'s records (and keys) to this batch.
+    pub fn append(&mut self, other: &mut Batch) {
+        self.records.append(&mut other.records);
+        self.keys.append(&mut other.keys);
+    }
+}
+
+/// The records of a batch still to be processed, taken from the front: how the task hands
+/// its input to an operator in steps (see [`crate::operators::Operator::process_some`]), and
+/// how an oversized batch is cut into [`BATCH_SIZE`] pieces. Taking costs nothing per record
+/// beyond the move.
+#[derive(Debug, Default)]
+pub struct Pending {
+    records: std::vec::IntoIter<Dynamic>,
+    /// Empty when the batch is not keyed.
+    keys: std::vec::IntoIter<Key>,
+}
+
+impl Pending {
+    /// Every record of `batch`, front first.
+    pub fn new(batch: Batch) -> Self {
+        let keys = if batch.is_keyed() {
+            batch.keys
+        } else {
+            Vec::new()
+        };
+        Self {
+            records: batch.records.into_iter(),
+            keys: keys.into_iter(),
+        }
+    }
+
+    /// Records left.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether every record was taken.
+    pub fn is_empty(&self) -> bool {
+        self.records.len() == 0
+    }
+
+    /// Whether the records left carry keys.
+    pub fn is_keyed(&self) -> bool {
+        self.keys.len() > 0 && self.keys.len() == self.records.len()
+    }
+
+    /// The records left, front first.
+    pub fn records(&self) -> &[Dynamic] {
+        self.records.as_slice()
+    }
+
+    /// Takes the next record and its key (`None` when the batch is not keyed).
+    pub fn next_record(&mut self) -> Option<(Dynamic, Option<Key>)> {
+        let r = self.records.next()?;
+        Some((r, self.keys.next()))
+    }
+
+    /// Takes up to `n` records from the front as a batch. Taking all that is left of an
+    /// untouched batch gives its vectors back without copying.
+    pub fn take(&mut self, n: usize) -> Batch {
+        if n >= self.records.len() {
+            return Batch {
+                records: std::mem::take(&mut self.records).collect(),
+                keys: std::mem::take(&mut self.keys).collect(),
+            };
+        }
+        let keyed = self.keys.len() > 0;
+        Batch {
+            records: self.records.by_ref().take(n).collect(),
+            keys: if keyed {
+                self.keys.by_ref().take(n).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
 }
 
 /// The kind of a checkpoint barrier.

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::error::{Result, RunError};
 use super::exchange::Output;
 use super::input::{InputLease, Received};
-use super::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, NodeMetrics};
+use super::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, NodeMetrics, Pending};
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::storage::{read_verified, write_file};
 use crate::checkpoint::{
@@ -31,6 +31,7 @@ use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
 use crate::runtime::dispose::dispose;
+use crate::script::runtime::running;
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::{CanonicalSnapshot, PendingSnapshot, SnapshotTarget};
 
@@ -167,30 +168,48 @@ impl ChainTask {
 
     /// Runs a batch through the chain from node `from`.
     ///
+    /// Memory stays bounded whatever the operators produce: each node gets at most
+    /// [`BATCH_SIZE`] records per call, and an operator that [`expands`](Operator::expands)
+    /// (one record into many) is driven in steps, each step's output going all the way
+    /// downstream before the next step runs (depth first, so records keep their order). A
+    /// chain of two `flat_map`s that turn one record into millions thus holds about one
+    /// batch per node, never the millions.
+    ///
     /// # Errors
     /// An operator failure or a disconnected downstream.
     pub async fn push(&mut self, from: usize, batch: Batch) -> Result<()> {
-        let mut batch = batch;
         let n = self.nodes.len();
-        for i in from..n {
+        if from >= n || batch.is_empty() {
+            return Ok(());
+        }
+        // Work still to do, innermost (most downstream) last: node index and its input.
+        let mut stack: Vec<(usize, Pending)> = Vec::with_capacity(n - from);
+        self.strike(from, &batch)?;
+        stack.push((from, Pending::new(batch)));
+        while let Some((i, input)) = stack.last_mut() {
+            let i = *i;
             let node = &mut self.nodes[i];
-            let n_in = batch.len() as u64;
-            if let Some(f) = &node.fault
-                && let Some(at) = f.hit(batch.len())
-            {
-                let record = &batch.records[at.min(batch.len().saturating_sub(1))];
-                match f.kind {
-                    FaultKind::Error => {
-                        return Err(node.ctx.error(record, "injected fault (recovery test)"));
-                    }
-                    FaultKind::Panic => panic!(
-                        "injected panic in `{}` subtask {} (recovery test)",
-                        node.ctx.operator, node.ctx.subtask
-                    ),
-                }
-            }
             let errors_before = node.ctx.errors;
-            node.operator.process(&mut batch, &mut node.ctx)?;
+            let before = input.len();
+            running(&node.ctx.pipeline, &node.ctx.operator);
+            let mut batch = if node.operator.expands() {
+                let mut out = Batch::default();
+                node.operator
+                    .process_some(input, &mut out, BATCH_SIZE, &mut node.ctx)?;
+                out
+            } else {
+                let mut chunk = input.take(BATCH_SIZE);
+                node.operator.process(&mut chunk, &mut node.ctx)?;
+                chunk
+            };
+            let n_in = (before - input.len()) as u64;
+            if input.is_empty() {
+                stack.pop();
+            } else {
+                // Another step of this node follows: let the other tasks on this worker
+                // run in between, as a channel send would.
+                tokio::task::coop::consume_budget().await;
+            }
             let out = if node.counts_output {
                 batch.len() as u64
             } else {
@@ -207,8 +226,32 @@ impl ChainTask {
                     node.outputs[j].send(batch.clone()).await?;
                 }
             }
-            if last || batch.is_empty() {
-                break;
+            if !last && !batch.is_empty() {
+                self.strike(i + 1, &batch)?;
+                stack.push((i + 1, Pending::new(batch)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts `batch` into node `i`'s injected fault, if any, and strikes when it is due.
+    ///
+    /// # Errors
+    /// The injected error.
+    fn strike(&self, i: usize, batch: &Batch) -> Result<()> {
+        let node = &self.nodes[i];
+        if let Some(f) = &node.fault
+            && let Some(at) = f.hit(batch.len())
+        {
+            let record = &batch.records[at.min(batch.len().saturating_sub(1))];
+            match f.kind {
+                FaultKind::Error => {
+                    return Err(node.ctx.error(record, "injected fault (recovery test)"));
+                }
+                FaultKind::Panic => panic!(
+                    "injected panic in `{}` subtask {} (recovery test)",
+                    node.ctx.operator, node.ctx.subtask
+                ),
             }
         }
         Ok(())
@@ -225,6 +268,7 @@ impl ChainTask {
             {
                 let node = &mut self.nodes[i];
                 let errors_before = node.ctx.errors;
+                running(&node.ctx.pipeline, &node.ctx.operator);
                 node.operator.on_end(&mut out, &mut node.ctx)?;
                 let counted = if node.counts_output {
                     out.len() as u64
@@ -360,6 +404,7 @@ impl ChainTask {
                 state.restore_files(store, &files)?;
             }
             if from.savepoint && n.ctx.migrate {
+                running(&n.ctx.pipeline, &n.ctx.operator);
                 n.operator.migrate_state(&mut n.ctx)?;
             }
         }
@@ -1133,6 +1178,104 @@ mod tests {
             commands,
             task,
         }
+    }
+
+    /// A sink that notes the largest batch and the records it received.
+    struct BatchProbe {
+        largest: Arc<AtomicU64>,
+        records: Arc<AtomicU64>,
+    }
+
+    impl Operator for BatchProbe {
+        fn process(&mut self, batch: &mut Batch, _ctx: &mut OperatorContext) -> Result<()> {
+            self.largest
+                .fetch_max(batch.len() as u64, Ordering::Relaxed);
+            self.records
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            batch.records.clear();
+            Ok(())
+        }
+    }
+
+    fn node(operator: Box<dyn Operator>, id: &str, outputs: Vec<Output>) -> ChainNode {
+        ChainNode {
+            operator,
+            ctx: OperatorContext::standalone("p", id, 128),
+            metrics: Arc::new(NodeMetrics::default()),
+            outputs,
+            dead_letters: Vec::new(),
+            counts_output: true,
+            fault: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn chained_expansion_goes_downstream_in_batch_sized_pieces() {
+        use crate::operators::flat_map::FlatMapOperator;
+        use crate::operators::reduce::tests::script;
+        use crate::runtime::exchange::Target;
+
+        // Two records, each becomes 300 x 500 = 150 000: 300 000 in all.
+        let wide = script("fn flat_map(r) { let a = []; a.pad(300, r); a }");
+        let wider = script("fn flat_map(r) { let a = []; a.pad(500, r); a }");
+        let (tx, mut rx) = mpsc::channel(crate::runtime::CHANNEL_CAPACITY);
+        let exchange = Output::new(
+            crate::plan::Partitioning::Forward,
+            vec![Target { sender: tx }],
+            128,
+            "p".into(),
+            "wider".into(),
+        );
+        let (largest, records) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let probe = BatchProbe {
+            largest: Arc::clone(&largest),
+            records: Arc::clone(&records),
+        };
+        let mut chain = ChainTask {
+            nodes: vec![
+                node(
+                    Box::new(FlatMapOperator::new(wide, 10_000)),
+                    "wide",
+                    Vec::new(),
+                ),
+                node(
+                    Box::new(FlatMapOperator::new(wider, 10_000)),
+                    "wider",
+                    vec![exchange],
+                ),
+                node(Box::new(probe), "probe", Vec::new()),
+            ],
+        };
+        let reader = tokio::spawn(async move {
+            let (mut largest, mut records) = (0, 0);
+            while let Some(Message::Records(b)) = rx.recv().await {
+                largest = largest.max(b.len());
+                records += b.len();
+            }
+            (largest, records)
+        });
+        let input = Batch::new(vec![Dynamic::from(1_i64), Dynamic::from(2_i64)]);
+        chain.push(0, input).await.expect("runs");
+        drop(chain);
+        let (sent_largest, sent) = reader.await.expect("reader");
+        assert_eq!(
+            records.load(Ordering::Relaxed),
+            300_000,
+            "every record arrives"
+        );
+        assert_eq!(sent, 300_000);
+        // `wider` stops a step once it holds a batch (at most one input record's 500
+        // outputs past BATCH_SIZE); the next node takes that in BATCH_SIZE pieces, and so
+        // does the exchange.
+        assert!(
+            largest.load(Ordering::Relaxed) <= BATCH_SIZE as u64,
+            "largest batch in the chain: {}",
+            largest.load(Ordering::Relaxed)
+        );
+        assert!(
+            sent_largest <= BATCH_SIZE,
+            "largest batch sent: {sent_largest}"
+        );
     }
 
     const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(Barrier {

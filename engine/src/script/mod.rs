@@ -14,6 +14,36 @@ use weir_schema::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
 use weir_schema::registry::ScriptRef;
 use weir_schema::{FileSpec, OperatorSpec, ScriptLimitsSpec, SourceFile, SpanIndex, YamlPath};
 
+/// Stack size of every thread that compiles or runs scripts: compilation runs on a thread of
+/// its own ([`on_script_stack`]) and the tokio runtime's worker and blocking threads are
+/// built with it (`job::run`). Rhai parses and evaluates recursively, so this size and the
+/// ceilings of `limits:` go together (see [`weir_schema::model::SCRIPT_DEPTH_BUDGET`]):
+/// measured with Rhai 1.27, parsing takes up to ~2 KiB per level of `max_expr_depth` (so
+/// the ceiling of 1000 needs ~2 MiB), and evaluation up to ~1.25 KiB per expression level
+/// per call level, ~7 KiB per call level on its own (so the budget of 8192 needs ~10 MiB).
+/// Tokio's default of 2 MiB overflows with the default limits already (32 call levels of
+/// 64-deep expressions), which aborts the whole process.
+pub const SCRIPT_STACK_SIZE: usize = 32 << 20;
+
+/// Runs `f` on a thread with a [`SCRIPT_STACK_SIZE`] stack and waits for it: compiling a
+/// script as deep as `limits:` allows must not depend on the stack of whichever thread asks
+/// (the main thread's is whatever `ulimit -s` says).
+///
+/// # Errors
+/// When the thread cannot be started (out of resources).
+pub fn on_script_stack<R: Send>(f: impl FnOnce() -> R + Send) -> std::io::Result<R> {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("weir-script-compile".to_owned())
+            .stack_size(SCRIPT_STACK_SIZE)
+            .spawn_scoped(scope, f)?;
+        match handle.join() {
+            Ok(r) => Ok(r),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
 /// Builds the sandboxed Rhai engine used everywhere (validation and runtime).
 ///
 /// Limits come from the pipeline's `limits:`; `eval` is disabled and no module resolver is
@@ -30,12 +60,17 @@ pub fn build_engine(limits: &ScriptLimitsSpec) -> Engine {
     engine.set_max_array_size(usize::try_from(limits.max_array_size).unwrap_or(usize::MAX));
     engine.set_max_map_size(usize::try_from(limits.max_map_size).unwrap_or(usize::MAX));
     engine.set_max_modules(0);
+    // `print` and `debug` never write to stdout (a `stdout` sink's records go there): they
+    // are log lines on stderr, naming the pipeline and operator that ran the script.
+    engine.on_print(runtime::log_print);
+    engine.on_debug(runtime::log_debug);
     engine.disable_symbol("eval");
     engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
     engine
 }
 
 /// Compiles a script. The error keeps Rhai's position (1-based line and column in the script).
+/// Parsing recurses: call it on a thread with a [`SCRIPT_STACK_SIZE`] stack.
 pub fn compile(engine: &Engine, text: &str) -> Result<AST, Box<ParseError>> {
     engine.compile(text).map_err(Box::new)
 }
@@ -77,8 +112,27 @@ impl ScriptLocation {
 
 /// Compiles every script in the file and checks that each defines the functions its operator
 /// needs. Diagnostics point at the exact line and column inside the YAML block scalar, or in
-/// the script file.
+/// the script file. Runs on a thread of its own ([`on_script_stack`]).
 pub fn check_scripts(
+    spec: &FileSpec,
+    spans: &SpanIndex,
+    source: &Arc<SourceFile>,
+    base_dir: &Path,
+) -> Diagnostics {
+    on_script_stack(|| check_scripts_here(spec, spans, source, base_dir)).unwrap_or_else(|e| {
+        let mut out = Diagnostics::new();
+        out.push(
+            Diagnostic::error(
+                codes::IO,
+                format!("cannot start a thread to compile the scripts: {e}"),
+            )
+            .help("the system is out of threads or memory; try again"),
+        );
+        out
+    })
+}
+
+fn check_scripts_here(
     spec: &FileSpec,
     spans: &SpanIndex,
     source: &Arc<SourceFile>,

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rhai::{
-    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString,
+    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString, Map,
     ParseError, Position, Scope,
 };
 use weir_schema::ScriptLimitsSpec;
@@ -47,6 +47,17 @@ impl CompiledScript {
     /// # Errors
     /// Rhai's parse error, with its position in the script.
     pub fn compile(engine: &Engine, text: &str) -> Result<Self, Box<ParseError>> {
+        super::on_script_stack(|| Self::compile_here(engine, text)).unwrap_or_else(|e| {
+            Err(Box::new(ParseError(
+                Box::new(rhai::ParseErrorType::BadInput(rhai::LexError::Runtime(
+                    format!("cannot start a thread to compile the script: {e}"),
+                ))),
+                Position::NONE,
+            )))
+        })
+    }
+
+    fn compile_here(engine: &Engine, text: &str) -> Result<Self, Box<ParseError>> {
         let ast = super::compile(engine, text)?;
         let functions = ast.clone_functions_only();
         let bodies = ast
@@ -241,11 +252,57 @@ pub fn runtime_engine(limits: &ScriptLimitsSpec) -> Engine {
     engine
 }
 
+thread_local! {
+    /// The pipeline and operator whose script this thread runs (see [`running`]).
+    static RUNNING: RefCell<Option<(Arc<str>, Arc<str>)>> = const { RefCell::new(None) };
+}
+
+/// Tells the script layer that the scripts this thread runs from now on belong to
+/// `operator` of `pipeline`, for the log lines of `print` and `debug`. The task calls it
+/// before each call into an operator; it costs nothing when the operator is the same.
+pub fn running(pipeline: &Arc<str>, operator: &Arc<str>) {
+    RUNNING.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.as_ref()
+            .is_some_and(|(p, o)| Arc::ptr_eq(p, pipeline) && Arc::ptr_eq(o, operator))
+        {
+            return;
+        }
+        *r = Some((Arc::clone(pipeline), Arc::clone(operator)));
+    });
+}
+
+fn with_running(f: impl FnOnce(&str, &str)) {
+    RUNNING.with(|r| match &*r.borrow() {
+        Some((p, o)) => f(p, o),
+        None => f("?", "?"),
+    });
+}
+
+/// Rhai's `print(text)`: an INFO log line (target `weir::script`), never stdout.
+pub(crate) fn log_print(text: &str) {
+    with_running(|pipeline, operator| {
+        tracing::info!(target: "weir::script", %pipeline, %operator, "{text}");
+    });
+}
+
+/// Rhai's `debug(value)`: a DEBUG log line (target `weir::script`) with the script position,
+/// never stdout.
+pub(crate) fn log_debug(text: &str, _source: Option<&str>, pos: Position) {
+    with_running(|pipeline, operator| {
+        tracing::debug!(target: "weir::script", %pipeline, %operator, position = %pos, "{text}");
+    });
+}
+
 #[derive(Default)]
 struct Frame {
     active: bool,
     key: Option<Key>,
     emitted: Vec<Dynamic>,
+    /// Most records one call may `emit`; `0`: `emit` is not available.
+    max_outputs: usize,
+    /// A call tried to emit more than `max_outputs` records.
+    over_budget: bool,
     state: Option<Box<dyn StateBackend>>,
     names: Vec<(String, StateId)>,
 }
@@ -255,10 +312,13 @@ thread_local! {
 }
 
 /// Runs `f` with a frame holding the operator's state and declared state names; returns `f`'s
-/// result. The state is moved into the frame and back, so it is never shared.
+/// result. The state is moved into the frame and back, so it is never shared. `max_outputs`
+/// is how many records one call may `emit` (`limits.max_outputs_per_record`); `0` makes `emit`
+/// unavailable (operators other than `process`).
 pub fn with_frame<R>(
     state: &mut Option<Box<dyn StateBackend>>,
     names: &[(String, StateId)],
+    max_outputs: usize,
     f: impl FnOnce() -> R,
 ) -> R {
     FRAME.with(|fr| {
@@ -267,6 +327,9 @@ pub fn with_frame<R>(
         fr.state = state.take();
         fr.names.clear();
         fr.names.extend(names.iter().cloned());
+        fr.max_outputs = max_outputs;
+        fr.emitted.clear();
+        fr.over_budget = false;
     });
     let out = f();
     FRAME.with(|fr| {
@@ -274,6 +337,8 @@ pub fn with_frame<R>(
         *state = fr.state.take();
         fr.active = false;
         fr.key = None;
+        fr.max_outputs = 0;
+        fr.emitted = Vec::new();
     });
     out
 }
@@ -283,14 +348,39 @@ pub fn set_key(key: Option<Key>) {
     FRAME.with(|fr| fr.borrow_mut().key = key);
 }
 
-/// Takes the records emitted with `emit` so far.
-pub fn take_emitted(out: &mut Vec<Dynamic>) {
-    FRAME.with(|fr| out.append(&mut fr.borrow_mut().emitted));
+/// Takes the records the call that just succeeded emitted with `emit`.
+///
+/// # Errors
+/// When the call tried to emit more than `limits.max_outputs_per_record` records (even if the
+/// script caught the error `emit` raised): nothing is taken and the record has failed.
+pub fn take_emitted(out: &mut Vec<Dynamic>) -> Result<(), String> {
+    FRAME.with(|fr| {
+        let mut fr = fr.borrow_mut();
+        if fr.over_budget {
+            let max = fr.max_outputs;
+            fr.emitted.clear();
+            fr.over_budget = false;
+            return Err(over_budget(max));
+        }
+        out.append(&mut fr.emitted);
+        Ok(())
+    })
 }
 
 /// Discards emitted records (after a failed call).
 pub fn discard_emitted() {
-    FRAME.with(|fr| fr.borrow_mut().emitted.clear());
+    FRAME.with(|fr| {
+        let mut fr = fr.borrow_mut();
+        fr.emitted.clear();
+        fr.over_budget = false;
+    });
+}
+
+fn over_budget(max: usize) -> String {
+    format!(
+        "`emit` was called for more than {max} records for one input record \
+         (`limits.max_outputs_per_record`)"
+    )
 }
 
 type Res<T> = Result<T, Box<EvalAltResult>>;
@@ -330,11 +420,16 @@ fn with_state<T>(
 }
 
 fn register(engine: &mut Engine) {
+    let sizes = SizeLimits::of(engine);
     engine.register_fn("emit", |r: Dynamic| -> Res<()> {
         FRAME.with(|fr| {
             let mut fr = fr.borrow_mut();
-            if !fr.active {
+            if !fr.active || fr.max_outputs == 0 {
                 return err("`emit` is only available in a `process` operator".to_owned());
+            }
+            if fr.emitted.len() >= fr.max_outputs {
+                fr.over_budget = true;
+                return err(over_budget(fr.max_outputs));
             }
             fr.emitted.push(r);
             Ok(())
@@ -353,7 +448,10 @@ fn register(engine: &mut Engine) {
     });
     engine.register_fn(
         "state_set",
-        |name: ImmutableString, v: Dynamic| -> Res<()> {
+        move |name: ImmutableString, v: Dynamic| -> Res<()> {
+            if let Some(e) = sizes.exceeded(data_sizes(&v)) {
+                return err(format!("state_set(\"{name}\"): {e}"));
+            }
             with_state(&name, |s, k, id| s.put(id, k, v))
         },
     );
@@ -362,8 +460,32 @@ fn register(engine: &mut Engine) {
     });
     engine.register_fn(
         "list_push",
-        |name: ImmutableString, v: Dynamic| -> Res<()> {
-            with_state(&name, |s, k, id| s.list_push(id, k, v))
+        move |name: ImmutableString, v: Dynamic| -> Res<()> {
+            let mut item = Some(v);
+            let mut refused = None;
+            with_state(&name, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    let Some(v) = item.take() else { return };
+                    let item = element_sizes(&v);
+                    if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
+                        refused = sizes.exceeded(add(item, array_sizes(&list)));
+                        if refused.is_none() {
+                            list.push(v);
+                        }
+                        return;
+                    }
+                    refused = sizes.exceeded(item);
+                    if refused.is_none() {
+                        *slot = Some(Dynamic::from_array(vec![v]));
+                    }
+                })
+            })?;
+            match refused {
+                Some(e) => err(format!(
+                    "list_push(\"{name}\"): {e}; keep the list bounded with `list_trim` or `list_pop`"
+                )),
+                None => Ok(()),
+            }
         },
     );
     engine.register_fn("list_get", |name: ImmutableString| -> Res<Array> {
@@ -373,10 +495,59 @@ fn register(engine: &mut Engine) {
                 .unwrap_or_default())
         })
     });
+    engine.register_fn("list_len", |name: ImmutableString| -> Res<i64> {
+        with_state(&name, |s, k, id| Ok(count(s.list_len(id, k)?)))
+    });
+    engine.register_fn("list_pop", |name: ImmutableString| -> Res<Dynamic> {
+        with_state(&name, |s, k, id| {
+            Ok(s.list_pop(id, k)?.unwrap_or(Dynamic::UNIT))
+        })
+    });
+    engine.register_fn(
+        "list_trim",
+        |name: ImmutableString, keep: i64| -> Res<i64> {
+            let Ok(keep) = usize::try_from(keep) else {
+                return err(format!(
+                    "list_trim(\"{name}\", {keep}): the number of items to keep cannot be negative"
+                ));
+            };
+            with_state(&name, |s, k, id| Ok(count(s.list_trim(id, k, keep)?)))
+        },
+    );
     engine.register_fn(
         "map_put",
-        |name: ImmutableString, field: ImmutableString, v: Dynamic| -> Res<()> {
-            with_state(&name, |s, k, id| s.map_put(id, k, &field, v))
+        move |name: ImmutableString, field: ImmutableString, v: Dynamic| -> Res<()> {
+            let mut entry = Some(v);
+            let mut refused = None;
+            with_state(&name, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    let Some(v) = entry.take() else { return };
+                    let entry = entry_sizes(&v);
+                    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                        let mut grown = add(entry, map_sizes(&map));
+                        if let Some(old) = map.get(field.as_str()) {
+                            grown = sub(grown, entry_sizes(old));
+                        }
+                        refused = sizes.exceeded(grown);
+                        if refused.is_none() {
+                            map.insert(field.as_str().into(), v);
+                        }
+                        return;
+                    }
+                    refused = sizes.exceeded(entry);
+                    if refused.is_none() {
+                        let mut map = Map::new();
+                        map.insert(field.as_str().into(), v);
+                        *slot = Some(Dynamic::from_map(map));
+                    }
+                })
+            })?;
+            match refused {
+                Some(e) => err(format!(
+                    "map_put(\"{name}\", \"{field}\"): {e}; keep the map bounded with `map_remove`"
+                )),
+                None => Ok(()),
+            }
         },
     );
     engine.register_fn(
@@ -393,12 +564,129 @@ fn register(engine: &mut Engine) {
             with_state(&name, |s, k, id| s.map_remove(id, k, &field))
         },
     );
+    engine.register_fn("map_len", |name: ImmutableString| -> Res<i64> {
+        with_state(&name, |s, k, id| Ok(count(s.map_len(id, k)?)))
+    });
+    engine.register_fn("map_keys", |name: ImmutableString| -> Res<Array> {
+        with_state(&name, |s, k, id| {
+            Ok(s.map_keys(id, k)?.into_iter().map(Dynamic::from).collect())
+        })
+    });
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// What Rhai's size limits count in a value, nested values included: `(array items, map
+/// entries, string bytes)`, exactly as Rhai does when it checks a value a script holds (a
+/// string inside an array counts as one item and its bytes; map keys are not counted). A
+/// state write is refused when the stored value would exceed a limit, because reading it
+/// back would then fail.
+pub type DataSizes = (usize, usize, usize);
+
+/// [`DataSizes`] of a value on its own.
+pub fn data_sizes(v: &Dynamic) -> DataSizes {
+    if let Ok(a) = v.as_array_ref() {
+        array_sizes(&a)
+    } else if let Ok(m) = v.as_map_ref() {
+        map_sizes(&m)
+    } else if let Ok(b) = v.as_blob_ref() {
+        (b.len(), 0, 0)
+    } else if let Ok(s) = v.as_immutable_string_ref() {
+        (0, 0, s.len())
+    } else {
+        (0, 0, 0)
+    }
+}
+
+/// [`DataSizes`] of `v` as an item of an array (a blob inside an array counts one more).
+fn element_sizes(v: &Dynamic) -> DataSizes {
+    let inner = match v.as_blob_ref() {
+        Ok(b) => (b.len() + 1, 0, 0),
+        Err(_) => data_sizes(v),
+    };
+    add((1, 0, 0), inner)
+}
+
+/// [`DataSizes`] of `v` as the value of a map entry.
+fn entry_sizes(v: &Dynamic) -> DataSizes {
+    let inner = match v.as_blob_ref() {
+        Ok(b) => (b.len() + 1, 0, 0),
+        Err(_) => data_sizes(v),
+    };
+    add((0, 1, 0), inner)
+}
+
+fn array_sizes(a: &Array) -> DataSizes {
+    a.iter()
+        .fold((0, 0, 0), |acc, v| add(acc, element_sizes(v)))
+}
+
+fn map_sizes(m: &Map) -> DataSizes {
+    m.values()
+        .fold((0, 0, 0), |acc, v| add(acc, entry_sizes(v)))
+}
+
+fn add(a: DataSizes, b: DataSizes) -> DataSizes {
+    (
+        a.0.saturating_add(b.0),
+        a.1.saturating_add(b.1),
+        a.2.saturating_add(b.2),
+    )
+}
+
+fn sub(a: DataSizes, b: DataSizes) -> DataSizes {
+    (
+        a.0.saturating_sub(b.0),
+        a.1.saturating_sub(b.1),
+        a.2.saturating_sub(b.2),
+    )
+}
+
+/// The size limits of a pipeline's scripts (`0`: none).
+#[derive(Clone, Copy, Debug)]
+struct SizeLimits {
+    array: usize,
+    map: usize,
+    string: usize,
+}
+
+impl SizeLimits {
+    fn of(engine: &Engine) -> Self {
+        Self {
+            array: engine.max_array_size(),
+            map: engine.max_map_size(),
+            string: engine.max_string_size(),
+        }
+    }
+
+    /// Which limit `sizes` exceeds, as a sentence.
+    fn exceeded(self, (array, map, string): DataSizes) -> Option<String> {
+        let over = |n: usize, max: usize| max > 0 && n > max;
+        if over(array, self.array) {
+            Some(format!(
+                "the state would hold {array} array items, more than `limits.max_array_size` ({})",
+                self.array
+            ))
+        } else if over(map, self.map) {
+            Some(format!(
+                "the state would hold {map} map entries, more than `limits.max_map_size` ({})",
+                self.map
+            ))
+        } else if over(string, self.string) {
+            Some(format!(
+                "the state would hold {string} bytes of strings, more than `limits.max_string_size` ({} bytes)",
+                self.string
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use rhai::Map;
-
     use super::*;
 
     fn script_with(limits: &ScriptLimitsSpec, text: &str) -> ScriptFn {

@@ -76,6 +76,75 @@ pub fn list_and_map_state(factory: Factory<'_>) {
     assert!(b.map_get(m, &key(2), "mon").unwrap().is_none());
 }
 
+fn ints(b: &dyn StateBackend, s: super::StateId, k: &Key) -> Vec<i64> {
+    b.get(s, k)
+        .unwrap()
+        .map(|d| d.into_array().unwrap())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.as_int().unwrap())
+        .collect()
+}
+
+/// `list_len`, `list_pop`, `list_trim`, `map_len`, `map_keys` and `read`, also on absent
+/// keys; lists and maps left empty are removed; the result survives a snapshot and restore.
+pub fn list_and_map_housekeeping(factory: Factory<'_>) {
+    let mut b = factory(8, KeyGroupRange::all(8));
+    let l = b.register("recent", StateKind::List).unwrap();
+    let m = b.register("by_day", StateKind::Map).unwrap();
+    let (k, absent) = (key(1), key(2));
+    assert_eq!(b.list_len(l, &absent).unwrap(), 0);
+    assert!(b.list_pop(l, &absent).unwrap().is_none());
+    assert_eq!(b.list_trim(l, &absent, 3).unwrap(), 0);
+    assert!(b.get(l, &absent).unwrap().is_none(), "nothing was created");
+    for i in 0..10 {
+        b.list_push(l, &k, Dynamic::from(i as i64)).unwrap();
+    }
+    assert_eq!(b.list_len(l, &k).unwrap(), 10);
+    assert_eq!(b.list_pop(l, &k).unwrap().unwrap().as_int(), Ok(9));
+    assert_eq!(b.list_trim(l, &k, 4).unwrap(), 5, "keeps the newest 4");
+    assert_eq!(ints(b.as_ref(), l, &k), [5, 6, 7, 8]);
+    assert_eq!(b.list_trim(l, &k, 100).unwrap(), 0);
+    assert_eq!(b.list_len(l, &k).unwrap(), 4);
+    let mut seen = None;
+    b.read(l, &k, &mut |v| seen = v.map(|d| d.to_string()))
+        .unwrap();
+    assert_eq!(seen.as_deref(), Some("[5, 6, 7, 8]"));
+
+    assert_eq!(b.map_len(m, &k).unwrap(), 0);
+    assert!(b.map_keys(m, &k).unwrap().is_empty());
+    for day in ["tue", "mon", "wed"] {
+        b.map_put(m, &k, day, Dynamic::from(1_i64)).unwrap();
+    }
+    b.map_put(m, &k, "mon", Dynamic::from(2_i64)).unwrap();
+    assert_eq!(b.map_len(m, &k).unwrap(), 3);
+    assert_eq!(b.map_keys(m, &k).unwrap(), ["mon", "tue", "wed"]);
+
+    // Survives a snapshot and restore, as trimmed.
+    let snap = b.snapshot(KeyGroupRange::all(8)).unwrap();
+    let mut c = factory(8, KeyGroupRange::all(8));
+    c.restore(&[&snap]).unwrap();
+    let (l2, m2) = (
+        c.register("recent", StateKind::List).unwrap(),
+        c.register("by_day", StateKind::Map).unwrap(),
+    );
+    assert_eq!(ints(c.as_ref(), l2, &k), [5, 6, 7, 8]);
+    assert_eq!(c.map_keys(m2, &k).unwrap(), ["mon", "tue", "wed"]);
+
+    // Emptied lists and maps disappear, so they cost nothing and `keys` no longer lists them.
+    assert_eq!(b.list_trim(l, &k, 0).unwrap(), 4);
+    assert!(b.get(l, &k).unwrap().is_none());
+    b.list_push(l, &k, Dynamic::from(1_i64)).unwrap();
+    assert_eq!(b.list_pop(l, &k).unwrap().unwrap().as_int(), Ok(1));
+    assert!(b.get(l, &k).unwrap().is_none());
+    assert!(b.keys(l).unwrap().is_empty());
+    for day in ["mon", "tue", "wed"] {
+        b.map_remove(m, &k, day).unwrap();
+    }
+    assert!(b.get(m, &k).unwrap().is_none());
+    assert!(b.keys(m).unwrap().is_empty());
+}
+
 pub fn kind_mismatch_is_an_error(factory: Factory<'_>) {
     let mut b = factory(8, KeyGroupRange::all(8));
     b.register("x", StateKind::Value).unwrap();

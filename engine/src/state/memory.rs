@@ -100,6 +100,11 @@ impl StateBackend for MemoryBackend {
         Ok(self.group(state, key)?.get(key).cloned())
     }
 
+    fn read(&self, state: StateId, key: &Key, f: &mut dyn FnMut(Option<&Dynamic>)) -> Result<()> {
+        f(self.group(state, key)?.get(key));
+        Ok(())
+    }
+
     fn update(
         &mut self,
         state: StateId,
@@ -235,6 +240,11 @@ mod tests {
     #[test]
     fn memory_passes_list_and_map_state() {
         conformance::list_and_map_state(&factory);
+    }
+
+    #[test]
+    fn memory_passes_list_and_map_housekeeping() {
+        conformance::list_and_map_housekeeping(&factory);
     }
 
     #[test]

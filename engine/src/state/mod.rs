@@ -133,6 +133,18 @@ pub trait StateBackend: Send {
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()>;
 
+    /// Lets `f` read the key's value of a state in place (`None` when absent), without the
+    /// copy [`get`](Self::get) makes. The default copies; backends that hold decoded values
+    /// lend them.
+    ///
+    /// # Errors
+    /// As [`get`](Self::get).
+    fn read(&self, state: StateId, key: &Key, f: &mut dyn FnMut(Option<&Dynamic>)) -> Result<()> {
+        let value = self.get(state, key)?;
+        f(value.as_ref());
+        Ok(())
+    }
+
     /// Every key holding a value of `state`, in no particular order.
     ///
     /// # Errors
@@ -227,6 +239,63 @@ pub trait StateBackend: Send {
         })
     }
 
+    /// The number of items of a list state (`0` when absent).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    fn list_len(&self, state: StateId, key: &Key) -> Result<usize> {
+        let mut len = 0;
+        self.read(state, key, &mut |v| {
+            len = v
+                .and_then(|d| d.as_array_ref().ok().map(|l| l.len()))
+                .unwrap_or(0);
+        })?;
+        Ok(len)
+    }
+
+    /// Removes and returns the last (newest) item of a list state; `None` when it is empty.
+    /// A list left empty is removed.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn list_pop(&mut self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
+        let mut popped = None;
+        self.update(state, key, &mut |slot| {
+            let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) else {
+                return;
+            };
+            popped = list.pop();
+            let empty = list.is_empty();
+            drop(list);
+            if empty {
+                *slot = None;
+            }
+        })?;
+        Ok(popped)
+    }
+
+    /// Keeps only the last (newest) `keep` items of a list state and returns how many were
+    /// removed. A list left empty is removed.
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    fn list_trim(&mut self, state: StateId, key: &Key, keep: usize) -> Result<usize> {
+        let mut removed = 0;
+        self.update(state, key, &mut |slot| {
+            let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) else {
+                return;
+            };
+            removed = list.len().saturating_sub(keep);
+            list.drain(..removed);
+            let empty = list.is_empty();
+            drop(list);
+            if empty {
+                *slot = None;
+            }
+        })?;
+        Ok(removed)
+    }
+
     /// Sets an entry of a map state.
     ///
     /// # Errors
@@ -250,20 +319,56 @@ pub trait StateBackend: Send {
     /// # Errors
     /// As [`get`](Self::get).
     fn map_get(&self, state: StateId, key: &Key, field: &str) -> Result<Option<Dynamic>> {
-        Ok(self
-            .get(state, key)?
-            .and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned())))
+        let mut entry = None;
+        self.read(state, key, &mut |v| {
+            entry = v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned()));
+        })?;
+        Ok(entry)
     }
 
-    /// Removes an entry of a map state.
+    /// Removes an entry of a map state. A map left empty is removed.
     ///
     /// # Errors
     /// As [`update`](Self::update).
     fn map_remove(&mut self, state: StateId, key: &Key, field: &str) -> Result<()> {
         self.update(state, key, &mut |slot| {
-            if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                map.remove(field);
+            let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) else {
+                return;
+            };
+            map.remove(field);
+            let empty = map.is_empty();
+            drop(map);
+            if empty {
+                *slot = None;
             }
         })
+    }
+
+    /// The number of entries of a map state (`0` when absent).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    fn map_len(&self, state: StateId, key: &Key) -> Result<usize> {
+        let mut len = 0;
+        self.read(state, key, &mut |v| {
+            len = v
+                .and_then(|d| d.as_map_ref().ok().map(|m| m.len()))
+                .unwrap_or(0);
+        })?;
+        Ok(len)
+    }
+
+    /// The entry names of a map state, in order (empty when absent).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    fn map_keys(&self, state: StateId, key: &Key) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
+        self.read(state, key, &mut |v| {
+            if let Some(m) = v.and_then(|d| d.as_map_ref().ok()) {
+                keys.extend(m.keys().map(|k| k.to_string()));
+            }
+        })?;
+        Ok(keys)
     }
 }
