@@ -321,6 +321,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .push(&mut self.cx.out);
             }
         }
+    }
 
     fn check_ids(&mut self) {
         for e in self.elements() {
