@@ -1069,10 +1069,15 @@ pipelines:
     // Fails from record 3000 on: checkpoints before that complete.
     let broken = "fn map(r) { if r.n >= 3000 { missing_helper(r) } else { r } }";
     let fixed = "fn map(r) { r }";
-    std::fs::write(&file, version(broken)).expect("write the pipeline");
+    // Edited during a restart back-off (2 s long, so the edit lands inside it however
+    // loaded the machine): a savepoint cannot be taken then. Edited while a restarted
+    // attempt still runs (before it reaches record 3000), a savepoint could succeed.
+    std::fs::write(&file, version(broken).replace("delay: 400ms", "delay: 2s"))
+        .expect("write the pipeline");
     let mut run = Running::start(tmp.path(), Path::new("p.yaml"), &["--watch"]);
-    run.wait_until("the pipeline to restart after failures", |s| {
-        pipeline(s, "loop").restarts >= 2
+    run.wait_until("the pipeline to wait to restart after failures", |s| {
+        let p = pipeline(s, "loop");
+        p.restarts >= 2 && p.state == "restarting"
     });
     write_by_rename(&file, &version(fixed));
     let (_, outcome) = run.wait_outcome(0, "applied");
