@@ -2,7 +2,7 @@
 //! has new content. It owns the directory watches, the symlink resolution and a content hash
 //! per file; it must not read the files as YAML or Rhai, nor decide anything about a reload.
 //!
-//! How it watches (measured in `CRATES.md`, section 5):
+//! How it watches (each case below has a test in this module, on the real `notify` watcher):
 //! - It watches the *directory* holding each file, non-recursively, never the file itself: an
 //!   editor's atomic save (write a temporary file, rename it over the target), a vim-style save
 //!   (rename the target to a backup, write a new file, delete the backup), an in-place

@@ -1,8 +1,9 @@
-//! Keyed state: the [`StateBackend`] trait every backend implements (memory here; fs and
-//! rocksdb later), partitioned by key group, with named value, list and map states per key,
-//! and snapshot/restore by key-group range. Operators reach state only through this trait;
-//! the backend decides when values are encoded (the memory backend keeps live values and
-//! encodes only in [`StateBackend::snapshot`]).
+//! Keyed state: the [`StateBackend`] trait every backend implements (`memory`, which the
+//! `fs` backend also uses with its checkpoints on disk, and `rocksdb`), partitioned by key
+//! group, with named value, list and map states per key, and snapshot/restore by key-group
+//! range. Operators reach state only through this trait; the backend decides when values are
+//! encoded (the memory backend keeps live values and encodes only in
+//! [`StateBackend::snapshot`]).
 //!
 //! `conformance` holds the test suite every backend must pass, as shared functions.
 
