@@ -144,3 +144,60 @@ fn graph_refuses_an_invalid_file() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("weir::config::unknown_input"));
 }
+
+/// The reproductions, through the binary: each is a located diagnostic with its code
+/// and exit code 1, never an abort or a runaway allocation.
+#[test]
+fn hostile_files_are_diagnostics_not_aborts() {
+    let deep = write_temp(&format!("x:\n{}z\n", "- ".repeat(20_000)));
+    let path = deep.path().to_str().expect("UTF-8 path");
+    for verb in ["validate", "graph"] {
+        let out = weir(&[verb, path]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "weir {verb}: {stderr}");
+        assert!(
+            stderr.contains("weir::yaml::depth"),
+            "weir {verb}: {stderr}"
+        );
+        assert!(stderr.contains("256 levels"), "weir {verb}: {stderr}");
+    }
+    let out = weir(&["run", "--no-api", path]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("weir::yaml::depth"), "weir run: {stderr}");
+    assert!(
+        out.status.code().is_some(),
+        "weir run died from a signal: {stderr}"
+    );
+
+    let mut bomb = format!("s: &s \"{}\"\n", "x".repeat(100_000));
+    for level in 1..=4 {
+        let prev = if level == 1 {
+            "s".to_owned()
+        } else {
+            format!("l{}", level - 1)
+        };
+        let refs = vec![format!("*{prev}"); 10].join(", ");
+        bomb.push_str(&format!("l{level}: &l{level} [{refs}]\n"));
+    }
+    let bomb = write_temp(&bomb);
+    let out = weir(&[
+        "validate",
+        "--format",
+        "json",
+        bomb.path().to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let d = &report["files"][0]["diagnostics"][0];
+    assert_eq!(d["code"], "weir::yaml::alias_budget", "{report:#}");
+    assert_eq!(d["line"], 3, "{report:#}");
+    assert!(
+        d["help"].as_str().is_some_and(|h| h.contains("4 MiB")),
+        "{report:#}"
+    );
+
+    let out = weir(&["validate", "/dev/zero"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+}

@@ -1038,6 +1038,76 @@ fn pipelines_removed_from_the_file_stop() {
     }
 }
 
+/// A file nested 5 000 levels deep, whether a plan compares it (`POST /v1/reload` with
+/// `plan_only`, on the control thread) or an edit brings it under `--watch`, is refused with
+/// a depth diagnostic, and the job runs on: such a file used to overflow the control thread's
+/// stack and abort the whole process.
+#[test]
+fn a_file_too_deep_to_load_is_refused_and_the_job_keeps_running() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let file = tmp.path().join("p.yaml");
+    let running = format!(
+        "version: 1\npipelines:\n{}",
+        counter("steady", 400_000, false)
+    );
+    std::fs::write(&file, &running).expect("write the pipeline");
+    let mut run = Running::start(tmp.path(), Path::new("p.yaml"), &["--watch"]);
+    run.wait_until("the pipeline to run", |s| {
+        s.pipelines
+            .first()
+            .is_some_and(|p| p.state == "running" && p.source_records > 0)
+    });
+    let deep = format!("{running}x:\n{}z\n", "- ".repeat(5_000));
+
+    // A plan against a deep candidate file.
+    let candidate = tmp.path().join("deep.yaml");
+    std::fs::write(&candidate, &deep).expect("write the candidate");
+    let out = weir()
+        .args(["reload", "--api", &run.api, "--plan"])
+        .arg(&candidate)
+        .output()
+        .expect("weir reload runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{text}\nrun log:\n{}",
+        run.log()
+    );
+    assert!(text.contains("weir::yaml::depth"), "{text}");
+    assert!(text.contains("256 levels"), "{text}");
+    assert!(
+        run.child.try_wait().expect("try_wait").is_none(),
+        "`weir run` died:\n{}",
+        run.log()
+    );
+
+    // The watched file itself.
+    write_by_rename(&file, &deep);
+    let (status, outcome) = run.wait_outcome(0, "rejected");
+    let messages = outcome.messages.join("\n");
+    assert!(messages.contains("weir::yaml::depth"), "{outcome:#?}");
+    assert!(
+        messages.contains("the running version is left untouched"),
+        "{outcome:#?}"
+    );
+    assert_eq!(status.reloads, 0);
+    let from = pipeline(&status, "steady").source_records;
+    run.wait_until("records to flow after the deep edit", |s| {
+        let p = pipeline(s, "steady");
+        p.state == "running" && p.source_records > from
+    });
+    assert!(
+        run.child.try_wait().expect("try_wait").is_none(),
+        "`weir run` died:\n{}",
+        run.log()
+    );
+}
+
 /// A pipeline whose script fails on every record, restarting in a loop: it cannot take a
 /// savepoint, yet editing its file fixes it (the new version starts from the latest completed
 /// checkpoint) and the output is exactly once; `weir stop` during a restart back-off stops it

@@ -50,6 +50,12 @@ pub fn validate_file(path: &Path) -> Validation {
     finish(loaded, base_dir)
 }
 
+/// Validates a pipeline file's bytes (checked to be UTF-8 within the size limit, as from
+/// disk); relative paths resolve against `base_dir`. The entry point the fuzzer drives.
+pub fn validate_bytes(name: &str, bytes: Vec<u8>, base_dir: &Path) -> Validation {
+    finish(load::load_bytes(name, bytes), base_dir.to_path_buf())
+}
+
 /// Validates pipeline text; relative paths resolve against `base_dir`.
 pub fn validate_str(name: &str, text: &str, base_dir: &Path) -> Validation {
     finish(load::load_str(name, text), base_dir.to_path_buf())
@@ -72,6 +78,7 @@ fn finish(loaded: load::LoadedFile, base_dir: PathBuf) -> Validation {
         ));
     }
     diagnostics.sort();
+    diagnostics.truncate_to(weir_schema::diagnostic::MAX_REPORTED);
     Validation {
         source: loaded.source,
         spec: loaded.spec,

@@ -19,10 +19,22 @@ pub mod codes {
     pub const YAML_SYNTAX: &str = "weir::yaml::syntax";
     /// The file could not be read.
     pub const IO: &str = "weir::io";
+    /// More problems than a report shows; counts the rest.
+    pub const TOO_MANY: &str = "weir::too_many";
     /// The file is empty or holds several documents.
     pub const YAML_DOCUMENT: &str = "weir::yaml::document";
     /// A mapping key is not a string.
     pub const YAML_KEY: &str = "weir::yaml::key";
+    /// The file is larger than `weir_schema::yaml::MAX_FILE_BYTES`.
+    pub const YAML_TOO_LARGE: &str = "weir::yaml::too_large";
+    /// The file is not UTF-8 text.
+    pub const YAML_ENCODING: &str = "weir::yaml::encoding";
+    /// Mappings and sequences nest deeper than `weir_schema::yaml::MAX_DEPTH`.
+    pub const YAML_DEPTH: &str = "weir::yaml::depth";
+    /// The file holds more values than `weir_schema::yaml::MAX_NODES`.
+    pub const YAML_NODES: &str = "weir::yaml::nodes";
+    /// Aliases copy more than `weir_schema::yaml::MAX_ALIAS_BYTES`.
+    pub const YAML_ALIAS_BUDGET: &str = "weir::yaml::alias_budget";
     /// A field the model does not know.
     pub const UNKNOWN_FIELD: &str = "weir::config::unknown_field";
     /// A required field is missing.
@@ -250,9 +262,62 @@ pub struct JsonDiagnostic {
     pub path: Option<String>,
 }
 
+/// The longest line a rendered snippet may show (in characters). miette pads labels with
+/// `{:width$}`, which panics beyond 65 535 columns, and a megabyte line helps nobody: a
+/// diagnostic whose snippet would hold a longer line is rendered without its snippet, its
+/// position written into the message instead.
+const MAX_SNIPPET_LINE: usize = 4096;
+
+/// Context lines the renderers show around a label (`with_context_lines(2)`), plus a margin.
+const SNIPPET_CONTEXT_LINES: usize = 3;
+
+impl Diagnostic {
+    /// Whether every line a rendered snippet would show is short enough to render.
+    fn snippet_fits(&self) -> bool {
+        let Some(file) = &self.file else {
+            return true;
+        };
+        let text: &str = &file.text;
+        let spans = self.span.iter().chain(self.related.iter().map(|(s, _)| s));
+        spans.into_iter().all(|span| {
+            let start = floor_boundary(text, span.start.min(text.len()));
+            let end = floor_boundary(text, span.end.clamp(start, text.len()));
+            // From the start of the first context line to the end of the last one.
+            let mut from = start;
+            for _ in 0..=SNIPPET_CONTEXT_LINES {
+                from = text[..from].rfind('\n').unwrap_or(0);
+            }
+            let mut to = end;
+            for _ in 0..=SNIPPET_CONTEXT_LINES {
+                to = text[to..].find('\n').map_or(text.len(), |i| to + i + 1);
+            }
+            text[from..to].split('\n').all(|line| {
+                line.len() <= MAX_SNIPPET_LINE || line.chars().count() <= MAX_SNIPPET_LINE
+            })
+        })
+    }
+}
+
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.message)?;
+        if !self.snippet_fits()
+            && let (Some(file), Some((line, col))) = (&self.file, self.line_col())
+        {
+            write!(
+                f,
+                " (at {}:{line}:{col}; the line is too long to show)",
+                file.name
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -277,10 +342,16 @@ impl miette::Diagnostic for Diagnostic {
     }
 
     fn source_code(&self) -> Option<&dyn SourceCode> {
+        if !self.snippet_fits() {
+            return None;
+        }
         self.file.as_ref().map(|f| &**f as &dyn SourceCode)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if !self.snippet_fits() {
+            return None;
+        }
         let span = self.span.as_ref()?;
         let primary = LabeledSpan::new_primary_with_span(
             (!self.label.is_empty()).then(|| self.label.clone()),
@@ -374,7 +445,37 @@ impl Diagnostics {
     pub fn extend(&mut self, other: Diagnostics) {
         self.0.extend(other.0);
     }
+
+    /// Keeps the first `max` diagnostics and replaces the rest by one that counts them (an
+    /// error when any of them was). Rendering a diagnostic reads the file up to its span, so
+    /// a hostile file with tens of thousands of problems would take minutes to report.
+    pub fn truncate_to(&mut self, max: usize) {
+        if self.0.len() <= max {
+            return;
+        }
+        let rest = self.0.split_off(max);
+        let errors = rest.iter().filter(|d| d.is_error()).count();
+        let warnings = rest.len() - errors;
+        let message = format!(
+            "{} more problems are not shown ({errors} errors, {warnings} warnings)",
+            rest.len()
+        );
+        let summary = if errors > 0 {
+            Diagnostic::error(codes::TOO_MANY, message)
+        } else {
+            Diagnostic::warning(codes::TOO_MANY, message)
+        };
+        let summary = match rest.iter().find_map(|d| d.file.clone().zip(d.span.clone())) {
+            Some((file, span)) => summary.at(&file, span).label("the first one not shown"),
+            None => summary,
+        };
+        self.0
+            .push(summary.help("fix the problems shown, then validate again"));
+    }
 }
+
+/// The most diagnostics a file reports (see [`Diagnostics::truncate_to`]).
+pub const MAX_REPORTED: usize = 200;
 
 impl IntoIterator for Diagnostics {
     type Item = Diagnostic;
@@ -396,4 +497,66 @@ pub fn did_you_mean<'a>(
         .filter(|(score, _)| *score >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(d: &Diagnostic) -> String {
+        let handler =
+            miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
+                .with_context_lines(2);
+        let mut out = String::new();
+        handler.render_report(&mut out, d).expect("renders");
+        out
+    }
+
+    #[test]
+    fn a_label_far_along_a_long_line_renders_without_its_snippet() {
+        // miette's label padding panics past 65 535 columns.
+        let text = format!("version: 1\nx: [{}oops]\n", "1, ".repeat(30_000));
+        let file = Arc::new(SourceFile::new("long.yaml", text.clone()));
+        let at = text.find("oops").expect("oops");
+        let d = Diagnostic::error(codes::INVALID_VALUE, "bad value")
+            .at(&file, at..at + 4)
+            .label("here")
+            .help("fix it");
+        let out = render(&d);
+        assert!(out.contains("bad value (at long.yaml:2:90005"), "{out}");
+        assert!(out.contains("fix it"), "{out}");
+        assert!(out.len() < 1000, "{out}");
+        // A short line keeps its snippet and its plain message.
+        let file = Arc::new(SourceFile::new("short.yaml", "version: 1\nx: oops\n"));
+        let d = Diagnostic::error(codes::INVALID_VALUE, "bad value")
+            .at(&file, 14..18)
+            .label("here");
+        let out = render(&d);
+        assert!(out.contains("x: oops") && out.contains("here"), "{out}");
+        assert_eq!(d.to_string(), "bad value");
+    }
+
+    #[test]
+    fn a_long_report_is_cut_with_a_count_of_the_rest() {
+        let file = Arc::new(SourceFile::new("t.yaml", "a: 1\n".repeat(500)));
+        let mut all = Diagnostics::new();
+        for i in 0..300 {
+            let d = if i % 3 == 0 {
+                Diagnostic::warning(codes::DEAD_END, format!("w{i}"))
+            } else {
+                Diagnostic::error(codes::INVALID_VALUE, format!("e{i}"))
+            };
+            all.push(d.at(&file, i * 5..i * 5 + 1));
+        }
+        all.truncate_to(MAX_REPORTED);
+        assert_eq!(all.0.len(), MAX_REPORTED + 1);
+        let last = all.0.last().expect("a summary");
+        assert_eq!(last.code, codes::TOO_MANY);
+        assert!(last.is_error());
+        assert_eq!(
+            last.message,
+            "100 more problems are not shown (67 errors, 33 warnings)"
+        );
+        assert_eq!(last.line_col(), Some((201, 1)));
+    }
 }

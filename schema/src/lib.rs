@@ -14,8 +14,9 @@ pub mod schema;
 pub mod span;
 pub mod units;
 pub mod validate;
+pub mod yaml;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Severity};
-pub use load::{LoadedFile, load_file, load_str};
+pub use load::{LoadedFile, ReadError, load_bytes, load_file, load_str, read_text};
 pub use model::*;
 pub use span::{PathSeg, PathSuffix, SourceFile, SpanIndex, YamlPath};

@@ -1,20 +1,21 @@
 //! Loading a pipeline file: YAML text → span-indexed node tree → JSON Schema check → typed
 //! [`FileSpec`].
 //!
-//! One YAML parser (saphyr) reads the file; its marked tree gives every node a byte span, and
-//! the same tree is converted to the JSON value that the schema check and serde both see, so
-//! the two can never disagree about what the file says. Each stage collects every problem it
+//! One YAML parser (saphyr's event parser, driven by [`crate::yaml`] within fixed limits) reads
+//! the file into a tree that gives every node a byte span, and the same tree is converted to
+//! the JSON value that the schema check and serde both see, so the two can never disagree
+//! about what the file says. Each stage collects every problem it
 //! finds; a later stage runs only if the earlier ones found no error (a typed parse of a file
 //! that fails the schema would only repeat the schema's findings, worse).
 
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
-
-use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
 use crate::diagnostic::{Diagnostic, Diagnostics, codes};
 use crate::model::FileSpec;
 use crate::span::{Node, NodeValue, PathSeg, SourceFile, SpanIndex, YamlPath};
+use crate::yaml::{Document, MAX_FILE_BYTES};
 
 /// The result of loading one file: whatever could be read, plus every problem found.
 #[derive(Debug)]
@@ -29,21 +30,166 @@ pub struct LoadedFile {
     pub diagnostics: Diagnostics,
 }
 
-/// Reads and loads a pipeline file from disk.
+/// Reads and loads a pipeline file from disk: a regular file of at most
+/// [`MAX_FILE_BYTES`](crate::yaml::MAX_FILE_BYTES), read without ever holding more than that
+/// (a device such as `/dev/zero` or a growing file is refused, not read until memory runs
+/// out).
 pub fn load_file(path: &Path) -> LoadedFile {
     let name = path.display().to_string();
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let mut source = SourceFile::new(name, text);
-            source.path = Some(path.to_path_buf());
-            load_source(Arc::new(source))
+    match read_bounded(path) {
+        Ok(bytes) => load_bytes_from(&name, bytes, Some(path)),
+        Err((code, message, help)) => {
+            let mut diagnostics = Diagnostics::new();
+            diagnostics.push(Diagnostic::error(code, message).help(help));
+            unread(SourceFile::new(name, ""), diagnostics)
         }
+    }
+}
+
+/// Why a file Weir reads (a pipeline file, a script file) could not be read: a diagnostic
+/// code, the message and a help line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadError {
+    /// [`codes::IO`] or [`codes::YAML_TOO_LARGE`] (or [`codes::YAML_ENCODING`] from
+    /// [`read_text`]).
+    pub code: &'static str,
+    /// What went wrong, naming the file.
+    pub message: String,
+    /// How to fix it.
+    pub help: String,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+impl From<(&'static str, String, String)> for ReadError {
+    fn from((code, message, help): (&'static str, String, String)) -> Self {
+        Self {
+            code,
+            message,
+            help,
+        }
+    }
+}
+
+/// Reads a UTF-8 text file that a pipeline file references (a `script_file:`) within the
+/// same limits as a pipeline file: a regular file of at most
+/// [`MAX_FILE_BYTES`](crate::yaml::MAX_FILE_BYTES), never read further than that, so that a
+/// reference to a device or a huge file is an error, not a runaway allocation.
+pub fn read_text(path: &Path) -> Result<String, ReadError> {
+    let bytes = read_bounded(path).map_err(ReadError::from)?;
+    String::from_utf8(bytes).map_err(|e| ReadError {
+        code: codes::YAML_ENCODING,
+        message: format!(
+            "`{}` is not UTF-8 text: byte {} is not valid UTF-8",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ),
+        help: "save the file as UTF-8".to_owned(),
+    })
+}
+
+/// Reads at most [`MAX_FILE_BYTES`](crate::yaml::MAX_FILE_BYTES) + 1 bytes of a regular file.
+fn read_bounded(path: &Path) -> Result<Vec<u8>, (&'static str, String, String)> {
+    let name = path.display();
+    let unreadable = |e: std::io::Error| {
+        (
+            codes::IO,
+            format!("cannot read `{name}`: {e}"),
+            "check the path and that the file is readable".to_owned(),
+        )
+    };
+    // Looked at before opening: opening a FIFO would block until something writes to it.
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    check_file_type(path, &meta)?;
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    check_file_type(path, &file.metadata().map_err(unreadable)?)?;
+    let limit = MAX_FILE_BYTES as u64;
+    let too_large = |size: String| {
+        (
+            codes::YAML_TOO_LARGE,
+            format!(
+                "`{name}` is {size}; pipeline files may be at most {} ({limit} bytes)",
+                crate::yaml::human_bytes(MAX_FILE_BYTES)
+            ),
+            "split the file, or check that the path names the right file".to_owned(),
+        )
+    };
+    if meta.len() > limit {
+        return Err(too_large(format!("{} bytes", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(
+            "larger than that (it grew while being read)".to_owned(),
+        ));
+    }
+    Ok(bytes)
+}
+
+fn check_file_type(
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), (&'static str, String, String)> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    let what = if meta.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file (a device, pipe or socket)"
+    };
+    Err((
+        codes::IO,
+        format!("`{}` is {what}", path.display()),
+        "pass the path of a regular file (a pipeline YAML file, a Rhai script)".to_owned(),
+    ))
+}
+
+fn unread(source: SourceFile, diagnostics: Diagnostics) -> LoadedFile {
+    LoadedFile {
+        source: Arc::new(source),
+        spans: None,
+        spec: None,
+        diagnostics,
+    }
+}
+
+/// Loads a pipeline file from its bytes: bytes that are not UTF-8 are reported at the first
+/// bad byte, a text longer than [`MAX_FILE_BYTES`](crate::yaml::MAX_FILE_BYTES) is refused.
+pub fn load_bytes(name: &str, bytes: Vec<u8>) -> LoadedFile {
+    load_bytes_from(name, bytes, None)
+}
+
+fn load_bytes_from(name: &str, bytes: Vec<u8>, path: Option<&Path>) -> LoadedFile {
+    let source = |text: String| {
+        let mut source = SourceFile::new(name, text);
+        source.path = path.map(Path::to_path_buf);
+        Arc::new(source)
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => load_source(source(text)),
         Err(e) => {
-            let source = Arc::new(SourceFile::new(name.clone(), ""));
+            let at = e.utf8_error().valid_up_to();
+            // The lossy text keeps every byte offset up to the bad byte, which becomes U+FFFD.
+            let source = source(String::from_utf8_lossy(e.as_bytes()).into_owned());
             let mut diagnostics = Diagnostics::new();
             diagnostics.push(
-                Diagnostic::error(codes::IO, format!("cannot read `{name}`: {e}"))
-                    .help("check the path and that the file is readable"),
+                Diagnostic::error(
+                    codes::YAML_ENCODING,
+                    format!("the file is not UTF-8 text: byte {at} is not valid UTF-8"),
+                )
+                .at(&source, at..crate::yaml::next_char_end(&source.text, at))
+                .label("not UTF-8")
+                .help("save the file as UTF-8 (YAML files are UTF-8 text)"),
             );
             LoadedFile {
                 source,
@@ -60,9 +206,31 @@ pub fn load_str(name: &str, text: &str) -> LoadedFile {
     load_source(Arc::new(SourceFile::new(name, text)))
 }
 
-/// Loads an already-read source file.
+/// Loads an already-read source file. Every path that loads a pipeline file ends here, so
+/// the limits of [`crate::yaml`] hold for all of them.
 pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
     let mut diagnostics = Diagnostics::new();
+    if source.text.len() > MAX_FILE_BYTES {
+        diagnostics.push(
+            Diagnostic::error(
+                codes::YAML_TOO_LARGE,
+                format!(
+                    "the file is {} bytes; pipeline files may be at most {} ({MAX_FILE_BYTES} bytes)",
+                    source.text.len(),
+                    crate::yaml::human_bytes(MAX_FILE_BYTES)
+                ),
+            )
+            .at(&source, MAX_FILE_BYTES..MAX_FILE_BYTES)
+            .label("the limit is reached here")
+            .help("split the file, or check that the path names the pipeline file"),
+        );
+        return LoadedFile {
+            source,
+            spans: None,
+            spec: None,
+            diagnostics,
+        };
+    }
     let spans = parse_yaml(&source, &mut diagnostics);
     let mut loaded = LoadedFile {
         source,
@@ -189,36 +357,9 @@ fn serde_path(p: &serde_path_to_error::Path) -> YamlPath {
 
 /// Parses YAML into a span-indexed tree, reporting syntax and document-shape problems.
 fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option<SpanIndex> {
-    let text = &source.text;
-    let docs = match MarkedYaml::load_from_str(text) {
-        Ok(docs) => docs,
-        Err(e) => {
-            let offsets = CharOffsets::new(text);
-            let mut at = offsets.byte(e.marker().index());
-            // saphyr marks where it started scanning the token; point at the tab itself.
-            if e.info().contains("tab")
-                && let Some(tab) = text[at..]
-                    .find('\t')
-                    .map(|i| at + i)
-                    .or_else(|| text.find('\t'))
-            {
-                at = tab;
-            }
-            let end = next_char_end(text, at);
-            diagnostics.push(
-                Diagnostic::error(
-                    codes::YAML_SYNTAX,
-                    format!("YAML syntax error: {}", e.info()),
-                )
-                .at(source, at..end)
-                .label(e.info().to_owned())
-                .help(syntax_help(e.info())),
-            );
-            return None;
-        }
-    };
-    match docs.len() {
-        0 => {
+    let root = match crate::yaml::read(source, diagnostics) {
+        Document::One(root) => root,
+        Document::Empty => {
             diagnostics.push(
                 Diagnostic::error(codes::YAML_DOCUMENT, "the file is empty")
                     .at(source, 0..0)
@@ -226,24 +367,8 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
             );
             return None;
         }
-        1 => {}
-        n => {
-            let offsets = CharOffsets::new(text);
-            let second = offsets.byte(docs[1].span.start.index());
-            diagnostics.push(
-                Diagnostic::error(
-                    codes::YAML_DOCUMENT,
-                    format!("the file holds {n} YAML documents; Weir reads one"),
-                )
-                .at(source, second..next_char_end(text, second))
-                .label("a second document starts here")
-                .help("put every pipeline under one `pipelines:` list, or split the file"),
-            );
-            return None;
-        }
-    }
-    let offsets = CharOffsets::new(text);
-    let root = convert(&docs[0], &offsets, source, diagnostics);
+        Document::Stopped => return None,
+    };
     if !matches!(root.value, NodeValue::Map(_)) {
         diagnostics.push(
             Diagnostic::error(
@@ -256,136 +381,6 @@ fn parse_yaml(source: &Arc<SourceFile>, diagnostics: &mut Diagnostics) -> Option
         );
     }
     Some(SpanIndex::new(root))
-}
-
-fn syntax_help(info: &str) -> String {
-    if info.contains("tab") {
-        "YAML indents with spaces only; replace the tab characters".to_owned()
-    } else if info.contains("duplicated key") {
-        "each key may appear once per mapping; remove or rename one of them".to_owned()
-    } else if info.contains("':'")
-        || info.contains("indentation")
-        || info.contains("mapping values")
-    {
-        "check the indentation and that every `[`, `{` and quote opened before this point is closed"
-            .to_owned()
-    } else {
-        "fix the YAML syntax at this point; `weir validate` checks the rest once it parses"
-            .to_owned()
-    }
-}
-
-fn next_char_end(text: &str, at: usize) -> usize {
-    text[at.min(text.len())..]
-        .chars()
-        .next()
-        .map_or(at, |c| at + c.len_utf8())
-}
-
-/// Maps saphyr's character indices to byte offsets.
-struct CharOffsets {
-    bytes: Vec<usize>,
-}
-
-impl CharOffsets {
-    fn new(text: &str) -> Self {
-        let mut bytes: Vec<usize> = text.char_indices().map(|(b, _)| b).collect();
-        bytes.push(text.len());
-        Self { bytes }
-    }
-
-    fn byte(&self, char_index: usize) -> usize {
-        self.bytes
-            .get(char_index)
-            .copied()
-            .unwrap_or_else(|| self.bytes.last().copied().unwrap_or(0))
-    }
-}
-
-fn convert(
-    node: &MarkedYaml<'_>,
-    offsets: &CharOffsets,
-    source: &Arc<SourceFile>,
-    diagnostics: &mut Diagnostics,
-) -> Node {
-    let mut span = offsets.byte(node.span.start.index())..offsets.byte(node.span.end.index());
-    let value = match &node.data {
-        YamlData::Value(s) => NodeValue::Scalar(scalar_to_json(s)),
-        YamlData::Representation(text, _, _) => {
-            NodeValue::Scalar(serde_json::Value::String(text.to_string()))
-        }
-        YamlData::Sequence(items) => NodeValue::Seq(
-            items
-                .iter()
-                .map(|i| convert(i, offsets, source, diagnostics))
-                .collect(),
-        ),
-        YamlData::Mapping(map) => {
-            let mut entries = Vec::with_capacity(map.len());
-            for (k, v) in map.iter() {
-                let key_span = offsets.byte(k.span.start.index())..offsets.byte(k.span.end.index());
-                let key = match &k.data {
-                    YamlData::Value(Scalar::String(s)) => s.to_string(),
-                    YamlData::Value(other) => {
-                        // Numbers and booleans as keys are legal YAML; use their text.
-                        match scalar_to_json(other) {
-                            serde_json::Value::String(s) => s,
-                            j => j.to_string(),
-                        }
-                    }
-                    _ => {
-                        diagnostics.push(
-                            Diagnostic::error(
-                                codes::YAML_KEY,
-                                "mapping keys must be plain strings",
-                            )
-                            .at(source, key_span.clone())
-                            .label("complex key")
-                            .help("write the key as a plain word, such as `id:`"),
-                        );
-                        continue;
-                    }
-                };
-                entries.push((key, key_span, convert(v, offsets, source, diagnostics)));
-            }
-            NodeValue::Map(entries)
-        }
-        YamlData::Tagged(_, inner) => return convert(inner, offsets, source, diagnostics),
-        YamlData::Alias(_) | YamlData::BadValue => {
-            diagnostics.push(
-                Diagnostic::error(codes::YAML_SYNTAX, "this value cannot be read")
-                    .at(source, span.clone())
-                    .label("unresolved alias or malformed value")
-                    .help("write the value out in full"),
-            );
-            NodeValue::Scalar(serde_json::Value::Null)
-        }
-    };
-    if span.end < span.start {
-        span.end = span.start;
-    }
-    // Trim trailing whitespace and newlines so labels sit on the text, not on the next line.
-    let text = &source.text;
-    while span.end > span.start
-        && text
-            .as_bytes()
-            .get(span.end - 1)
-            .is_some_and(|b| b.is_ascii_whitespace())
-    {
-        span.end -= 1;
-    }
-    Node { span, value }
-}
-
-fn scalar_to_json(s: &Scalar<'_>) -> serde_json::Value {
-    match s {
-        Scalar::Null => serde_json::Value::Null,
-        Scalar::Boolean(b) => serde_json::Value::Bool(*b),
-        Scalar::Integer(i) => serde_json::Value::from(*i),
-        Scalar::FloatingPoint(f) => serde_json::Number::from_f64(f.into_inner())
-            .map_or(serde_json::Value::Null, serde_json::Value::Number),
-        Scalar::String(s) => serde_json::Value::String(s.to_string()),
-    }
 }
 
 #[cfg(test)]
@@ -411,5 +406,295 @@ mod tests {
         let d = &loaded.diagnostics.0[0];
         assert_eq!(d.code, codes::YAML_SYNTAX);
         assert!(d.span.is_some());
+    }
+
+    use crate::yaml::{MAX_DEPTH, MAX_NODES};
+
+    /// Runs `f` on a thread with a 256 KiB stack: a file too deep is refused before any
+    /// recursion, so even a stack 8 times smaller than any thread Weir loads files on (tokio's
+    /// blocking threads have 2 MiB, the main thread 8 MiB) never overflows.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        on_stack(256 * 1024, f)
+    }
+
+    fn on_stack<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(bytes)
+            .spawn(f)
+            .expect("spawn")
+            .join()
+            .expect("loading must not overflow or panic")
+    }
+
+    fn codes_of(loaded: &LoadedFile) -> Vec<&'static str> {
+        loaded.diagnostics.iter().map(|d| d.code).collect()
+    }
+
+    /// The one diagnostic with `code`, with its 1-based line and column.
+    fn only(loaded: &LoadedFile, code: &str) -> (Diagnostic, (usize, usize)) {
+        let found: Vec<&Diagnostic> = loaded
+            .diagnostics
+            .iter()
+            .filter(|d| d.code == code)
+            .collect();
+        assert_eq!(found.len(), 1, "{:#?}", loaded.diagnostics);
+        let d = found[0].clone();
+        assert!(d.help.is_some(), "{d:#?}");
+        let at = d.line_col().expect("located");
+        (d, at)
+    }
+
+    #[test]
+    fn deep_block_sequences_are_a_depth_diagnostic_on_a_small_stack() {
+        // The reproduction: 40 KB, 20 000 nested block sequences.
+        let text = format!("x:\n{}z\n", "- ".repeat(20_000));
+        let loaded = on_small_stack(move || load_str("deep.yaml", &text));
+        let (d, at) = only(&loaded, codes::YAML_DEPTH);
+        // The root mapping is level 1, the first `- ` level 2: level 257 is the 256th `- `.
+        assert_eq!(at, (2, 2 * (MAX_DEPTH - 1) + 1), "{d:#?}");
+        assert!(
+            d.message.contains("deeper than 256 levels"),
+            "{}",
+            d.message
+        );
+        assert!(loaded.spans.is_none() && loaded.spec.is_none());
+    }
+
+    #[test]
+    fn deep_flow_collections_and_mappings_are_depth_diagnostics_on_a_small_stack() {
+        let cases = [
+            format!("x: {}{}\n", "[".repeat(20_000), "]".repeat(20_000)),
+            format!("x: {}1{}\n", "{a: ".repeat(20_000), "}".repeat(20_000)),
+            format!("x: {}1{}\n", "[{a: ".repeat(10_000), "}]".repeat(10_000)),
+            // Block mappings, each indented one more space.
+            (0..2_000).fold(String::new(), |mut s, i| {
+                s.push_str(&" ".repeat(i));
+                s.push_str("a:\n");
+                s
+            }),
+            // A flow sequence inside 200 block levels: saphyr's own flow bound and ours meet.
+            format!(
+                "x:\n{}{}{}\n",
+                "- ".repeat(200),
+                "[".repeat(300),
+                "]".repeat(300)
+            ),
+        ];
+        for text in cases {
+            let shown = text[..60.min(text.len())].to_owned();
+            let loaded = on_small_stack(move || load_str("deep.yaml", &text));
+            assert_eq!(
+                codes_of(&loaded),
+                vec![codes::YAML_DEPTH],
+                "{shown}…: {:#?}",
+                loaded.diagnostics
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_at_the_depth_limit_loads_on_a_small_stack() {
+        // Root mapping (level 1), then 255 flow levels: exactly the limit. The unknown field
+        // takes the whole tree through JSON conversion, the schema check and serde.
+        let text = format!(
+            "version: 1\npipelines: []\nx: {}1{}\n",
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        let loaded = on_stack(512 * 1024, move || load_str("limit.yaml", &text));
+        assert!(
+            !codes_of(&loaded).contains(&codes::YAML_DEPTH),
+            "{:#?}",
+            loaded.diagnostics
+        );
+        assert!(loaded.spans.is_some());
+        assert!(codes_of(&loaded).contains(&codes::UNKNOWN_FIELD));
+        // Block nesting to the limit, through a sequence of mappings.
+        let mut text = String::from("version: 1\npipelines: []\nx:\n");
+        for i in 0..MAX_DEPTH - 2 {
+            text.push_str(&"  ".repeat(i + 1));
+            text.push_str("- \n");
+        }
+        text.push_str(&"  ".repeat(MAX_DEPTH));
+        text.push_str("1\n");
+        let loaded = on_stack(512 * 1024, move || load_str("limit.yaml", &text));
+        assert!(
+            !codes_of(&loaded).contains(&codes::YAML_DEPTH),
+            "{:#?}",
+            loaded.diagnostics
+        );
+    }
+
+    #[test]
+    fn aliases_count_towards_the_depth() {
+        // Each anchor wraps the previous alias one level deeper: 240 + 20 levels.
+        let mut text = format!("a0: &a0 {}1{}\n", "[".repeat(240), "]".repeat(240));
+        for i in 1..=20 {
+            text.push_str(&format!("a{i}: &a{i} [*a{}]\n", i - 1));
+        }
+        let loaded = on_stack(512 * 1024, move || load_str("alias.yaml", &text));
+        let (d, (line, _)) = only(&loaded, codes::YAML_DEPTH);
+        // a15 would nest 1 (root) + 15 + 240 = 256 levels, a16 257.
+        assert_eq!(line, 17, "{d:#?}");
+    }
+
+    #[test]
+    fn alias_expansion_is_bounded_in_bytes() {
+        // The reproduction: a 100 KB string through 4 levels of 10 aliases (4 GB).
+        let mut text = format!("s: &s \"{}\"\n", "x".repeat(100_000));
+        let mut prev = "s".to_owned();
+        for level in 1..=4 {
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            text.push_str(&format!("l{level}: &l{level} [{refs}]\n"));
+            prev = format!("l{level}");
+        }
+        let loaded = on_small_stack(move || load_str("bomb.yaml", &text));
+        let (d, (line, _)) = only(&loaded, codes::YAML_ALIAS_BUDGET);
+        // Level 1 copies 1 MB, level 2 would copy 10 MB: the budget runs out on line 3.
+        assert_eq!(line, 3, "{d:#?}");
+        assert!(d.message.contains("4 MiB"), "{}", d.message);
+        assert!(loaded.spans.is_none());
+
+        // Many small nodes weigh too: the budget counts each node's size, not only text.
+        let mut text = String::from("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n");
+        for level in 0..6 {
+            let prev = if level == 0 {
+                "a".to_owned()
+            } else {
+                format!("b{}", level - 1)
+            };
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            text.push_str(&format!("b{level}: &b{level} [{refs}]\n"));
+        }
+        // Under 1 KiB of text, with no string longer than two characters.
+        assert!(text.len() < 1024, "{}", text.len());
+        let loaded = load_str("laughs.yaml", &text);
+        only(&loaded, codes::YAML_ALIAS_BUDGET);
+    }
+
+    #[test]
+    fn aliases_within_the_budget_copy_their_anchor() {
+        let text = "base: &b {x: 1, y: [a, b]}\nitems: [&s one, *s, *b]\nother: *b\nk: {*s : v}\n";
+        let loaded = load_str("t.yaml", text);
+        assert!(
+            loaded
+                .diagnostics
+                .iter()
+                .all(|d| d.code == codes::YAML_DOCUMENT
+                    || d.code == codes::UNKNOWN_FIELD
+                    || d.code == codes::MISSING_FIELD),
+            "{:#?}",
+            loaded.diagnostics
+        );
+        let spans = loaded.spans.expect("parses");
+        let json = spans.root().to_json();
+        assert_eq!(json["other"], serde_json::json!({"x": 1, "y": ["a", "b"]}));
+        assert_eq!(
+            json["items"],
+            serde_json::json!(["one", "one", {"x": 1, "y": ["a", "b"]}])
+        );
+        assert_eq!(json["k"], serde_json::json!({"one": "v"}));
+        // The copy is located at the alias.
+        let other = YamlPath::root().join("other");
+        assert_eq!(&text[spans.span(&other)], "*b");
+        // Anchors nested in anchors resolve to their own node.
+        let text = "a: &outer [&inner [&deep [1]], 2]\nb: [*inner, *deep, *outer]\n";
+        let json = load_str("t.yaml", text)
+            .spans
+            .expect("parses")
+            .root()
+            .to_json();
+        assert_eq!(json["b"], serde_json::json!([[[1]], [1], [[[1]], 2]]));
+    }
+
+    #[test]
+    fn values_past_the_limit_are_a_diagnostic_at_the_first_one_too_many() {
+        // Two bytes per value: a 2 MB file, far under the size limit, would otherwise take
+        // about a hundred bytes per value once loaded.
+        let text = format!("x: [{}0]\n", "0,".repeat(MAX_NODES));
+        assert!(text.len() < MAX_FILE_BYTES / 4);
+        let loaded = load_str("many.yaml", &text);
+        let (d, at) = only(&loaded, codes::YAML_NODES);
+        // Values 1..3 are the root mapping, the key `x` and the sequence; the scalars follow.
+        assert_eq!(at, (1, 5 + 2 * (MAX_NODES - 3)), "{}", d.message);
+        assert!(
+            d.message.contains("more than 1000000 values"),
+            "{}",
+            d.message
+        );
+        assert!(loaded.spans.is_none());
+        // One value fewer: the file loads (and fails only on its content).
+        let text = format!("x: [{}0]\n", "0,".repeat(MAX_NODES - 4));
+        let loaded = load_str("many.yaml", &text);
+        assert!(!codes_of(&loaded).contains(&codes::YAML_NODES));
+        assert!(loaded.spans.is_some());
+    }
+
+    #[test]
+    fn every_duplicate_key_is_reported_with_the_first() {
+        let text = "version: 1\npipelines: []\nx: {a: 1, b: 2, a: 3}\ny:\n  b: 1\n  b: 2\n";
+        let loaded = load_str("t.yaml", text);
+        let dups: Vec<&Diagnostic> = loaded
+            .diagnostics
+            .iter()
+            .filter(|d| d.code == codes::YAML_SYNTAX)
+            .collect();
+        assert_eq!(dups.len(), 2, "{:#?}", loaded.diagnostics);
+        assert_eq!(dups[0].line_col(), Some((3, 17)));
+        assert_eq!(
+            dups[0].related[0].0,
+            text.find("a: 1").expect("a")..text.find("a: 1").expect("a") + 1
+        );
+        assert_eq!(dups[1].line_col(), Some((6, 3)));
+        assert!(loaded.spec.is_none());
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_located() {
+        let mut bytes = b"version: 1\npipelines:\n  - id: caf".to_vec();
+        bytes.extend_from_slice(&[0xe9, b'\n']);
+        let loaded = load_bytes("t.yaml", bytes);
+        let (d, at) = only(&loaded, codes::YAML_ENCODING);
+        assert_eq!(at, (3, 12), "{d:#?}");
+        assert!(d.message.contains("byte 33"), "{}", d.message);
+    }
+
+    #[test]
+    fn oversized_text_is_refused_before_parsing() {
+        let text = format!("x: [{}]\n", "1,".repeat(MAX_FILE_BYTES / 2));
+        let loaded = load_str("big.yaml", &text);
+        let (d, _) = only(&loaded, codes::YAML_TOO_LARGE);
+        assert_eq!(d.span, Some(MAX_FILE_BYTES..MAX_FILE_BYTES));
+        assert!(d.message.contains("16 MiB"), "{}", d.message);
+    }
+
+    #[test]
+    fn files_are_read_within_the_limit_and_only_when_regular() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A directory.
+        let loaded = load_file(dir.path());
+        let d = &loaded.diagnostics.0[0];
+        assert_eq!(d.code, codes::IO);
+        assert!(d.message.contains("is a directory"), "{}", d.message);
+        // A device that never ends: refused without reading.
+        let loaded = load_file(Path::new("/dev/zero"));
+        let d = &loaded.diagnostics.0[0];
+        assert_eq!(d.code, codes::IO);
+        assert!(d.message.contains("not a regular file"), "{}", d.message);
+        // One byte over the limit.
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, vec![b'#'; MAX_FILE_BYTES + 1]).expect("write");
+        let loaded = load_file(&big);
+        let d = &loaded.diagnostics.0[0];
+        assert_eq!(d.code, codes::YAML_TOO_LARGE, "{d:#?}");
+        assert!(d.message.contains("16 MiB"), "{}", d.message);
+        // A missing file.
+        let loaded = load_file(&dir.path().join("missing.yaml"));
+        assert_eq!(loaded.diagnostics.0[0].code, codes::IO);
+        // A readable one keeps its path for relative references.
+        let ok = dir.path().join("ok.yaml");
+        std::fs::write(&ok, "version: 1\npipelines: []\n").expect("write");
+        let loaded = load_file(&ok);
+        assert_eq!(loaded.source.path.as_deref(), Some(ok.as_path()));
     }
 }

@@ -60,6 +60,9 @@ struct Failure {
 
 const DISCRIMINATORS: [&str; 4] = ["type", "backend", "strategy", "kind"];
 
+/// Schema failures explained per file (see [`check`]).
+const MAX_FAILURES: usize = 1000;
+
 /// Checks a file's JSON value against the schema; every failure becomes a located diagnostic.
 pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagnostics {
     let mut out = Diagnostics::new();
@@ -71,8 +74,9 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         return out;
     };
     let evaluation = validator.evaluate(value);
-    let failures: Vec<Failure> = evaluation
+    let mut failures: Vec<Failure> = evaluation
         .iter_errors()
+        .take(MAX_FAILURES + 1)
         .map(|e| Failure {
             schema_loc: e
                 .schema_location
@@ -84,6 +88,21 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
             message: e.error.message().to_owned(),
         })
         .collect();
+    // Grouping the failures below compares them pairwise; a file with thousands of broken
+    // nodes gets the first ones explained, and a note.
+    if failures.len() > MAX_FAILURES {
+        failures.truncate(MAX_FAILURES);
+        out.push(
+            Diagnostic::error(
+                codes::INVALID_VALUE,
+                format!(
+                    "the file breaks the schema in more than {MAX_FAILURES} places; only the first are reported"
+                ),
+            )
+            .at(file, 0..0)
+            .help("fix the problems reported, then validate again"),
+        );
+    }
     if std::env::var_os("WEIR_DEBUG_SCHEMA").is_some() {
         for f in &failures {
             eprintln!(
@@ -122,7 +141,10 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         .collect();
     let is_dead = |f: &Failure| {
         dead.iter().any(|(p, o)| {
-            f.schema_loc.starts_with(&format!("{p}/")) && f.instance.0.starts_with(&o.0)
+            f.schema_loc
+                .strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+                && f.instance.0.starts_with(&o.0)
         })
     };
 
@@ -428,6 +450,8 @@ fn translate(
             fields
                 .keys()
                 .filter(|k| !allowed.contains(&k.as_str()))
+                // More than a report shows would only cost time (each looks its key up).
+                .take(crate::diagnostic::MAX_REPORTED + 1)
                 .map(|k| {
                     let key_path = path.join(k.as_str());
                     let help = misplaced(k, path)

@@ -1,9 +1,10 @@
 //! Source text and the span index: every YAML node's byte range, addressable by config path.
 //!
-//! The YAML is parsed once by saphyr into `MarkedYaml`; this module converts it into an owned
-//! tree of [`Node`]s with byte spans (saphyr counts characters; miette wants bytes), from which
-//! the loader derives the JSON value that serde and the JSON Schema see. Diagnostics then ask
-//! for the span of a path such as `pipelines[0].operators[2].inputs[0]`.
+//! The YAML is read once, from saphyr's parser events, into an owned tree of [`Node`]s with
+//! byte spans (saphyr counts characters; miette wants bytes) by [`crate::yaml`], within its
+//! depth and alias limits; this module holds that tree, from which the loader derives the JSON
+//! value that serde and the JSON Schema see. Diagnostics then ask for the span of a path such
+//! as `pipelines[0].operators[2].inputs[0]`.
 
 use std::fmt;
 use std::ops::Range;

@@ -424,13 +424,14 @@ fn load_script(
         Some(ScriptRef::Inline(text)) => Ok(Some(Arc::from(text))),
         Some(ScriptRef::File(file)) => {
             let path = base_dir.join(file);
-            match std::fs::read_to_string(&path) {
+            // Bounded like the pipeline file (a device or a huge file is an error).
+            match weir_schema::read_text(&path) {
                 Ok(text) => Ok(Some(Arc::from(text))),
-                Err(source) => Err(PlanError::ScriptFile {
+                Err(e) => Err(PlanError::ScriptFile {
                     pipeline: pipeline.to_owned(),
                     element: element.id.to_owned(),
                     path,
-                    source,
+                    source: Box::new(e),
                 }),
             }
         }

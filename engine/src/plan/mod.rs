@@ -221,8 +221,8 @@ pub enum PlanError {
         element: String,
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// Why it could not be read (missing, not a regular file, too large, not UTF-8).
+        source: Box<weir_schema::ReadError>,
     },
     /// Anything else validation should have caught.
     #[error("pipeline `{pipeline}`: {message}")]

@@ -182,17 +182,21 @@ fn check_scripts_here(
                         base_dir.join(file)
                     };
                     let path = at.join("script_file");
-                    let text = match std::fs::read_to_string(&full) {
+                    // Bounded like the pipeline file: a device or a huge file is an error.
+                    let text = match weir_schema::read_text(&full) {
                         Ok(t) => t,
                         Err(e) => {
                             out.push(
                                 Diagnostic::error(
                                     codes::SCRIPT_FILE,
-                                    format!("{path}: cannot read script file `{}`: {e}", full.display()),
+                                    format!("{path}: script file unusable: {e}"),
                                 )
                                 .at(source, spans.span(&path))
                                 .label("script file not readable")
-                                .help("script files are relative to the pipeline file; check the path")
+                                .help(format!(
+                                    "{}; script files are relative to the pipeline file",
+                                    e.help
+                                ))
                                 .with_path(path),
                             );
                             continue;

@@ -255,6 +255,7 @@ pub fn read_snapshot(
         )));
     }
     let states = rd.array("states")?;
+    rd.fits(states, MIN_STATE_BYTES, "states")?;
     for _ in 0..states {
         rd.expect_array(3, "state")?;
         let name = rd.str("state name")?;
@@ -264,6 +265,8 @@ pub fn read_snapshot(
             .and_then(kind_of)
             .ok_or_else(|| RunError::State(format!("unknown state kind {code}")))?;
         let entries = rd.array("entries")?;
+        // Checked before the callback sees the count (a backend may reserve room for it).
+        rd.fits(entries, MIN_ENTRY_BYTES, "entries")?;
         f(SnapshotItem::State {
             name,
             kind,
@@ -283,6 +286,12 @@ pub fn read_snapshot(
     }
     Ok(())
 }
+
+/// The fewest bytes a state takes: its array marker, name, kind and entry array.
+const MIN_STATE_BYTES: usize = 4;
+
+/// The fewest bytes an entry takes: its array marker, key group, key and value.
+const MIN_ENTRY_BYTES: usize = 4;
 
 /// A bounds-checked cursor over MessagePack bytes.
 struct Reader<'a> {
@@ -308,6 +317,18 @@ impl<'a> Reader<'a> {
 
     fn byte(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
+    }
+
+    /// Checks that `count` items of at least `min_bytes` each fit in the bytes left, so that a
+    /// crafted count can never size an allocation beyond what the snapshot could hold.
+    fn fits(&self, count: u32, min_bytes: usize, what: &str) -> Result<()> {
+        let left = self.buf.len() - self.pos;
+        if (count as usize).saturating_mul(min_bytes) > left {
+            return Err(self.malformed(&format!(
+                "{count} {what} announced but only {left} bytes left"
+            )));
+        }
+        Ok(())
     }
 
     fn be(&mut self, n: usize) -> Result<u64> {
@@ -757,5 +778,80 @@ mod tests {
         assert!(w.finish().is_err());
         let mut w = SnapshotWriter::new(16, 0);
         assert!(w.begin_state("s", StateKind::Value).is_err());
+    }
+
+    /// A snapshot whose entry count is patched to `count` (the writer's fixed-width
+    /// placeholder sits right after the state's name and kind).
+    fn with_entry_count(count: u32) -> Vec<u8> {
+        let mut w = SnapshotWriter::new(128, 1);
+        w.begin_state("s", StateKind::Value).unwrap();
+        w.entry(0, &Key::from_dynamic(&Dynamic::from_int(1)), &value(1))
+            .unwrap();
+        let mut bytes = w.finish().unwrap();
+        let at = bytes
+            .iter()
+            .position(|&b| b == ARRAY32)
+            .expect("placeholder");
+        bytes[at + 1..at + 5].copy_from_slice(&count.to_be_bytes());
+        bytes
+    }
+
+    #[test]
+    fn huge_counts_are_refused_before_anything_is_sized_by_them() {
+        // 4 billion entries announced in a 40-byte snapshot.
+        let bytes = with_entry_count(u32::MAX);
+        let mut announced = None;
+        let err = read_snapshot(&bytes, 128, |item| {
+            if let SnapshotItem::State { entries, .. } = item {
+                announced = Some(entries);
+            }
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("4294967295 entries announced"), "{err}");
+        assert_eq!(announced, None, "the callback never saw the count");
+        // A backend that reserves room for the announced entries gets a clear error, not a
+        // multi-gigabyte allocation.
+        let mut memory =
+            crate::state::memory::MemoryBackend::new(128, crate::record::KeyGroupRange::all(128));
+        let err = crate::state::StateBackend::restore(&mut memory, &[&bytes])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("malformed snapshot"), "{err}");
+        // As many states as bytes allow, no more.
+        let mut w = SnapshotWriter::new(16, 1);
+        w.begin_state("s", StateKind::Value).unwrap();
+        let mut bytes = w.finish().unwrap();
+        let at = bytes.iter().position(|&b| b == 0x91).expect("one state");
+        bytes.splice(at..at + 1, [0xdd, 0xff, 0xff, 0xff, 0xff]);
+        let err = read_all(&bytes, 16).unwrap_err().to_string();
+        assert!(err.contains("states announced"), "{err}");
+        // Huge array, map, string and blob lengths inside a value.
+        for value in [
+            vec![0xdd, 0xff, 0xff, 0xff, 0xff, 0x01],
+            vec![0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, b'a', 0x01],
+            vec![0xdb, 0xff, 0xff, 0xff, 0xff, b'a'],
+            vec![0xc6, 0xff, 0xff, 0xff, 0xff, 0x00],
+        ] {
+            assert!(decode_value(&value).is_err(), "{value:x?}");
+        }
+    }
+
+    #[test]
+    fn truncated_frames_are_errors_on_every_backend_restore() {
+        let good = with_entry_count(1);
+        let mut memory =
+            crate::state::memory::MemoryBackend::new(128, crate::record::KeyGroupRange::all(128));
+        crate::state::StateBackend::restore(&mut memory, &[&good]).unwrap();
+        for cut in 0..good.len() {
+            let mut memory = crate::state::memory::MemoryBackend::new(
+                128,
+                crate::record::KeyGroupRange::all(128),
+            );
+            let err = crate::state::StateBackend::restore(&mut memory, &[&good[..cut]])
+                .expect_err("a truncated snapshot is refused");
+            assert!(err.to_string().contains("snapshot"), "cut at {cut}: {err}");
+        }
     }
 }
