@@ -14,7 +14,7 @@ use weir_engine::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, Lo
 use weir_engine::checkpoint::{Result as StoreResult, plan_retention};
 use weir_engine::record::{Key, KeyGroupRange};
 use weir_engine::state::{
-    MemoryBackend, RocksdbBackend, SnapshotTarget, StateBackend, StateId, canonical, conformance,
+    MemoryBackend, RocksdbBackend, SnapshotTarget, StateBackend, StateId, canonical,
 };
 use weir_schema::RocksdbSpec;
 use weir_schema::StateKind;
@@ -165,13 +165,6 @@ fn by_state(snapshot: &[u8], m: u32) -> BTreeMap<String, Vec<u8>> {
     })
     .unwrap();
     out
-}
-
-#[test]
-fn the_new_conformance_case_holds_for_the_memory_backend() {
-    conformance::checkpoint_files_restore_rescale(&|m, r| -> Box<dyn StateBackend> {
-        Box::new(MemoryBackend::new(m, r))
-    });
 }
 
 #[test]

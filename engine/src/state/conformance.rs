@@ -1,8 +1,10 @@
 //! The conformance suite for [`StateBackend`] implementations, as plain functions taking a
-//! backend factory `(max_parallelism, key-group range) -> backend`. Every backend's tests call
-//! each of them, so memory, fs and rocksdb are held to the same behaviour.
+//! backend factory `(max_parallelism, key-group range) -> backend`, and the
+//! [`conformance_suite!`] macro that turns the whole list into tests for one backend: a
+//! backend's tests invoke the macro once, so memory (and with it fs) and rocksdb are held to
+//! the same behaviour and none can skip a case. A new case is added to the macro's list.
 //!
-//! The functions panic on a violation (they are test code).
+//! The functions panic on a violation (they are test code, compiled only for tests).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use rhai::Dynamic;
@@ -303,3 +305,32 @@ pub fn checkpoint_files_restore_rescale(factory: Factory<'_>) {
     }
     assert_eq!(total, n as usize);
 }
+
+/// Expands to one `#[test]` per conformance case. `$run` is an expression of type
+/// `fn(Factory<'_>)` (or a closure of that shape) that builds the backend's factory, runs the
+/// case it is given and checks what it must afterwards (e.g. that working directories are
+/// gone).
+macro_rules! conformance_suite {
+    ($run:expr) => {
+        $crate::state::conformance::conformance_suite!(@cases $run;
+            value_state,
+            list_and_map_state,
+            list_and_map_housekeeping,
+            kind_mismatch_is_an_error,
+            snapshot_restore_rescale,
+            snapshot_is_isolated_from_later_writes,
+            bad_snapshot_is_an_error,
+            checkpoint_files_restore_rescale,
+        );
+    };
+    (@cases $run:expr; $($case:ident,)+) => {
+        $(
+            #[test]
+            fn $case() {
+                let run: fn(fn($crate::state::conformance::Factory<'_>)) = $run;
+                run($crate::state::conformance::$case);
+            }
+        )+
+    };
+}
+pub(crate) use conformance_suite;

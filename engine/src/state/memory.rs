@@ -225,45 +225,17 @@ impl StateBackend for MemoryBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::state::conformance;
+    /// The conformance suite on the memory backend (the `fs` backend is this backend with its
+    /// checkpoints in files).
+    mod suite {
+        use crate::record::KeyGroupRange;
+        use crate::state::conformance::{Factory, conformance_suite};
+        use crate::state::{MemoryBackend, StateBackend};
 
-    fn factory(max_parallelism: u32, range: KeyGroupRange) -> Box<dyn StateBackend> {
-        Box::new(MemoryBackend::new(max_parallelism, range))
-    }
-
-    #[test]
-    fn memory_passes_value_state() {
-        conformance::value_state(&factory);
-    }
-
-    #[test]
-    fn memory_passes_list_and_map_state() {
-        conformance::list_and_map_state(&factory);
-    }
-
-    #[test]
-    fn memory_passes_list_and_map_housekeeping() {
-        conformance::list_and_map_housekeeping(&factory);
-    }
-
-    #[test]
-    fn memory_passes_kind_mismatch() {
-        conformance::kind_mismatch_is_an_error(&factory);
-    }
-
-    #[test]
-    fn memory_passes_snapshot_restore_rescale() {
-        conformance::snapshot_restore_rescale(&factory);
-    }
-
-    #[test]
-    fn memory_passes_snapshot_isolation() {
-        conformance::snapshot_is_isolated_from_later_writes(&factory);
-    }
-
-    #[test]
-    fn memory_passes_bad_snapshot() {
-        conformance::bad_snapshot_is_an_error(&factory);
+        conformance_suite!(|case: fn(Factory<'_>)| {
+            case(&|m: u32, range: KeyGroupRange| -> Box<dyn StateBackend> {
+                Box::new(MemoryBackend::new(m, range))
+            });
+        });
     }
 }

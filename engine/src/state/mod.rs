@@ -5,7 +5,7 @@
 //! encoded (the memory backend keeps live values and encodes only in
 //! [`StateBackend::snapshot`]).
 //!
-//! `conformance` holds the test suite every backend must pass, as shared functions.
+//! `conformance` holds the test suite every backend must pass (tests only).
 
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
@@ -16,7 +16,8 @@ use crate::record::{Key, KeyGroupRange};
 use crate::runtime::error::{Result, RunError};
 
 pub mod canonical;
-pub mod conformance;
+#[cfg(test)]
+pub(crate) mod conformance;
 pub mod handover;
 pub mod memory;
 pub mod rocksdb;

@@ -1258,30 +1258,19 @@ mod tests {
         }
     }
 
-    fn run(suite: fn(conformance::Factory<'_>)) {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = spec();
-        let factory = |m: u32, range: KeyGroupRange| -> Box<dyn StateBackend> {
-            Box::new(RocksdbBackend::open(dir.path(), m, range, &spec).unwrap())
-        };
-        suite(&factory);
-        // Every instance removed its working directory when dropped.
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
+    /// The conformance suite; every instance removes its working directory when dropped.
+    mod suite {
+        use super::*;
+        use crate::state::conformance::{Factory, conformance_suite};
 
-    #[test]
-    fn rocksdb_passes_value_state() {
-        run(conformance::value_state);
-    }
-
-    #[test]
-    fn rocksdb_passes_list_and_map_state() {
-        run(conformance::list_and_map_state);
-    }
-
-    #[test]
-    fn rocksdb_passes_list_and_map_housekeeping() {
-        run(conformance::list_and_map_housekeeping);
+        conformance_suite!(|case: fn(Factory<'_>)| {
+            let dir = tempfile::tempdir().unwrap();
+            let spec = spec();
+            case(&|m: u32, range: KeyGroupRange| -> Box<dyn StateBackend> {
+                Box::new(RocksdbBackend::open(dir.path(), m, range, &spec).unwrap())
+            });
+            assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        });
     }
 
     #[test]
@@ -1296,31 +1285,6 @@ mod tests {
         };
         conformance::list_and_map_housekeeping(&factory);
         conformance::list_and_map_state(&factory);
-    }
-
-    #[test]
-    fn rocksdb_passes_kind_mismatch() {
-        run(conformance::kind_mismatch_is_an_error);
-    }
-
-    #[test]
-    fn rocksdb_passes_snapshot_restore_rescale() {
-        run(conformance::snapshot_restore_rescale);
-    }
-
-    #[test]
-    fn rocksdb_passes_snapshot_isolation() {
-        run(conformance::snapshot_is_isolated_from_later_writes);
-    }
-
-    #[test]
-    fn rocksdb_passes_bad_snapshot() {
-        run(conformance::bad_snapshot_is_an_error);
-    }
-
-    #[test]
-    fn rocksdb_passes_checkpoint_files_restore_rescale() {
-        run(conformance::checkpoint_files_restore_rescale);
     }
 
     #[test]
