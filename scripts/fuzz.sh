@@ -12,6 +12,10 @@
 # finding. Any input replays with:
 #   weir-fuzz --target TARGET --seed SEED --skip INDEX --inputs 1
 #
+# The `api` target is the control API's property test (engine/src/api/fuzz.rs) run for
+# $INPUTS requests through the real router, in one process (a failure prints the seed that
+# replays it).
+#
 # Usage: scripts/fuzz.sh            (1 000 000 inputs per target, 2 processes)
 #        INPUTS=20000 SEED=7 TARGETS=savepoint scripts/fuzz.sh
 # Exit status: 0 when nothing was found, 1 otherwise.
@@ -29,7 +33,7 @@ FINDINGS=${FINDINGS:-$TARGET_DIR/fuzz-findings/seed-$SEED}
 
 cargo build --release -p weir-fuzz --bin weir-fuzz >&2 || exit 2
 BIN="$TARGET_DIR/release/weir-fuzz"
-TARGETS=${TARGETS:-$("$BIN" --list)}
+TARGETS=${TARGETS:-$("$BIN" --list) api}
 mkdir -p "$FINDINGS"
 LOGS="$FINDINGS/logs"
 mkdir -p "$LOGS"
@@ -38,6 +42,19 @@ start=$(date +%s)
 status=0
 total=0
 for target in $TARGETS; do
+    if [[ $target == api ]]; then
+        log="$LOGS/api.err"
+        if WEIR_API_FUZZ_CASES=$INPUTS WEIR_API_FUZZ_SEED=$SEED cargo test -q --release \
+            -p weir-engine --lib api::fuzz::any_request -- --nocapture >"$LOGS/api.out" 2>"$log"; then
+            grep -i "cases\|requests" "$log" | tail -n1
+            total=$(( total + INPUTS ))
+        else
+            status=1
+            cp "$log" "$FINDINGS/api-failed.input"
+            echo "api: the property test failed; its output is in $FINDINGS/api-failed.input" >&2
+        fi
+        continue
+    fi
     per=$(( (INPUTS + JOBS - 1) / JOBS ))
     pids=()
     for ((j = 0; j < JOBS; j++)); do
