@@ -188,9 +188,12 @@ impl JobControl for Fake {
                             state: "migrated".into(),
                             script_changed: true,
                             parallelism: Some((2, 3)),
+                            key_groups_redistributed: true,
+                            ..OperatorReloadPlan::default()
                         },
                     ],
                     problems,
+                    ..PipelineReloadPlan::default()
                 }],
                 at_ms: 1_700_000_000_000,
             })
@@ -439,21 +442,32 @@ fn reload_applies_or_plans() {
         stderr(&out)
     );
 
+    // The switch that lets a reload drop state the new version no longer declares.
+    let out = job.weir(&["reload", "--allow-non-restored-state"], &here());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
     assert_eq!(
         job.fake.calls(),
         vec![
             Call::Reload(ReloadRequest::default()),
             Call::Reload(ReloadRequest {
                 file: None,
-                plan_only: true
+                plan_only: true,
+                ..ReloadRequest::default()
             }),
             Call::Reload(ReloadRequest {
                 file: Some(next),
-                plan_only: true
+                plan_only: true,
+                ..ReloadRequest::default()
             }),
             Call::Reload(ReloadRequest {
                 file: Some("/x/bad.yaml".into()),
-                plan_only: true
+                plan_only: true,
+                ..ReloadRequest::default()
+            }),
+            Call::Reload(ReloadRequest {
+                allow_non_restored_state: true,
+                ..ReloadRequest::default()
             }),
         ]
     );

@@ -564,7 +564,7 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     assert_eq!(op_plan(plan, "total"), ("kept".into(), false, None));
     assert_eq!(handed_over(&outcome), Some(2), "{outcome:#?}");
 
-    // 4. The stateful reduce removed, without allow_non_restored_state: rejected.
+    // 4. The stateful reduce removed, without --allow-non-restored-state: rejected.
     status = run.status();
     let before = pipeline(&status, "totals").source_records;
     let v4 = Version {
@@ -580,7 +580,7 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     assert!(
         plan.problems
             .iter()
-            .any(|m| m.contains("`total`") && m.contains("allow_non_restored_state")),
+            .any(|m| m.contains("`total`") && m.contains("--allow-non-restored-state")),
         "{outcome:#?}"
     );
     let status = still_running(
@@ -805,7 +805,7 @@ fn reload_plan_prints_the_plan_and_applies_nothing() {
         "missing the dropped state in:\n{stdout}"
     );
     assert!(
-        stdout.contains("problem:") && stdout.contains("allow_non_restored_state"),
+        stdout.contains("problem:") && stdout.contains("weir reload --allow-non-restored-state"),
         "{stdout}"
     );
     assert!(stderr.contains("would be rejected"), "{stderr}");

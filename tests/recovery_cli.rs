@@ -5,6 +5,8 @@
 //! the pipeline, operator, subtask, error and record.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -325,4 +327,196 @@ pipelines:
         2,
         "{log}"
     );
+}
+
+/// A pipeline that commits output while it runs (an update per record), so that a killed
+/// run leaves committed part files behind.
+fn updates_job(dir: &Path, backend: &str) -> std::path::PathBuf {
+    let yaml = dir.join("updates.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            r#"version: 1
+pipelines:
+  - id: counts
+    parallelism: 2
+    state: {{ {backend} }}
+    checkpoints: {{ interval: 100ms, storage: ck, retain: 3 }}
+    restart: {{ strategy: none }}
+    sources:
+      - id: gen
+        type: generator
+        parallelism: 1
+        seed: 7
+        count: 20000
+        rate: 4000
+        fields:
+          seq: {{ kind: sequence }}
+          user: {{ kind: key, prefix: u, cardinality: 50 }}
+    operators:
+      - id: shape
+        type: map
+        input: gen
+        parallelism: 1
+        script: "fn map(r) {{ #{{user: r.user, n: 1, last: r.seq}} }}"
+      - {{ id: by_user, type: key_by, input: shape, field: user, parallelism: 1 }}
+      - id: running
+        type: reduce
+        input: by_user
+        emit: updates
+        script: |
+          fn reduce(acc, r) {{ #{{n: acc.n + 1, last: r.last}} }}
+    sinks:
+      - {{ id: out, type: file, input: running, path: out }}
+"#
+        ),
+    )
+    .unwrap();
+    yaml
+}
+
+/// Every file of a directory with its bytes (the committed output, compared byte for byte).
+fn snapshot_dir(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// The file paths (store-relative) a checkpoint's `_metadata` lists.
+fn files_of(dir: &Path, id: u64) -> Vec<String> {
+    let bytes = std::fs::read(dir.join(format!("ck/counts/chk-{id}/_metadata"))).unwrap();
+    let json = &bytes[bytes.iter().position(|&b| b == b'\n').unwrap() + 1..];
+    let meta: serde_json::Value = serde_json::from_slice(json).unwrap();
+    meta["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["files"].as_array().unwrap().iter())
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn flip_a_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Every retained checkpoint damaged: `weir run` refuses to start, names each damaged
+/// checkpoint and file, says how to go on, and leaves the committed output untouched;
+/// `--fresh` then starts over and ends with the failure-free output.
+fn no_silent_fresh_start(backend: &str) {
+    let clean = tempfile::tempdir().unwrap();
+    let yaml = updates_job(clean.path(), backend);
+    let unlimited = std::fs::read_to_string(&yaml)
+        .unwrap()
+        .replace("rate: 4000", "rate: 1000000");
+    std::fs::write(&yaml, unlimited).unwrap();
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(ok, "{log}");
+    let expected = common::canonical_lines(&read_all(&clean.path().join("out")));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let yaml = updates_job(tmp.path(), backend);
+    run_and_kill(&yaml, 6);
+    let ids = checkpoints_on_disk(tmp.path());
+    assert!(!ids.is_empty());
+    let committed = snapshot_dir(&tmp.path().join("out"));
+    assert!(
+        committed.keys().any(|n| !n.starts_with('.')),
+        "the killed run committed nothing: {:?}",
+        committed.keys()
+    );
+
+    // Damage every retained checkpoint: one byte of a file each references, a shared
+    // RocksDB SST they all reference when there is one (one flip damages them all).
+    let files: Vec<Vec<String>> = ids.iter().map(|&id| files_of(tmp.path(), id)).collect();
+    let common_shared = files[0]
+        .iter()
+        .find(|f| f.starts_with("shared/") && files.iter().all(|fs| fs.contains(f)));
+    let victims: std::collections::BTreeSet<String> = match common_shared {
+        Some(f) => [f.clone()].into(),
+        None => files
+            .iter()
+            .map(|fs| {
+                fs.iter()
+                    .find(|f| f.ends_with(".keyed") || f.ends_with(".sst"))
+                    .or_else(|| fs.iter().find(|f| !f.ends_with(".op")))
+                    .expect("a keyed-state file")
+                    .clone()
+            })
+            .collect(),
+    };
+    // (Compactions may have replaced every SST between the oldest and the newest retained
+    // checkpoint; then each checkpoint gets a flipped byte in a file it references, each file
+    // flipped once.)
+    for v in &victims {
+        flip_a_byte(&tmp.path().join("ck/counts").join(v));
+    }
+
+    let (ok, log) = run_to_end(&yaml, &[]);
+    assert!(!ok, "the run must refuse to start:\n{log}");
+    assert!(
+        log.contains("none of the") && log.contains("can be restored"),
+        "{log}"
+    );
+    for id in &ids {
+        assert!(
+            log.contains(&format!("chk-{id}: ")),
+            "chk-{id} not named:\n{log}"
+        );
+    }
+    for v in &victims {
+        assert!(log.contains(v.as_str()), "file `{v}` not named:\n{log}");
+    }
+    for way in ["--from-checkpoint", "--fresh"] {
+        assert!(log.contains(way), "`{way}` not suggested:\n{log}");
+    }
+    assert_eq!(
+        snapshot_dir(&tmp.path().join("out")),
+        committed,
+        "the refused start changed the committed output"
+    );
+    assert_eq!(
+        checkpoints_on_disk(tmp.path()),
+        ids,
+        "checkpoints were deleted"
+    );
+
+    // --fresh starts over: the failure-free output.
+    let (ok, log) = run_to_end(&yaml, &["--fresh"]);
+    assert!(ok, "{log}");
+    common::run::assert_exactly_once(
+        &common::canonical_lines(&read_all(&tmp.path().join("out"))),
+        &expected,
+        "after --fresh",
+    );
+}
+
+/// The committed part files of a sink directory, concatenated.
+fn read_all(dir: &Path) -> String {
+    let mut text = String::new();
+    for (name, bytes) in snapshot_dir(dir) {
+        if !name.starts_with('.') {
+            text.push_str(&String::from_utf8(bytes).unwrap());
+            text.push('\n');
+        }
+    }
+    text
+}
+
+#[test]
+fn every_checkpoint_damaged_refuses_to_start_fs() {
+    no_silent_fresh_start("backend: fs");
+}
+
+#[test]
+fn every_checkpoint_damaged_refuses_to_start_rocksdb() {
+    no_silent_fresh_start("backend: rocksdb, incremental: true");
 }

@@ -1815,6 +1815,7 @@ fn reload_reads_only_the_running_file_or_yaml_beside_it() {
     let request = weir_engine::control::ReloadRequest {
         file: Some("/etc/passwd".into()),
         plan_only: true,
+        allow_non_restored_state: false,
     };
     match client.reload(&request) {
         Err(weir_engine::api::ClientError::Api { status, error }) => {

@@ -209,6 +209,11 @@ pub struct ReloadRequest {
     pub file: Option<PathBuf>,
     /// Print the plan only; change nothing.
     pub plan_only: bool,
+    /// Let the reload drop state the new version does not declare (a removed operator, a
+    /// removed or renamed state), as `weir run --allow-non-restored-state` does for every
+    /// reload of that run.
+    #[serde(default)]
+    pub allow_non_restored_state: bool,
 }
 
 /// What a reload did (or, with `plan_only`, would do).
@@ -240,8 +245,14 @@ pub struct PipelineReloadPlan {
     /// Per operator, for `changed` pipelines.
     pub operators: Vec<OperatorReloadPlan>,
     /// Reasons the plan cannot be applied (e.g. state of a removed operator would be lost
-    /// and `allow_non_restored_state` is not set; max_parallelism changed).
+    /// and `--allow-non-restored-state` is not given; max_parallelism changed).
     pub problems: Vec<String>,
+    /// `(old, new)` state backend when it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<(String, String)>,
+    /// State dropped on purpose: what `--allow-non-restored-state` let through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waived: Vec<String>,
 }
 
 /// What happens to one operator's state.
@@ -255,6 +266,33 @@ pub struct OperatorReloadPlan {
     pub state: String,
     /// Whether its script changed.
     pub script_changed: bool,
-    /// `(old, new)` when the parallelism changed (key groups are redistributed).
+    /// `(old, new)` when the parallelism changed.
     pub parallelism: Option<(u32, u32)>,
+    /// Its keyed state moves between subtasks by key-group range (it has keyed state and its
+    /// parallelism changed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub key_groups_redistributed: bool,
+    /// What happens to each of its named keyed states.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<NamedStateReloadPlan>,
+    /// The restored side does not record its declared states (a savepoint of an older Weir):
+    /// names and kinds were not compared.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unrecorded: bool,
+}
+
+/// What happens to one named keyed state of an operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NamedStateReloadPlan {
+    /// The state's name.
+    pub name: String,
+    /// `kept`, `migrated`, `new` (declared for the first time: starts empty), `dropped`
+    /// (not declared any more), `retyped` (its kind changed; `migrate` converts the values)
+    /// or `incompatible` (its kind changed and nothing converts the values).
+    pub change: String,
+    /// Its kind (`value`, `list`, `map`): the declared one, or the recorded one if dropped.
+    pub kind: String,
+    /// The recorded kind, when it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_kind: Option<String>,
 }

@@ -10,7 +10,8 @@ use indexmap::IndexMap;
 use rhai::Dynamic;
 use weir_engine::checkpoint::TaskId;
 use weir_engine::checkpoint::metadata::{
-    CheckpointMetadata, FileRef, KeyGroups, METADATA_FORMAT_VERSION, OperatorInfo, SubtaskState,
+    BackendKind, CheckpointMetadata, FileRef, KeyGroups, METADATA_FORMAT_VERSION, NodeType,
+    OperatorInfo, Section, SubtaskState,
 };
 use weir_engine::connectors::Source;
 use weir_engine::connectors::generator::GeneratorSource;
@@ -115,10 +116,17 @@ fn metadata(rng: &mut Rng) -> Vec<u8> {
         kind: BarrierKind::Savepoint,
         config_hash: "0123456789abcdef".into(),
         max_parallelism: 128,
+        backend: Some(BackendKind::Fs),
         operators: vec![OperatorInfo {
             id: "op0".into(),
             parallelism: 1,
             script_hash: None,
+            node: Some(NodeType {
+                section: Section::Operator,
+                type_name: "process".into(),
+            }),
+            keyed_state: Some([("cnt".to_owned(), StateKind::Value)].into()),
+            local_state: Some(false),
         }],
         subtasks,
         finished_tasks: vec![TaskId::new(0, 0)],
@@ -257,6 +265,7 @@ mod tests {
             kind: BarrierKind::Savepoint,
             config_hash: "h".into(),
             max_parallelism: 128,
+            backend: None,
             operators: Vec::new(),
             subtasks: Vec::new(),
             finished_tasks: Vec::new(),

@@ -23,6 +23,10 @@ pub struct ReloadArgs {
     #[arg(long, value_name = "FILE")]
     #[allow(clippy::option_option)]
     pub plan: Option<Option<PathBuf>>,
+    /// Let this reload drop state the new version no longer declares (an operator removed
+    /// from the file, a keyed state removed or renamed): it is not restored, and logged.
+    #[arg(long)]
+    pub allow_non_restored_state: bool,
     #[command(flatten)]
     pub api: ApiArgs,
 }
@@ -40,6 +44,7 @@ pub fn run(args: &ReloadArgs) -> ExitCode {
             .and_then(|f| f.as_deref())
             .map(api_args::absolute),
         plan_only: args.plan.is_some(),
+        allow_non_restored_state: args.allow_non_restored_state,
     };
     match client.reload(&request) {
         Ok(outcome) => {

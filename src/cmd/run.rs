@@ -39,8 +39,9 @@ pub struct RunArgs {
     /// flag once per pipeline.
     #[arg(long, value_name = "PATH", conflicts_with = "fresh")]
     pub from_savepoint: Vec<PathBuf>,
-    /// Let a savepoint (or a reload) drop the state of operators the pipeline no longer has,
-    /// instead of refusing.
+    /// Let a restore (`--from-savepoint`, `--from-checkpoint`, a resume, and every reload of
+    /// this run, `--watch` included) drop state the pipeline no longer declares (an operator
+    /// removed from the file, a keyed state removed or renamed) instead of refusing.
     #[arg(long)]
     pub allow_non_restored_state: bool,
     /// Watch the file (and every script file it references) and hot-reload on changes: each

@@ -1,6 +1,10 @@
 //! Helpers shared by the scenario tests: copying the reference pipelines into a temporary
-//! folder and comparing outputs as multisets of canonical JSON lines.
+//! folder and comparing outputs as multisets of canonical JSON lines; [`run`] drives the
+//! `weir` binary (a background run with its API, runs to the end, committed sink output and
+//! its exactly-once comparison with a failure-free run).
 #![allow(clippy::unwrap_used, dead_code)]
+
+pub mod run;
 
 use std::path::Path;
 

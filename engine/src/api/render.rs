@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::control::{OperatorReloadPlan, PipelineReloadPlan, ReloadOutcome};
+use crate::control::{NamedStateReloadPlan, OperatorReloadPlan, PipelineReloadPlan, ReloadOutcome};
 
 /// A reload outcome as text: a headline (what happened), the longest pause, the plan of
 /// every pipeline (what happens to each operator's state) and the messages, e.g.
@@ -37,7 +37,9 @@ pub fn render_reload(outcome: &ReloadOutcome) -> String {
     out
 }
 
-/// The per-pipeline part of [`render_reload`].
+/// The per-pipeline part of [`render_reload`]: per operator its state, then (when they
+/// differ from "kept as they were") its named states, then its parallelism change; problems
+/// and state dropped on purpose last.
 pub fn render_reload_plan(pipelines: &[PipelineReloadPlan]) -> String {
     let mut out = String::new();
     for p in pipelines {
@@ -48,6 +50,12 @@ pub fn render_reload_plan(pipelines: &[PipelineReloadPlan]) -> String {
             other => other,
         };
         let _ = writeln!(out, "pipeline {}: {change}", p.pipeline);
+        if let Some((from, to)) = &p.backend {
+            let _ = writeln!(
+                out,
+                "  state backend {from} → {to} (the savepoint is read back into {to})"
+            );
+        }
         let width = p
             .operators
             .iter()
@@ -57,19 +65,60 @@ pub fn render_reload_plan(pipelines: &[PipelineReloadPlan]) -> String {
             .max(12);
         for op in &p.operators {
             let _ = writeln!(out, "  {:<width$}  {}", op.id, operator_state(op));
-            if let Some((old, new)) = op.parallelism {
+            let all_kept = op
+                .states
+                .iter()
+                .all(|s| s.change == "kept" || s.change == "migrated");
+            if !all_kept {
+                for st in &op.states {
+                    let _ = writeln!(out, "  {:<width$}  {}", op.id, named_state(st));
+                }
+            }
+            if op.unrecorded {
                 let _ = writeln!(
                     out,
-                    "  {:<width$}  parallelism {old} → {new} (key groups redistributed)",
+                    "  {:<width$}  state names and kinds not compared (not recorded by the \
+                     snapshot, taken by an older Weir)",
                     op.id
                 );
             }
+            if let Some((old, new)) = op.parallelism {
+                let how = if op.key_groups_redistributed {
+                    " (key groups redistributed)"
+                } else if op.state == "stateless" {
+                    ""
+                } else {
+                    " (its state is split among the new subtasks)"
+                };
+                let _ = writeln!(out, "  {:<width$}  parallelism {old} → {new}{how}", op.id);
+            }
+        }
+        for waived in &p.waived {
+            let _ = writeln!(out, "  allowed: {waived}");
         }
         for problem in &p.problems {
             let _ = writeln!(out, "  problem: {problem}");
         }
     }
     out
+}
+
+fn named_state(st: &NamedStateReloadPlan) -> String {
+    let name = &st.name;
+    let kind = &st.kind;
+    match (st.change.as_str(), &st.from_kind) {
+        ("kept", _) => format!("state `{name}` ({kind}) kept"),
+        ("migrated", _) => format!("state `{name}` ({kind}) migrated"),
+        ("new", _) => format!("state `{name}` ({kind}) new (starts empty)"),
+        ("dropped", _) => format!("state `{name}` ({kind}) dropped (not declared any more)"),
+        ("retyped", Some(from)) => {
+            format!("state `{name}` {from} → {kind} (every value goes through migrate)")
+        }
+        ("incompatible", Some(from)) => {
+            format!("state `{name}` {from} → {kind}: incompatible (no migrate)")
+        }
+        (other, _) => format!("state `{name}` ({kind}) {other}"),
+    }
 }
 
 fn headline(outcome: &ReloadOutcome) -> String {
@@ -116,6 +165,8 @@ mod tests {
             state: state.into(),
             script_changed,
             parallelism: par,
+            key_groups_redistributed: par.is_some() && state != "stateless",
+            ..OperatorReloadPlan::default()
         }
     }
 
@@ -132,8 +183,10 @@ mod tests {
                         op("sum", "migrated", true, Some((2, 3))),
                         op("enrich", "new", false, None),
                         op("old_dedup", "dropped", false, None),
+                        op("shape", "stateless", true, Some((2, 3))),
                     ],
                     problems: vec![],
+                    ..PipelineReloadPlan::default()
                 },
                 PipelineReloadPlan {
                     pipeline: "audit".into(),
@@ -154,8 +207,57 @@ mod tests {
              \x20 sum           parallelism 2 → 3 (key groups redistributed)\n\
              \x20 enrich        new\n\
              \x20 old_dedup     state dropped\n\
+             \x20 shape         stateless (script changed)\n\
+             \x20 shape         parallelism 2 → 3\n\
              pipeline audit: unchanged\n\
              \x20 took the savepoint /s/sp-7\n"
+        );
+    }
+
+    #[test]
+    fn renders_named_states_backends_and_waived_state() {
+        let named =
+            |name: &str, change: &str, kind: &str, from: Option<&str>| NamedStateReloadPlan {
+                name: name.into(),
+                change: change.into(),
+                kind: kind.into(),
+                from_kind: from.map(Into::into),
+            };
+        let plan = PipelineReloadPlan {
+            pipeline: "p".into(),
+            change: "changed".into(),
+            operators: vec![
+                OperatorReloadPlan {
+                    states: vec![
+                        named("count", "new", "value", None),
+                        named("cnt", "dropped", "value", None),
+                    ],
+                    ..op("counter", "new", true, None)
+                },
+                OperatorReloadPlan {
+                    states: vec![named("seen", "retyped", "list", Some("value"))],
+                    ..op("dedup", "migrated", true, None)
+                },
+                OperatorReloadPlan {
+                    states: vec![named("acc", "kept", "value", None)],
+                    ..op("sum", "kept", false, None)
+                },
+            ],
+            backend: Some(("fs".into(), "rocksdb".into())),
+            waived: vec!["operator `counter`: state `cnt` ...".into()],
+            ..PipelineReloadPlan::default()
+        };
+        assert_eq!(
+            render_reload_plan(&[plan]),
+            "pipeline p: changed (savepoint, new graph, restore)\n\
+             \x20 state backend fs → rocksdb (the savepoint is read back into rocksdb)\n\
+             \x20 counter       new (script changed)\n\
+             \x20 counter       state `count` (value) new (starts empty)\n\
+             \x20 counter       state `cnt` (value) dropped (not declared any more)\n\
+             \x20 dedup         state migrated (script changed)\n\
+             \x20 dedup         state `seen` value → list (every value goes through migrate)\n\
+             \x20 sum           state kept\n\
+             \x20 allowed: operator `counter`: state `cnt` ...\n"
         );
     }
 
@@ -168,6 +270,7 @@ mod tests {
                 change: "changed".into(),
                 operators: vec![],
                 problems: vec!["max_parallelism changed".into()],
+                ..PipelineReloadPlan::default()
             }],
             messages: vec!["× error one\n  │ detail\n".into()],
             pause_ms: None,

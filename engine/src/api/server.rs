@@ -356,7 +356,7 @@ async fn reload(
 ) -> Result<Json<ReloadOutcome>, Failure> {
     let request: ReloadRequest = parse_body(
         body,
-        "reload request ({\"file\": PATH, \"plan_only\": BOOL})",
+        "reload request ({\"file\": PATH, \"plan_only\": BOOL, \"allow_non_restored_state\": BOOL})",
     )?;
     tracing::info!(plan_only = request.plan_only, file = ?request.file, "API: reload requested.");
     let control = Arc::clone(&s.control);

@@ -293,6 +293,7 @@ fn every_mutating_route_round_trips() {
     let plan = ReloadRequest {
         file: Some("next.yaml".into()),
         plan_only: true,
+        ..ReloadRequest::default()
     };
     assert_eq!(c.reload(&plan).expect("plan").result, "planned");
     let applied = c.reload(&ReloadRequest::default()).expect("reload");
@@ -373,6 +374,7 @@ fn each_error_code_has_its_status_and_comes_back_as_an_api_error() {
     let busy = ReloadRequest {
         file: Some("busy.yaml".into()),
         plan_only: true,
+        ..ReloadRequest::default()
     };
     assert_eq!(
         api_error(c.reload(&busy)),

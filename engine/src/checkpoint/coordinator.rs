@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use weir_schema::CheckpointSpec;
 
 use super::metadata::{
-    CheckpointMetadata, METADATA_FORMAT_VERSION, OperatorInfo, SubtaskState, config_hash,
+    BackendKind, CheckpointMetadata, METADATA_FORMAT_VERSION, OperatorInfo, SubtaskState,
+    config_hash,
 };
 use super::{CheckpointError, CheckpointId, Result, TaskId};
 use crate::plan::PipelinePlan;
@@ -73,7 +74,10 @@ pub struct CheckpointPlan {
     pub config_hash: String,
     /// Number of key groups.
     pub max_parallelism: u32,
-    /// Every operator (source, sink) with its parallelism, in plan order.
+    /// The pipeline's state backend, recorded in metadata.
+    pub backend: Option<BackendKind>,
+    /// Every operator (source, sink) with its parallelism, type and declared state, in plan
+    /// order.
     pub operators: Vec<OperatorInfo>,
     /// Every task, each of which acknowledges every checkpoint.
     pub tasks: Vec<TaskInfo>,
@@ -100,14 +104,11 @@ impl CheckpointPlan {
             pipeline: plan.id.clone(),
             config_hash: config_hash(&plan.spec),
             max_parallelism: plan.max_parallelism,
+            backend: Some(BackendKind::of(&plan.spec.state)),
             operators: plan
                 .nodes
                 .iter()
-                .map(|n| OperatorInfo {
-                    id: n.id.clone(),
-                    parallelism: n.parallelism,
-                    script_hash: n.script.as_deref().map(super::metadata::script_hash),
-                })
+                .map(|n| super::restore_plan::operator_info(plan, n))
                 .collect(),
             tasks,
         }
@@ -196,6 +197,13 @@ pub enum Command {
         /// Why.
         reason: AbortReason,
     },
+    /// A task acknowledged (or declined) a checkpoint that was already aborted: its files
+    /// were written after the abort deleted `chk-<n>/`. Delete that directory again (never
+    /// anything in `shared/`, which retained checkpoints may reference).
+    Discard {
+        /// The aborted checkpoint.
+        checkpoint: CheckpointId,
+    },
     /// Too many consecutive checkpoint failures: fail the pipeline over (its restart
     /// strategy decides what follows; the cause is external).
     Failover {
@@ -239,7 +247,16 @@ pub struct Coordinator {
     failed_over: bool,
     /// A stop-with-savepoint is in flight or done: no more periodic checkpoints.
     stopping: Option<CheckpointId>,
+    /// The most recently aborted ids (at most [`ABORTED_REMEMBERED`]): a late acknowledgement
+    /// of one of them asks for its directory to be deleted again ([`Command::Discard`]).
+    aborted: BTreeSet<CheckpointId>,
 }
+
+/// Aborted checkpoint ids the coordinator remembers for [`Command::Discard`]. A task
+/// acknowledges within `timeout` of the trigger or not at all, so only the latest aborts
+/// matter; older ones are forgotten (a stray directory of theirs is removed at the next
+/// start, as debris without metadata).
+const ABORTED_REMEMBERED: usize = 1024;
 
 impl Coordinator {
     /// A coordinator started at `now`; the first periodic checkpoint is due at
@@ -260,6 +277,7 @@ impl Coordinator {
             last_failure: None,
             failed_over: false,
             stopping: None,
+            aborted: BTreeSet::new(),
         }
     }
 
@@ -481,8 +499,8 @@ impl Coordinator {
             )));
         }
         let Some(pending) = self.pending.get_mut(&id) else {
-            tracing::debug!(checkpoint = id, %task, "Ignoring late acknowledgement.");
-            return Ok(Vec::new());
+            tracing::debug!(checkpoint = id, %task, "Late acknowledgement of an aborted checkpoint.");
+            return Ok(self.discard_late(id).into_iter().collect());
         };
         if pending.writing || pending.doomed.is_some() {
             return Ok(Vec::new());
@@ -520,6 +538,7 @@ impl Coordinator {
             kind: pending.barrier.kind,
             config_hash: self.plan.config_hash.clone(),
             max_parallelism: self.plan.max_parallelism,
+            backend: self.plan.backend,
             operators: self.plan.operators.clone(),
             subtasks,
             finished_tasks,
@@ -536,11 +555,24 @@ impl Coordinator {
         reason: DeclineReason,
     ) -> Vec<Command> {
         let mut out = Vec::new();
-        if self.pending.get(&id).is_some_and(|p| !p.writing) {
-            self.abort(id, AbortReason::Declined { task, reason }, &mut out);
-            self.check_failover(&mut out);
+        match self.pending.get(&id) {
+            Some(p) if !p.writing => {
+                self.abort(id, AbortReason::Declined { task, reason }, &mut out);
+                self.check_failover(&mut out);
+            }
+            Some(_) => {}
+            // A failed snapshot may have written part of its files after the abort.
+            None => out.extend(self.discard_late(id)),
         }
         out
+    }
+
+    /// [`Command::Discard`] for a late acknowledgement or decline of `id`, when `id` is a
+    /// checkpoint this coordinator aborted (never one that completed).
+    fn discard_late(&self, id: CheckpointId) -> Option<Command> {
+        self.aborted
+            .contains(&id)
+            .then_some(Command::Discard { checkpoint: id })
     }
 
     /// A task reached the end of its input and stopped: it acknowledges nothing any more.
@@ -574,6 +606,11 @@ impl Coordinator {
         };
         let mut out = Vec::new();
         if let Some(reason) = pending.doomed.clone() {
+            // The write is over: the abort (and the deletion of `chk-<n>/`, whose metadata
+            // now exists) can be carried out without racing it.
+            if let Some(p) = self.pending.get_mut(&id) {
+                p.writing = false;
+            }
             self.abort(id, reason, &mut out);
             return Ok(out);
         }
@@ -654,18 +691,25 @@ impl Coordinator {
         out
     }
 
-    /// Aborts `id`, or dooms it when its metadata write is in flight.
+    /// Aborts `id`, or dooms it when its metadata write is in flight: a checkpoint whose
+    /// write has not reported back is never aborted (its directory would be deleted under the
+    /// writer, which then leaves a complete-looking checkpoint nothing tracks). The first
+    /// reason wins; the abort is issued when the write reports back.
     fn abort(&mut self, id: CheckpointId, reason: AbortReason, out: &mut Vec<Command>) {
         let Some(pending) = self.pending.get_mut(&id) else {
             return;
         };
-        if pending.writing && pending.doomed.is_none() {
-            pending.doomed = Some(reason);
+        if pending.writing {
+            pending.doomed.get_or_insert(reason);
             return;
         }
         let Some(pending) = self.pending.remove(&id) else {
             return;
         };
+        self.aborted.insert(id);
+        while self.aborted.len() > ABORTED_REMEMBERED {
+            self.aborted.pop_first();
+        }
         // Only periodic checkpoints count: a failed savepoint is reported to its requester.
         if pending.barrier.kind == BarrierKind::Checkpoint && reason.is_failure() {
             self.consecutive_failures += 1;
@@ -729,11 +773,15 @@ mod tests {
             pipeline: "p".into(),
             config_hash: "h".into(),
             max_parallelism: 128,
+            backend: None,
             operators: ["src", "map", "out"]
                 .map(|id| OperatorInfo {
                     id: id.into(),
                     parallelism: 1,
                     script_hash: None,
+                    node: None,
+                    keyed_state: None,
+                    local_state: None,
                 })
                 .into(),
             tasks: vec![
@@ -894,8 +942,11 @@ mod tests {
         assert_eq!(aborted(&cmds), vec![(1, AbortReason::Subsumed { by: 2 })]);
         assert!(matches!(cmds.last(), Some(Command::NotifyComplete(b)) if b.checkpoint == 2));
         assert_eq!(c.consecutive_failures(), 0, "subsumption is no failure");
-        // A late ack of the subsumed checkpoint is ignored.
-        assert!(c.ack(1, SRC, state("src", 1)).expect("late ack").is_empty());
+        // A late ack of the subsumed checkpoint only has its late files deleted.
+        assert_eq!(
+            c.ack(1, SRC, state("src", 1)).expect("late ack"),
+            vec![Command::Discard { checkpoint: 1 }]
+        );
         assert!(c.ack(9, SRC, state("src", 9)).is_err(), "never triggered");
     }
 
@@ -920,6 +971,272 @@ mod tests {
         assert_eq!(aborted(&cmds), vec![(1, AbortReason::Subsumed { by: 2 })]);
         assert_eq!(c.last_completed(), Some(2));
         assert!(c.metadata_written(1, t0 + 23 * SEC).is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_subsumed_twice_while_writing_is_aborted_once_after_its_write() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent: 3,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        for at in [10, 20, 30] {
+            let _ = c.poll(t0 + at * SEC);
+        }
+        ack_all(&mut c, 1);
+        ack_all(&mut c, 2);
+        ack_all(&mut c, 3);
+        // 2 completes: 1 (still writing) is doomed, not aborted.
+        let cmds = c.metadata_written(2, t0 + 31 * SEC).expect("written");
+        assert!(aborted(&cmds).is_empty(), "{cmds:?}");
+        // 3 completes: 1 is subsumed again, and still must not be aborted under its writer.
+        let cmds = c.metadata_written(3, t0 + 32 * SEC).expect("written");
+        assert!(aborted(&cmds).is_empty(), "{cmds:?}");
+        assert_eq!(c.in_flight(), vec![1]);
+        // Its write reports back: now it is aborted, once, with the first reason.
+        let cmds = c
+            .metadata_written(1, t0 + 33 * SEC)
+            .expect("the write was requested");
+        assert_eq!(aborted(&cmds), vec![(1, AbortReason::Subsumed { by: 2 })]);
+        assert!(c.in_flight().is_empty());
+        assert_eq!(c.last_completed(), Some(3));
+    }
+
+    #[test]
+    fn a_restart_or_failover_while_writing_waits_for_the_write() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent: 2,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        let _ = c.poll(t0 + 10 * SEC);
+        let _ = c.poll(t0 + 20 * SEC);
+        ack_all(&mut c, 1);
+        // 2 is pending (no ack), 1 is writing: a restart aborts 2 at once, dooms 1.
+        let cmds = c.restart(t0 + 21 * SEC, []);
+        assert_eq!(aborted(&cmds), vec![(2, AbortReason::Cancelled)]);
+        assert_eq!(c.in_flight(), vec![1]);
+        // A failed write of the doomed one reports the cancellation, not a failure.
+        let cmds = c.metadata_failed(1, "no space".into()).expect("requested");
+        assert_eq!(aborted(&cmds), vec![(1, AbortReason::Cancelled)]);
+        assert_eq!(c.consecutive_failures(), 0);
+
+        // Failover while a write is in flight: doomed, aborted when the write succeeds.
+        let _ = c.poll(t0 + 40 * SEC);
+        ack_all(&mut c, 3);
+        let _ = c.poll(t0 + 50 * SEC);
+        let cmds = c.decline(4, SRC, DeclineReason::Failed("disk".into()));
+        assert!(c.is_failed_over());
+        assert_eq!(aborted(&cmds).len(), 1, "only 4: 3 is being written");
+        assert_eq!(c.in_flight(), vec![3]);
+        let cmds = c.metadata_written(3, t0 + 51 * SEC).expect("requested");
+        assert_eq!(aborted(&cmds), vec![(3, AbortReason::Cancelled)]);
+        assert_eq!(c.last_completed(), None);
+    }
+
+    #[test]
+    fn a_late_acknowledgement_of_an_aborted_checkpoint_discards_its_files() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                timeout: 5 * SEC,
+                tolerable_failures: 9,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        let _ = c.poll(t0 + 10 * SEC);
+        assert!(c.ack(1, SRC, state("src", 1)).expect("ack").is_empty());
+        assert_eq!(aborted(&c.poll(t0 + 15 * SEC)).len(), 1, "timed out");
+        // The sink's snapshot was still being written when the abort deleted `chk-1/`.
+        let cmds = c.ack(1, SINK, state("map", 1)).expect("late ack");
+        assert_eq!(cmds, vec![Command::Discard { checkpoint: 1 }]);
+        // Likewise a late decline (a failed write may have left part of its files).
+        let cmds = c.decline(1, SINK, DeclineReason::Failed("x".into()));
+        assert_eq!(cmds, vec![Command::Discard { checkpoint: 1 }]);
+        // A completed checkpoint is never discarded.
+        let _ = c.poll(t0 + 20 * SEC);
+        ack_all(&mut c, 2);
+        let _ = c.metadata_written(2, t0 + 21 * SEC).expect("written");
+        assert!(c.decline(2, SINK, DeclineReason::Subsumed).is_empty());
+    }
+
+    /// A small deterministic generator for the interleaving test.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Random interleavings of triggers (periodic and by hand, savepoints too), acks,
+    /// declines, metadata writes reporting back in any order, timeouts, finished tasks and
+    /// restarts. Whatever the order: a write the coordinator asked for is always accepted
+    /// when it reports back; no abort is ever issued while a checkpoint's write is in
+    /// flight; every checkpoint ends exactly once (completed or aborted); completed ids only
+    /// grow, and nothing stays in flight once every write reported back and every task
+    /// answered.
+    #[test]
+    fn random_interleavings_keep_the_bookkeeping_consistent() {
+        for seed in 1..=200_u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let t0 = Instant::now();
+            let mut c = Coordinator::new(
+                CoordinatorConfig {
+                    max_concurrent: 1 + rng.below(3) as u32,
+                    timeout: 30 * SEC,
+                    tolerable_failures: 2,
+                    ..config()
+                },
+                plan(),
+                t0,
+            );
+            let mut now = t0;
+            // Checkpoint -> tasks that still owe an answer.
+            let mut owed: BTreeMap<CheckpointId, Vec<TaskId>> = BTreeMap::new();
+            let mut writing: BTreeSet<CheckpointId> = BTreeSet::new();
+            let mut ended: BTreeMap<CheckpointId, &'static str> = BTreeMap::new();
+            let mut completed: Vec<CheckpointId> = Vec::new();
+            let mut handle = |cmds: Vec<Command>,
+                              owed: &mut BTreeMap<CheckpointId, Vec<TaskId>>,
+                              writing: &mut BTreeSet<CheckpointId>| {
+                for cmd in cmds {
+                    match cmd {
+                        Command::Trigger(b) => {
+                            owed.insert(b.checkpoint, vec![SRC, SINK]);
+                        }
+                        Command::WriteMetadata(m) => {
+                            assert!(writing.insert(m.checkpoint), "seed {seed}: written twice");
+                        }
+                        Command::NotifyComplete(b) => {
+                            let id = b.checkpoint;
+                            assert!(
+                                !writing.contains(&id),
+                                "seed {seed}: {id} completes while written"
+                            );
+                            assert!(
+                                ended.insert(id, "completed").is_none(),
+                                "seed {seed}: {id} ended twice"
+                            );
+                            assert!(
+                                completed.last().is_none_or(|&l| l < id),
+                                "seed {seed}: completions out of order"
+                            );
+                            completed.push(id);
+                        }
+                        Command::Abort { barrier, .. } => {
+                            let id = barrier.checkpoint;
+                            assert!(
+                                !writing.contains(&id),
+                                "seed {seed}: {id} aborted while its write is in flight"
+                            );
+                            assert!(
+                                ended.insert(id, "aborted").is_none(),
+                                "seed {seed}: {id} ended twice"
+                            );
+                        }
+                        Command::Discard { checkpoint } => {
+                            assert_eq!(
+                                ended.get(&checkpoint),
+                                Some(&"aborted"),
+                                "seed {seed}: discarded {checkpoint}"
+                            );
+                        }
+                        Command::Failover { .. } => {}
+                    }
+                }
+            };
+            for _ in 0..300 {
+                now += Duration::from_millis(100 * (1 + rng.below(40)));
+                match rng.below(10) {
+                    0 => {
+                        let cmds = c.poll(now);
+                        handle(cmds, &mut owed, &mut writing);
+                    }
+                    1 => {
+                        let kind = if rng.below(2) == 0 {
+                            BarrierKind::Checkpoint
+                        } else {
+                            BarrierKind::Savepoint
+                        };
+                        if let Ok(b) = c.trigger_now(now, kind) {
+                            handle(vec![Command::Trigger(b)], &mut owed, &mut writing);
+                        }
+                    }
+                    2..=4 => {
+                        // Some task answers some checkpoint, possibly long aborted.
+                        let Some((&id, tasks)) = owed.iter_mut().nth(rng.below(8) as usize) else {
+                            continue;
+                        };
+                        let task = tasks.remove(rng.below(tasks.len() as u64) as usize);
+                        if tasks.is_empty() {
+                            owed.remove(&id);
+                        }
+                        let op = if task == SRC { "src" } else { "map" };
+                        let cmds = if rng.below(8) == 0 {
+                            c.decline(id, task, DeclineReason::Failed("x".into()))
+                        } else {
+                            c.ack(id, task, state(op, id)).expect("a valid ack")
+                        };
+                        handle(cmds, &mut owed, &mut writing);
+                    }
+                    5..=7 => {
+                        // Some write reports back, in any order.
+                        let Some(&id) = writing.iter().nth(rng.below(4) as usize) else {
+                            continue;
+                        };
+                        writing.remove(&id);
+                        let cmds = if rng.below(6) == 0 {
+                            c.metadata_failed(id, "disk".into())
+                        } else {
+                            c.metadata_written(id, now)
+                        };
+                        let cmds = cmds.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                        handle(cmds, &mut owed, &mut writing);
+                    }
+                    8 => {
+                        let cmds = c.restart(now, []);
+                        handle(cmds, &mut owed, &mut writing);
+                    }
+                    _ => {}
+                }
+            }
+            // Settle: every task answers what it owes, every write reports back.
+            while !owed.is_empty() || !writing.is_empty() {
+                while let Some((id, tasks)) = owed.pop_first() {
+                    for task in tasks {
+                        let op = if task == SRC { "src" } else { "map" };
+                        let cmds = c.ack(id, task, state(op, id)).expect("a valid ack");
+                        handle(cmds, &mut owed, &mut writing);
+                    }
+                }
+                while let Some(id) = writing.pop_first() {
+                    let cmds = c
+                        .metadata_written(id, now)
+                        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                    handle(cmds, &mut owed, &mut writing);
+                }
+            }
+            assert!(
+                c.in_flight().is_empty(),
+                "seed {seed}: {:?} still in flight with nothing owed",
+                c.in_flight()
+            );
+            assert_eq!(c.last_completed(), completed.last().copied(), "seed {seed}");
+        }
     }
 
     #[test]

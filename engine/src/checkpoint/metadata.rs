@@ -13,7 +13,7 @@
 //! (see `storage`).
 
 use serde::{Deserialize, Serialize};
-use weir_schema::PipelineSpec;
+use weir_schema::{PipelineSpec, StateKind};
 
 use super::{CheckpointError, CheckpointId, Result, TaskId};
 use crate::record::KeyGroupRange;
@@ -142,16 +142,102 @@ pub struct SubtaskState {
 }
 
 /// An operator of the pipeline, as recorded in metadata.
+///
+/// The fields after `script_hash` were added later: metadata written before them reads
+/// with `None`, which the restore plan ([`super::restore_plan`]) treats as "not recorded"
+/// (it then compares what it can and says what it could not).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorInfo {
     /// Its id from the YAML.
     pub id: String,
     /// Its parallelism when the checkpoint was taken.
     pub parallelism: u32,
-    /// [`script_hash`] of its Rhai script, if it has one: a restore from a savepoint runs
-    /// the operator's `migrate` hook only when the script changed since.
+    /// [`script_hash`] of its Rhai script, if it has one: a restore runs the operator's
+    /// `migrate` hook only when the script changed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script_hash: Option<String>,
+    /// Its section and `type:` (a restore refuses to carry state across a type change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeType>,
+    /// The named keyed states it declared: name → kind (`acc: value` for `reduce` and
+    /// `aggregate`, the `state:` map of a `process`, nothing for the others).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyed_state: Option<std::collections::BTreeMap<String, StateKind>>,
+    /// Whether it keeps operator-local state: a source's positions, a two-phase-commit
+    /// sink's pending parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_state: Option<bool>,
+}
+
+/// Where a node sits in a pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Section {
+    /// Under `sources:`.
+    Source,
+    /// Under `operators:`.
+    Operator,
+    /// Under `sinks:`.
+    Sink,
+}
+
+impl Section {
+    /// `source`, `operator` or `sink`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Source => "source",
+            Self::Operator => "operator",
+            Self::Sink => "sink",
+        }
+    }
+}
+
+/// A node's section and `type:` (`operator` `reduce`, `source` `file`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeType {
+    /// Its section.
+    pub section: Section,
+    /// Its YAML `type:`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+}
+
+impl std::fmt::Display for NodeType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.type_name, self.section.as_str())
+    }
+}
+
+/// A state backend, as recorded in metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// `memory`.
+    Memory,
+    /// `fs`.
+    Fs,
+    /// `rocksdb`.
+    Rocksdb,
+}
+
+impl BackendKind {
+    /// The backend a pipeline's `state:` section selects.
+    pub fn of(spec: &weir_schema::StateSpec) -> Self {
+        match spec {
+            weir_schema::StateSpec::Memory => Self::Memory,
+            weir_schema::StateSpec::Fs => Self::Fs,
+            weir_schema::StateSpec::Rocksdb(_) => Self::Rocksdb,
+        }
+    }
+
+    /// Its YAML name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Fs => "fs",
+            Self::Rocksdb => "rocksdb",
+        }
+    }
 }
 
 /// A short stable hash of a script's text (FNV-1a, 64 bits, hex).
@@ -180,6 +266,9 @@ pub struct CheckpointMetadata {
     pub config_hash: String,
     /// Number of key groups (fixed for the pipeline's life).
     pub max_parallelism: u32,
+    /// The state backend the pipeline ran on (`None` in metadata of an older Weir).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
     /// Every operator, source and sink, with its parallelism.
     pub operators: Vec<OperatorInfo>,
     /// Every operator subtask's snapshot: key groups and files.
@@ -347,10 +436,14 @@ pub(crate) mod tests {
             kind: BarrierKind::Checkpoint,
             config_hash: "0123456789abcdef".into(),
             max_parallelism: 128,
+            backend: None,
             operators: vec![OperatorInfo {
                 id: "count".into(),
                 parallelism: 2,
                 script_hash: None,
+                node: None,
+                keyed_state: None,
+                local_state: None,
             }],
             subtasks: (0..2)
                 .map(|s| SubtaskState {
@@ -380,6 +473,51 @@ pub(crate) mod tests {
             Some(64)
         );
         assert_eq!(back.files().filter(|f| f.is_shared()).count(), 2);
+    }
+
+    /// Metadata written before the backend, node types and declared states were recorded
+    /// still decodes; the new fields read as "not recorded".
+    #[test]
+    fn metadata_of_an_older_weir_still_reads() {
+        let json = r#"{"format_version":1,"pipeline":"p","checkpoint":3,"kind":"savepoint","config_hash":"0123456789abcdef","max_parallelism":128,"operators":[{"id":"count","parallelism":2,"script_hash":"00000000000000aa"}],"subtasks":[],"finished_tasks":[]}"#;
+        let mut bytes = format!(
+            "{MAGIC} v1 len={} crc32={:08x}\n",
+            json.len(),
+            checksum(json.as_bytes())
+        )
+        .into_bytes();
+        bytes.extend_from_slice(json.as_bytes());
+        let meta = CheckpointMetadata::decode("chk-3/_metadata", &bytes).expect("decodes");
+        assert_eq!(meta.backend, None);
+        let op = &meta.operators[0];
+        assert_eq!(op.script_hash.as_deref(), Some("00000000000000aa"));
+        assert_eq!(
+            (&op.node, &op.keyed_state, op.local_state),
+            (&None, &None, None)
+        );
+
+        // And what this build writes round-trips with them.
+        let mut meta = sample(3);
+        meta.backend = Some(BackendKind::Rocksdb);
+        meta.operators[0].node = Some(NodeType {
+            section: Section::Operator,
+            type_name: "process".into(),
+        });
+        meta.operators[0].keyed_state =
+            Some([("cnt".to_owned(), StateKind::List)].into_iter().collect());
+        meta.operators[0].local_state = Some(false);
+        let bytes = meta.encode().expect("encodes");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains(r#""node":{"section":"operator","type":"process"}"#)
+                && text.contains(r#""keyed_state":{"cnt":"list"}"#)
+                && text.contains(r#""backend":"rocksdb""#),
+            "{text}"
+        );
+        assert_eq!(
+            CheckpointMetadata::decode("m", &bytes).expect("decodes"),
+            meta
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`storage`]: the [`storage::CheckpointStore`] trait, an in-memory fake and a local
 //!   filesystem store; checksum-verified reads; choosing the latest valid checkpoint.
 //! - [`retention`]: which completed checkpoints and which files to delete.
+//! - [`restore_plan`]: what a restore (of a checkpoint or savepoint, or a reload's) does to
+//!   each operator's state: kept, migrated, dropped, new, or why it cannot be restored.
 //! - [`savepoint`]: self-contained savepoint directories (write, read, verify).
 //!
 //! This module owns no task, channel, timer or thread: the runtime drives it by calling its
@@ -25,6 +27,7 @@ use crate::runtime::error::ErrorClass;
 pub mod aligner;
 pub mod coordinator;
 pub mod metadata;
+pub mod restore_plan;
 pub mod retention;
 pub mod savepoint;
 pub mod storage;

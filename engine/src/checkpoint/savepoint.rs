@@ -187,10 +187,14 @@ mod tests {
             kind: BarrierKind::Savepoint,
             config_hash: "h".into(),
             max_parallelism: 128,
+            backend: None,
             operators: vec![OperatorInfo {
                 id: "sum".into(),
                 parallelism: 1,
                 script_hash: None,
+                node: None,
+                keyed_state: None,
+                local_state: None,
             }],
             subtasks: vec![
                 SubtaskState {

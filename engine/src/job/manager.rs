@@ -528,7 +528,9 @@ impl Job {
             outcome.messages.push(note);
         }
         let old_plan = self.file_plan();
-        let plans = crate::reload::plan::diff(&old_plan, &new_plan, self.allow_non_restored_state);
+        let allow_non_restored_state =
+            request.allow_non_restored_state || self.allow_non_restored_state;
+        let plans = crate::reload::plan::diff(&old_plan, &new_plan, allow_non_restored_state);
         outcome.pipelines = plans.clone();
         if request.plan_only {
             outcome.result = "planned".into();
@@ -630,7 +632,10 @@ impl Job {
                     let Some(new) = by_id.get(p.pipeline.as_str()) else {
                         continue;
                     };
-                    match self.replace(new, &mut outcome.messages).await {
+                    match self
+                        .replace(new, allow_non_restored_state, &mut outcome.messages)
+                        .await
+                    {
                         Ok(ms) => pause = Some(pause.map_or(ms, |p| p.max(ms))),
                         Err(r) => {
                             result = worse_result(result, r);
@@ -654,6 +659,7 @@ impl Job {
     async fn replace(
         self: &Arc<Self>,
         new: &PipelinePlan,
+        allow_non_restored_state: bool,
         messages: &mut Vec<String>,
     ) -> Result<u64, &'static str> {
         let id = new.id.clone();
@@ -669,7 +675,9 @@ impl Job {
         // left is freed after this reload, not during its pause.
         let _free_later = crate::runtime::dispose::hold();
         self.handover.expect(&id);
-        let result = self.replace_inner(new, &old, messages).await;
+        let result = self
+            .replace_inner(new, &old, allow_non_restored_state, messages)
+            .await;
         self.handover.clear(&id);
         self.prune_reload_savepoints(&id);
         result
@@ -708,6 +716,7 @@ impl Job {
         self: &Arc<Self>,
         new: &PipelinePlan,
         old: &Arc<PipelinePlan>,
+        allow_non_restored_state: bool,
         messages: &mut Vec<String>,
     ) -> Result<u64, &'static str> {
         let id = new.id.clone();
@@ -762,7 +771,7 @@ impl Job {
         self.wait_ended(&id).await;
         let recovery = RecoveryOptions {
             from_savepoint: savepoint.as_ref().map(|s| s.path.clone()),
-            allow_non_restored_state: self.allow_non_restored_state,
+            allow_non_restored_state,
             latest_into_new_version: crash_looping,
             ..RecoveryOptions::default()
         };

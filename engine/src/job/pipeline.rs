@@ -20,6 +20,7 @@ use weir_schema::{FailoverSpec, StateSpec};
 use super::wiring::{Channels, Topology};
 use crate::checkpoint::coordinator::DeclineReason;
 use crate::checkpoint::metadata::checkpoint_dir;
+use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan};
 use crate::checkpoint::retention::{CheckpointFiles, orphaned_shared};
 use crate::checkpoint::savepoint::{read_savepoint, savepoint_dir_name, write_savepoint};
 use crate::checkpoint::storage::{
@@ -686,6 +687,8 @@ impl Supervisor {
                     }
                 }
                 let _ = reply.send(result.map_err(ControlError::Failed));
+                // Retention waited for the copy.
+                self.run_retention();
                 return;
             }
         };
@@ -815,6 +818,7 @@ impl Supervisor {
                         store: Arc::clone(&ck.store),
                         metadata: Arc::clone(&meta),
                         savepoint: false,
+                        plan: None,
                     });
                     match self.waiters.remove(&id) {
                         Some(Waiter::Checkpoint(reply)) => {
@@ -857,23 +861,14 @@ impl Supervisor {
                             st.history.pop_front();
                         }
                     }
-                    if self.savepoint_writes > 0 {
-                        // A savepoint is being copied out of a checkpoint: delete nothing
-                        // until it is done (the next completion catches up).
-                        continue;
-                    }
-                    let retention = plan_retention(&ck.completed, ck.retain);
-                    ck.completed
-                        .retain(|c| retention.retained.contains(&c.checkpoint));
-                    if !retention.is_empty() {
-                        let store = Arc::clone(&ck.store);
-                        let pipeline = self.plan.id.clone();
-                        tokio::task::spawn_blocking(move || {
-                            if let Err(e) = retention.execute(&*store) {
-                                tracing::warn!(%pipeline, error = %e, "Deleting old checkpoints failed; they will be retried at the next start.");
-                            }
-                        });
-                    }
+                    self.run_retention();
+                }
+                Command::Discard { checkpoint } => {
+                    let Some(ck) = self.ck.as_ref() else { continue };
+                    let store = Arc::clone(&ck.store);
+                    tokio::task::spawn_blocking(move || {
+                        let _ = delete_checkpoint(&*store, checkpoint);
+                    });
                 }
                 Command::Abort { barrier, reason } => {
                     let id = barrier.checkpoint;
@@ -935,6 +930,28 @@ impl Supervisor {
             }
         }
         Ok(())
+    }
+
+    /// Deletes the completed checkpoints beyond `retain` (and the files only they
+    /// reference), unless a savepoint is being copied out of checkpoint storage: then nothing
+    /// is deleted until the copy is done, and the end of the copy runs retention again.
+    fn run_retention(&mut self) {
+        if self.savepoint_writes > 0 {
+            return;
+        }
+        let Some(ck) = self.ck.as_mut() else { return };
+        let retention = plan_retention(&ck.completed, ck.retain);
+        ck.completed
+            .retain(|c| retention.retained.contains(&c.checkpoint));
+        if !retention.is_empty() {
+            let store = Arc::clone(&ck.store);
+            let pipeline = self.plan.id.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = retention.execute(&*store) {
+                    tracing::warn!(%pipeline, error = %e, "Deleting old checkpoints failed; they will be retried at the next start.");
+                }
+            });
+        }
     }
 
     /// Handles a failure of `task` (`None`: of the whole pipeline, e.g. too many failed
@@ -1457,9 +1474,17 @@ impl Supervisor {
             let state = if keyed && !restored_finished {
                 // A reload's new version takes the old version's state as it was at the
                 // savepoint when it fits, instead of decoding the savepoint's files.
+                // Not when the restore must leave some of its named states out or retype
+                // them: the old version's backend holds them all, as they were.
                 let handed = restore
                     .as_ref()
                     .filter(|r| r.savepoint)
+                    .filter(|r| {
+                        r.plan
+                            .as_ref()
+                            .and_then(|p| p.node(&node.id))
+                            .is_none_or(|d| !d.filters_keyed_state())
+                    })
                     .zip(self.handover.as_ref())
                     .and_then(|(r, h)| {
                         let key = HandoverKey {
@@ -1491,9 +1516,11 @@ impl Supervisor {
                 errors: 0,
                 state,
                 restored_from,
-                migrate: restore.as_ref().is_some_and(|r| {
-                    r.savepoint && script_changed(&r.metadata, &node.id, node.script.as_deref())
-                }),
+                migrate: restore
+                    .as_ref()
+                    .and_then(|r| r.plan.as_ref())
+                    .and_then(|p| p.node(&node.id))
+                    .is_some_and(|d| d.migrate),
             };
             let (outputs, dead_letters) = self.node_outputs(task, pos, nid)?;
             nodes.push(ChainNode {
@@ -1665,17 +1692,6 @@ async fn recv_request(requests: &mut Option<UnboundedReceiver<Request>>) -> Opti
     }
 }
 
-/// Whether `operator`'s script differs from the one it had when `meta` was taken (an
-/// operator the checkpoint does not know, or one recorded without a hash, counts as changed
-/// only if it has a script now and had state then).
-fn script_changed(meta: &CheckpointMetadata, operator: &str, script: Option<&str>) -> bool {
-    let now = script.map(crate::checkpoint::metadata::script_hash);
-    match meta.operators.iter().find(|o| o.id == operator) {
-        Some(o) => o.script_hash != now,
-        None => false,
-    }
-}
-
 /// `(operator id, subtask)` of every node of the finished tasks' chains.
 fn finished_operators(plan: &PipelinePlan, tasks: &[TaskId]) -> Vec<(String, u32)> {
     let mut out = Vec::new();
@@ -1716,47 +1732,44 @@ fn finished_in(plan: &PipelinePlan, meta: &CheckpointMetadata) -> Vec<TaskId> {
     out
 }
 
-/// The restore rules of a savepoint: state maps by operator id; state of an operator the
-/// pipeline no longer has fails the restore unless `allow_non_restored_state`.
-fn check_savepoint_mapping(
+/// Decides what restoring `meta` does to every node's state (see
+/// [`crate::checkpoint::restore_plan`]) and refuses the restore when the decision has a
+/// problem, listing every one; state dropped on purpose (`--allow-non-restored-state`) is
+/// logged. `what` names the restored point for the messages.
+fn restore_decision(
     plan: &PipelinePlan,
     meta: &CheckpointMetadata,
-    path: &std::path::Path,
+    kind: RestoreKind,
+    what: &str,
     allow_non_restored_state: bool,
-) -> Result<()> {
-    let mut orphans: BTreeMap<&str, u64> = BTreeMap::new();
-    for st in &meta.subtasks {
-        if !st.files.is_empty() && plan.node_by_id(&st.operator).is_none() {
-            *orphans.entry(st.operator.as_str()).or_default() +=
-                st.files.iter().map(|f| f.size).sum::<u64>();
-        }
+) -> Result<Arc<RestorePlan>> {
+    let decision = restore_plan::decide(
+        &PipelineShape::of_metadata(meta),
+        &PipelineShape::of_plan(plan),
+        kind,
+        allow_non_restored_state,
+    );
+    if !decision.problems.is_empty() {
+        let list = decision
+            .problems
+            .iter()
+            .map(|p| format!("\n  - {p}"))
+            .collect::<String>();
+        return Err(build_error(
+            plan,
+            format!("cannot restore {what} into this version of the pipeline:{list}"),
+        ));
     }
-    if orphans.is_empty() {
-        return Ok(());
+    for w in &decision.waived {
+        tracing::warn!(pipeline = %plan.id, restore = %what, "State not restored (--allow-non-restored-state): {w}");
     }
-    let list = orphans
-        .iter()
-        .map(|(o, b)| format!("`{o}` ({b} bytes)"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if allow_non_restored_state {
-        tracing::warn!(pipeline = %plan.id, operators = %list, "The savepoint holds state of operators this pipeline no longer has; it is dropped (allow_non_restored_state).");
-        return Ok(());
+    if let Some((from, to)) = decision.backend {
+        tracing::info!(pipeline = %plan.id, from = from.as_str(), to = to.as_str(), "Restoring into another state backend.");
     }
-    Err(build_error(
-        plan,
-        format!(
-            "savepoint `{}` holds state for {} that the pipeline no longer has: restoring \
-             would lose it. Put the operator back (same `id`), or drop its state with \
-             `--allow-non-restored-state`",
-            path.display(),
-            if orphans.len() == 1 {
-                format!("operator {list}")
-            } else {
-                format!("operators {list}")
-            }
-        ),
-    ))
+    for n in decision.nodes.iter().filter(|n| n.unrecorded) {
+        tracing::warn!(pipeline = %plan.id, operator = %n.id, "The restored metadata does not record which states this operator declared (an older Weir): names and kinds are not compared; a state it no longer declares is refused unless --allow-non-restored-state.");
+    }
+    Ok(Arc::new(decision))
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -1894,8 +1907,13 @@ fn choose_restore(
             tracing::warn!(pipeline = %plan.id, savepoint = %path.display(), from = %meta.pipeline, "Restoring a savepoint taken by another pipeline; state maps by operator id.");
             meta.pipeline = plan.id.clone();
         }
-        check_compatible(plan, &meta, true)?;
-        check_savepoint_mapping(plan, &meta, path, recovery.allow_non_restored_state)?;
+        let decision = restore_decision(
+            plan,
+            &meta,
+            RestoreKind::Savepoint,
+            &format!("savepoint `{}`", path.display()),
+            recovery.allow_non_restored_state,
+        )?;
         meta.finished_tasks = finished_in(plan, &meta);
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         let last = last.max(meta.checkpoint);
@@ -1906,21 +1924,33 @@ fn choose_restore(
                 store: Arc::new(at),
                 metadata: Arc::new(meta),
                 savepoint: true,
+                plan: Some(decision),
             }),
             last,
         ));
     }
     if let Some(path) = &recovery.from_checkpoint {
-        let (meta, at) = read_checkpoint_at(plan, path)?;
+        let (mut meta, at) = read_checkpoint_at(plan, path)?;
         let last = store.list_checkpoints()?.into_iter().max().unwrap_or(0);
         tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from the checkpoint given on the command line.");
-        check_compatible(plan, &meta, false)?;
+        warn_if_changed(plan, &meta);
+        let decision = restore_decision(
+            plan,
+            &meta,
+            RestoreKind::Checkpoint,
+            &format!("checkpoint `{}`", path.display()),
+            recovery.allow_non_restored_state,
+        )?;
+        if meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec) {
+            meta.finished_tasks = finished_in(plan, &meta);
+        }
         mark_restored(plan, ck, path, false, last, recovery);
         return Ok((
             Some(TaskRestore {
                 store: Arc::new(at),
                 metadata: Arc::new(meta),
                 savepoint: false,
+                plan: Some(decision),
             }),
             last,
         ));
@@ -1985,17 +2015,26 @@ fn choose_restore(
         });
     }
     let Some(meta) = choice.checkpoint else {
+        if !choice.skipped.is_empty() {
+            return Err(build_error(plan, nothing_restorable(plan, &choice.skipped)));
+        }
         return Ok((None, last));
     };
     let mut meta = meta;
-    check_compatible(plan, &meta, recovery.latest_into_new_version)?;
-    if recovery.latest_into_new_version {
-        check_savepoint_mapping(
-            plan,
-            &meta,
-            std::path::Path::new(&checkpoint_dir(meta.checkpoint)),
-            recovery.allow_non_restored_state,
-        )?;
+    if !recovery.latest_into_new_version {
+        warn_if_changed(plan, &meta);
+    }
+    let decision = restore_decision(
+        plan,
+        &meta,
+        RestoreKind::Checkpoint,
+        &format!("checkpoint {}", meta.checkpoint),
+        recovery.allow_non_restored_state,
+    )?;
+    if recovery.latest_into_new_version
+        || meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec)
+    {
+        // Another version (chains may differ): finished tasks map by operator id.
         meta.finished_tasks = finished_in(plan, &meta);
     }
     // Retention bookkeeping: every complete checkpoint still on disk.
@@ -2014,41 +2053,81 @@ fn choose_restore(
             store: Arc::clone(&ck.store),
             metadata: Arc::new(meta),
             savepoint: recovery.latest_into_new_version,
+            plan: Some(decision),
         }),
         last,
     ))
 }
 
-/// Refuses a checkpoint of another pipeline or `max_parallelism`; warns when the pipeline
-/// changed since, unless a change is what the restore is for (a savepoint, or a reload of a
-/// crash-looping pipeline: `new_version`).
-fn check_compatible(
+/// The refusal to start when checkpoints exist but none can be restored: each damaged
+/// checkpoint with its reason (the file and what is wrong with it), then the ways on. A fresh
+/// start would replace the sinks' committed output, so it is never taken silently.
+fn nothing_restorable(
     plan: &PipelinePlan,
-    meta: &CheckpointMetadata,
-    new_version: bool,
-) -> Result<()> {
-    if meta.pipeline != plan.id {
-        return Err(build_error(
-            plan,
-            format!(
-                "checkpoint {} belongs to pipeline `{}`, not `{}`",
-                meta.checkpoint, meta.pipeline, plan.id
-            ),
+    skipped: &[crate::checkpoint::storage::SkippedCheckpoint],
+) -> String {
+    let root = plan
+        .resolve_path(&plan.spec.checkpoints.storage)
+        .join(&plan.id);
+    let at = format!(" in `{}`", root.display());
+    let mut out = format!(
+        "checkpoints exist{at}, but none of the {} can be restored:",
+        skipped.len()
+    );
+    for s in skipped {
+        out.push_str(&format!(
+            "\n  {}: {}",
+            checkpoint_dir(s.checkpoint),
+            s.reason
         ));
     }
-    if meta.max_parallelism != plan.max_parallelism {
-        return Err(build_error(
-            plan,
-            format!(
-                "checkpoint {} was taken with max_parallelism {}, the pipeline now has {}; key groups cannot be remapped. Restore with the old max_parallelism, or start over with --fresh",
-                meta.checkpoint, meta.max_parallelism, plan.max_parallelism
-            ),
+    let savepoints = savepoints_of(plan);
+    out.push_str(
+        "\nStarting from the beginning would read every source again and replace the committed \
+         output of the file sinks, so Weir does not do it on its own. To go on:",
+    );
+    for sp in &savepoints {
+        out.push_str(&format!(
+            "\n  weir run --from-savepoint {} ...   (a savepoint of this pipeline)",
+            sp.display()
         ));
     }
-    if !new_version && meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec) {
-        tracing::warn!(pipeline = %plan.id, checkpoint = meta.checkpoint, "The pipeline changed since this checkpoint; state is restored by operator id.");
+    out.push_str(
+        &format!("\n  weir run --from-checkpoint {}/chk-<n> ...   (an older checkpoint you kept, or a repaired one)\n  weir run --fresh ...   (start over: deletes the checkpoints and the file sinks' committed output)", root.display()),
+    );
+    out
+}
+
+/// The savepoint directories of `plan`'s pipeline in its default savepoint directory,
+/// newest first (by name: the id, then the time).
+fn savepoints_of(plan: &PipelinePlan) -> Vec<PathBuf> {
+    let prefix = format!("savepoint-{}-", plan.id);
+    let Ok(entries) = std::fs::read_dir(default_savepoint_dir(plan)) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name
+                .strip_prefix(&prefix)?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            e.path().join("_metadata").is_file().then(|| (id, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().rev().map(|(_, p)| p).collect()
+}
+
+/// Warns when the pipeline changed since checkpoint `meta` was taken (a resume or
+/// `--from-checkpoint` into an edited file): the restore plan decides per node what happens.
+fn warn_if_changed(plan: &PipelinePlan, meta: &CheckpointMetadata) {
+    if meta.config_hash != crate::checkpoint::metadata::config_hash(&plan.spec) {
+        tracing::warn!(pipeline = %plan.id, checkpoint = meta.checkpoint, "The pipeline changed since this checkpoint; state is restored by operator id and state name.");
     }
-    Ok(())
 }
 
 /// Reads the metadata of a checkpoint directory given on the command line.

@@ -1,29 +1,19 @@
 //! The reload plan: what a new version of the pipeline file means for the running one, per
 //! pipeline (`unchanged`, `changed`, `added`, `removed`) and, for a changed pipeline, per
 //! source, operator and sink (its state is `kept`, `migrated`, `new`, `dropped`, or it is
-//! `stateless`), with every reason the plan cannot be applied.
+//! `stateless`; per named state; parallelism and key groups; the state backend), with every
+//! reason the plan cannot be applied.
 //!
-//! Pure logic over two compiled [`FilePlan`]s: no I/O, no savepoints, no running tasks. The
-//! job applies the plan; this module only decides it, so that `weir reload --plan` and the
-//! reload itself can never disagree.
-//!
-//! What holds state (and so what a reload must carry over):
-//! - every source (its read positions);
-//! - the keyed operators, `reduce`, `aggregate` and `process` (their keyed state, in
-//!   `max_parallelism` key groups);
-//! - the `file` sink when it commits in two phases (checkpoints on, `exactly_once`): its
-//!   pending part files. `stdout` holds nothing.
-//!
-//! Rules: state moves only between nodes with the same id and the same kind (section and
-//! `type:`); state that would be lost needs `allow_non_restored_state`; `max_parallelism`
-//! cannot change (key groups cannot be remapped); a `generator` source cannot change its
-//! parallelism (its interleaving depends on it), a `file` source can (its files are
-//! redistributed). A change of state backend is fine: savepoints are backend-independent.
+//! Pure logic over two compiled [`FilePlan`]s: no I/O, no savepoints, no running tasks. What
+//! happens to each node's state is not decided here but by
+//! [`crate::checkpoint::restore_plan::decide`], over the running plan's shape (what its
+//! savepoint will record) and the new plan's: the same function the restore of that
+//! savepoint calls, so that `weir reload --plan` and the reload itself can never disagree.
+//! This module only adds the pipeline-level diff and turns the decision into the wire form.
 
-use weir_schema::{OperatorSpec, SinkSpec, SourceSpec};
-
-use crate::control::{OperatorReloadPlan, PipelineReloadPlan};
-use crate::plan::{FilePlan, NodeKind, PipelinePlan, PlanNode};
+use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan, StateChange};
+use crate::control::{NamedStateReloadPlan, OperatorReloadPlan, PipelineReloadPlan};
+use crate::plan::{FilePlan, PipelinePlan};
 
 /// The values of [`PipelineReloadPlan::change`].
 pub mod change {
@@ -37,7 +27,8 @@ pub mod change {
     pub const REMOVED: &str = "removed";
 }
 
-/// The values of [`OperatorReloadPlan::state`].
+/// The values of [`OperatorReloadPlan::state`] (the wire form of
+/// [`restore_plan::Fate`]).
 pub mod state {
     /// Restored as is.
     pub const KEPT: &str = "kept";
@@ -57,9 +48,8 @@ pub mod state {
 /// A pipeline is `unchanged` when its spec (compared through a canonical serialisation), every
 /// node's loaded script text and its base directory are identical. For a `changed` pipeline
 /// the entry lists every node of the new plan (sources, operators, sinks, in declaration
-/// order), then every node only the old plan has, and the reasons it cannot be applied:
-/// state that would be lost (unless `allow_non_restored_state`), a node whose kind changed
-/// while it held state, a changed `max_parallelism`, a source that cannot rescale.
+/// order), then every node only the old plan has, and the reasons it cannot be applied (see
+/// [`restore_plan`]); what `allow_non_restored_state` waived is listed apart.
 pub fn diff(
     old: &FilePlan,
     new: &FilePlan,
@@ -78,7 +68,15 @@ pub fn diff(
                 change: change::UNCHANGED.to_owned(),
                 ..PipelineReloadPlan::default()
             },
-            Some(running) => diff_pipeline(running, pipeline, allow_non_restored_state),
+            Some(running) => {
+                let decision = restore_plan::decide(
+                    &PipelineShape::of_plan(running),
+                    &PipelineShape::of_plan(pipeline),
+                    RestoreKind::Savepoint,
+                    allow_non_restored_state,
+                );
+                to_wire(&pipeline.id, &decision)
+            }
         };
         plans.push(plan);
     }
@@ -92,6 +90,60 @@ pub fn diff(
         }
     }
     plans
+}
+
+/// The wire form of a changed pipeline's restore decision.
+pub fn to_wire(pipeline: &str, decision: &RestorePlan) -> PipelineReloadPlan {
+    let operators = decision
+        .nodes
+        .iter()
+        .map(|n| OperatorReloadPlan {
+            id: n.id.clone(),
+            state: n.fate.as_str().to_owned(),
+            script_changed: n.script_changed,
+            parallelism: n.parallelism,
+            key_groups_redistributed: n.key_groups_redistributed,
+            states: n
+                .states
+                .iter()
+                .map(|s| {
+                    let (kind, from_kind) = match s.change {
+                        StateChange::Kept(k)
+                        | StateChange::Migrated(k)
+                        | StateChange::New(k)
+                        | StateChange::Dropped(k) => (k, None),
+                        StateChange::Retyped { from, to }
+                        | StateChange::Incompatible { from, to } => (to, Some(from)),
+                    };
+                    NamedStateReloadPlan {
+                        name: s.name.clone(),
+                        change: s.change.as_str().to_owned(),
+                        kind: kind_str(kind).to_owned(),
+                        from_kind: from_kind.map(|k| kind_str(k).to_owned()),
+                    }
+                })
+                .collect(),
+            unrecorded: n.unrecorded,
+        })
+        .collect();
+    PipelineReloadPlan {
+        pipeline: pipeline.to_owned(),
+        change: change::CHANGED.to_owned(),
+        operators,
+        problems: decision.problems.iter().map(ToString::to_string).collect(),
+        backend: decision
+            .backend
+            .map(|(a, b)| (a.as_str().to_owned(), b.as_str().to_owned())),
+        waived: decision.waived.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn kind_str(kind: weir_schema::StateKind) -> &'static str {
+    match kind {
+        weir_schema::StateKind::Value => "value",
+        weir_schema::StateKind::List => "list",
+        weir_schema::StateKind::Map => "map",
+    }
 }
 
 /// Whether every pipeline's plan can be applied (none has a problem).
@@ -118,222 +170,6 @@ fn same_version(old: &PipelinePlan, new: &PipelinePlan) -> bool {
         _ => false,
     };
     scripts_equal && spec_equal
-}
-
-fn diff_pipeline(
-    old: &PipelinePlan,
-    new: &PipelinePlan,
-    allow_non_restored_state: bool,
-) -> PipelineReloadPlan {
-    let mut problems = Vec::new();
-    if old.max_parallelism != new.max_parallelism {
-        problems.push(max_parallelism_problem(old, new));
-    }
-
-    let mut operators = Vec::with_capacity(new.nodes.len());
-    for node in declared(new) {
-        let plan = match old.node_by_id(&node.id) {
-            None => OperatorReloadPlan {
-                id: node.id.clone(),
-                state: if is_stateful(node, new) {
-                    state::NEW
-                } else {
-                    state::STATELESS
-                }
-                .to_owned(),
-                script_changed: false,
-                parallelism: None,
-            },
-            Some(before) => plan_kept_node(old, before, new, node, &mut problems),
-        };
-        operators.push(plan);
-    }
-
-    for before in declared(old) {
-        if new.node_by_id(&before.id).is_some() {
-            continue;
-        }
-        let stateful = is_stateful(before, old);
-        if stateful && !allow_non_restored_state {
-            problems.push(format!(
-                "{} `{}` ({}) held state in the running version and is gone from the new \
-                 file: its state would be lost. Keep the {0}, or allow it with \
-                 `allow_non_restored_state: true` (or `--allow-non-restored-state`)",
-                section(before),
-                before.id,
-                before.type_name(),
-            ));
-        }
-        operators.push(OperatorReloadPlan {
-            id: before.id.clone(),
-            state: if stateful {
-                state::DROPPED
-            } else {
-                state::STATELESS
-            }
-            .to_owned(),
-            script_changed: false,
-            parallelism: None,
-        });
-    }
-
-    PipelineReloadPlan {
-        pipeline: new.id.clone(),
-        change: change::CHANGED.to_owned(),
-        operators,
-        problems,
-    }
-}
-
-/// A node present (by id) in both versions.
-fn plan_kept_node(
-    old: &PipelinePlan,
-    before: &PlanNode,
-    new: &PipelinePlan,
-    node: &PlanNode,
-    problems: &mut Vec<String>,
-) -> OperatorReloadPlan {
-    let held_state = is_stateful(before, old);
-    let holds_state = is_stateful(node, new);
-    let script_changed = before.script != node.script;
-    let parallelism =
-        (before.parallelism != node.parallelism).then_some((before.parallelism, node.parallelism));
-    let same_kind = section(before) == section(node) && before.type_name() == node.type_name();
-
-    let state = if !same_kind {
-        if held_state {
-            problems.push(kind_change_problem(before, node));
-        }
-        if holds_state {
-            state::NEW
-        } else {
-            state::STATELESS
-        }
-    } else if held_state {
-        if let Some((from, to)) = parallelism
-            && let Some(problem) = rescale_problem(node, from, to)
-        {
-            problems.push(problem);
-        }
-        // `migrate` runs only when the script changed (the runtime compares script hashes
-        // recorded in the savepoint), so that an edit elsewhere never migrates twice.
-        if holds_state && before.script != node.script && defines_migrate(node, new) {
-            state::MIGRATED
-        } else {
-            // Also when the new version holds no state of its own (a `file` sink that no
-            // longer commits in two phases): it still restores, and commits, what the old
-            // one left pending.
-            state::KEPT
-        }
-    } else if holds_state {
-        state::NEW
-    } else {
-        state::STATELESS
-    };
-
-    OperatorReloadPlan {
-        id: node.id.clone(),
-        state: state.to_owned(),
-        script_changed,
-        parallelism,
-    }
-}
-
-/// The nodes in declaration order: sources, operators, sinks, each as written.
-fn declared(plan: &PipelinePlan) -> impl Iterator<Item = &PlanNode> {
-    let spec = &plan.spec;
-    let ids = spec
-        .sources
-        .iter()
-        .map(SourceSpec::id)
-        .chain(spec.operators.iter().map(OperatorSpec::id))
-        .chain(spec.sinks.iter().map(SinkSpec::id));
-    ids.filter_map(|id| plan.node_by_id(id))
-}
-
-/// `source`, `operator` or `sink`.
-fn section(node: &PlanNode) -> &'static str {
-    match node.kind {
-        NodeKind::Source(_) => "source",
-        NodeKind::Operator(_) => "operator",
-        NodeKind::Sink(_) => "sink",
-    }
-}
-
-/// Whether a node keeps state that a savepoint carries: every source (positions), the keyed
-/// operators, and a `file` sink committing in two phases (pending parts).
-fn is_stateful(node: &PlanNode, plan: &PipelinePlan) -> bool {
-    match &node.kind {
-        NodeKind::Source(_) => true,
-        NodeKind::Operator(op) => op.is_keyed(),
-        NodeKind::Sink(SinkSpec::File(_)) => {
-            crate::connectors::file_sink::uses_two_phase_commit(&plan.spec.checkpoints)
-        }
-        NodeKind::Sink(SinkSpec::Stdout(_)) => false,
-    }
-}
-
-/// Whether the node's script defines `migrate(old)` (one parameter), the hook that rewrites
-/// restored state. Compiled with the pipeline's sandboxed engine; a script that does not
-/// compile (validation rejects it first) defines nothing.
-fn defines_migrate(node: &PlanNode, plan: &PipelinePlan) -> bool {
-    let Some(script) = node.script.as_deref() else {
-        return false;
-    };
-    let engine = crate::script::build_engine(&plan.spec.limits);
-    crate::script::compile(&engine, script)
-        .is_ok_and(|ast| crate::script::defines(&ast, "migrate", 1))
-}
-
-fn max_parallelism_problem(old: &PipelinePlan, new: &PipelinePlan) -> String {
-    let (from, to) = (old.max_parallelism, new.max_parallelism);
-    let derived = if new.spec.max_parallelism.is_none() {
-        format!(
-            " (it is derived from `parallelism` when not set: add `max_parallelism: {from}` \
-             to change the parallelism and keep the key groups)"
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "max_parallelism changed from {from} to {to}: keyed state is split into \
-         max_parallelism key groups, and a savepoint taken with one number cannot be restored \
-         with another (key groups cannot be remapped). Keep max_parallelism {from}{derived}, \
-         or give the pipeline a new id to start it empty"
-    )
-}
-
-fn kind_change_problem(before: &PlanNode, node: &PlanNode) -> String {
-    let (from, to) = if section(before) == section(node) {
-        (before.type_name().to_owned(), node.type_name().to_owned())
-    } else {
-        (
-            format!("{} {}", before.type_name(), section(before)),
-            format!("{} {}", node.type_name(), section(node)),
-        )
-    };
-    format!(
-        "{} `{}` changed type from {from} to {to}: its state cannot be carried over; give it \
-         a new id to start it empty, or keep the type",
-        section(before),
-        node.id,
-    )
-}
-
-/// Why a kept stateful node cannot change its parallelism, if it cannot.
-fn rescale_problem(node: &PlanNode, from: u32, to: u32) -> Option<String> {
-    match &node.kind {
-        NodeKind::Source(SourceSpec::Generator(_)) => Some(format!(
-            "source `{}` (generator) changed parallelism from {from} to {to}: subtask s of p \
-             produces records s, s+p, s+2p, ..., so the positions saved at parallelism {from} \
-             mean nothing at {to}. Keep parallelism {from}, or give the source a new id to \
-             start it from the beginning",
-            node.id
-        )),
-        // A file source's files are redistributed; keyed state moves by key group; `stdin`
-        // always runs one subtask.
-        _ => None,
-    }
 }
 
 /// Whether two base directories name the same directory, however spelled: `weir run p.yaml`
@@ -628,11 +464,19 @@ pipelines:
             ]
         );
         assert!(
-            p.problems.iter().any(|m| m.contains(
-                "operator `sum` (reduce) held state in the running version and is gone from \
-                 the new file: its state would be lost. Keep the operator, or allow it with \
-                 `allow_non_restored_state: true` (or `--allow-non-restored-state`)"
+            p.problems.iter().any(|m| m.starts_with(
+                "operator `sum` (reduce) held state, and the pipeline no longer has it: its \
+                 state would be lost. Put it back (same `id`), or drop its state with \
+                 `weir reload --allow-non-restored-state`"
             )),
+            "{:?}",
+            p.problems
+        );
+        // Every help line names a switch that exists.
+        assert!(
+            p.problems
+                .iter()
+                .all(|m| !m.contains("allow_non_restored_state")),
             "{:?}",
             p.problems
         );
@@ -652,6 +496,7 @@ pipelines:
         let allowed = diff(&old, &new_totals, true);
         assert_eq!(states(&allowed[0]), states(p));
         assert!(allowed[0].problems.is_empty(), "{:?}", allowed[0].problems);
+        assert_eq!(allowed[0].waived.len(), 3, "{:?}", allowed[0].waived);
         assert!(is_applicable(&allowed));
 
         // Different pipeline ids: one added, one removed, no operators listed.
@@ -743,7 +588,9 @@ pipelines:
         assert_eq!(plans[0].change, change::CHANGED);
         assert_eq!(plans[0].problems.len(), 1);
         assert!(
-            plans[0].problems[0].starts_with("max_parallelism changed from 128 to 256"),
+            plans[0].problems[0].starts_with(
+                "the snapshot was taken with max_parallelism 128, the pipeline now has 256"
+            ),
             "{}",
             plans[0].problems[0]
         );
@@ -782,7 +629,116 @@ pipelines:
         let plans = diff(&old, &new, false);
         assert_eq!(plans[0].change, change::CHANGED);
         assert_eq!(op(&plans[0], "sum").state, state::KEPT);
+        assert_eq!(
+            plans[0].backend,
+            Some(("fs".to_owned(), "memory".to_owned()))
+        );
         assert!(is_applicable(&plans), "{:?}", plans[0].problems);
+    }
+
+    fn counter(state: &str, script: &str) -> FilePlan {
+        plan(&format!(
+            r#"version: 1
+pipelines:
+  - id: c
+    checkpoints: {{ mode: exactly_once }}
+    sources:
+      - {{ id: src, type: file, path: data/in.jsonl }}
+    operators:
+      - {{ id: by, type: key_by, input: src, field: k }}
+      - id: counter
+        type: process
+        input: by
+        state: {{ {state} }}
+        script: |
+          {script}
+    sinks:
+      - {{ id: out, type: file, input: counter, path: out }}
+"#
+        ))
+    }
+
+    #[test]
+    fn a_renamed_state_is_dropped_and_new() {
+        let old = counter(
+            "cnt: value",
+            r#"fn process(r) { let c = state_get("cnt") ?? 0; state_set("cnt", c + 1); }"#,
+        );
+        let new = counter(
+            "count: value",
+            r#"fn process(r) { let c = state_get("count") ?? 0; state_set("count", c + 1); }"#,
+        );
+        let p = &diff(&old, &new, false)[0];
+        let c = op(p, "counter");
+        assert_eq!(c.state, state::NEW, "nothing of the old state carries over");
+        let named: Vec<(&str, &str)> = c
+            .states
+            .iter()
+            .map(|s| (s.name.as_str(), s.change.as_str()))
+            .collect();
+        assert_eq!(named, vec![("count", "new"), ("cnt", "dropped")]);
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(p.problems[0].contains("state `cnt` (value) is not declared any more"));
+        assert!(p.problems[0].contains("--allow-non-restored-state"));
+        let allowed = &diff(&old, &new, true)[0];
+        assert!(allowed.problems.is_empty());
+        assert_eq!(allowed.waived, p.problems);
+    }
+
+    #[test]
+    fn a_state_kind_change_is_refused_unless_migrate_handles_it() {
+        let old = counter("cnt: value", r#"fn process(r) { state_set("cnt", 1); }"#);
+        let new = counter("cnt: list", r#"fn process(r) { list_push("cnt", 1); }"#);
+        let p = &diff(&old, &new, true)[0];
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(
+            p.problems[0].contains("state `cnt` changed kind from value to list"),
+            "{}",
+            p.problems[0]
+        );
+        assert_eq!(op(p, "counter").states[0].change, "incompatible");
+
+        let migrating = counter(
+            "cnt: list",
+            r#"fn process(r) { list_push("cnt", 1); } fn migrate(name, old) { [old] }"#,
+        );
+        let p = &diff(&old, &migrating, false)[0];
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        let c = op(p, "counter");
+        assert_eq!(c.state, state::MIGRATED);
+        assert_eq!(
+            (
+                c.states[0].change.as_str(),
+                c.states[0].from_kind.as_deref()
+            ),
+            ("retyped", Some("value"))
+        );
+    }
+
+    #[test]
+    fn key_groups_are_redistributed_only_for_keyed_state() {
+        let old = Totals::default().plan();
+        let new = Totals {
+            parallelism: 3,
+            ..Totals::default()
+        }
+        .plan();
+        let p = &diff(&old, &new, false)[0];
+        type Moved<'a> = (&'a str, Option<(u32, u32)>, bool);
+        let moved: Vec<Moved<'_>> = p
+            .operators
+            .iter()
+            .map(|o| (o.id.as_str(), o.parallelism, o.key_groups_redistributed))
+            .collect();
+        assert_eq!(
+            moved,
+            vec![
+                ("orders", None, false),
+                ("by_customer", Some((2, 3)), false),
+                ("sum", Some((2, 3)), true),
+                ("out", Some((2, 3)), false),
+            ]
+        );
     }
 
     #[test]
@@ -832,7 +788,7 @@ pipelines:
         assert_eq!(
             p.problems,
             vec![
-                "operator `sum` changed type from reduce to aggregate: its state cannot be \
+                "`sum` changed from reduce operator to aggregate operator: its state cannot be \
                  carried over; give it a new id to start it empty, or keep the type"
                     .to_owned()
             ]

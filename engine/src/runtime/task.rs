@@ -22,6 +22,7 @@ use super::exchange::Output;
 use super::input::{InputLease, Received};
 use super::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, NodeMetrics, Pending};
 use crate::checkpoint::metadata::checkpoint_dir;
+use crate::checkpoint::restore_plan::{NodeDecision, RestorePlan};
 use crate::checkpoint::storage::{read_verified, write_file};
 use crate::checkpoint::{
     AlignerAction, AlignerStep, AlignmentMode, BarrierAligner, CheckpointId, CheckpointMetadata,
@@ -32,8 +33,12 @@ use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
 use crate::runtime::dispose::dispose;
 use crate::script::runtime::running;
+use crate::state::canonical::{StateFilter, filter_snapshot};
 use crate::state::handover::{Handover, HandoverKey};
-use crate::state::{CanonicalSnapshot, PendingSnapshot, SnapshotTarget};
+use crate::state::rocksdb::NATIVE_SUFFIX;
+use crate::state::{
+    CanonicalSnapshot, PendingSnapshot, SnapshotTarget, StateBackend, read_canonical,
+};
 
 /// One node of a chain in one subtask.
 pub struct ChainNode {
@@ -390,6 +395,13 @@ impl ChainTask {
                 }
             }
             let handed_over = received.get(i).copied().unwrap_or(false);
+            let decision = from
+                .plan
+                .as_ref()
+                .and_then(|p| p.node(op).map(|d| (p, d)))
+                .filter(|(_, d)| d.filters_keyed_state());
+            let max_parallelism = n.ctx.max_parallelism;
+            let pipeline = Arc::clone(&n.ctx.pipeline);
             if let Some(state) = n.ctx.state.as_mut().filter(|_| !handed_over) {
                 let range = n.ctx.key_groups;
                 let files: Vec<FileRef> = from
@@ -401,9 +413,20 @@ impl ChainTask {
                     .flat_map(|st| st.files.iter().filter(|f| !is_local_file(&f.path)))
                     .cloned()
                     .collect();
-                state.restore_files(store, &files)?;
+                match decision {
+                    None => state.restore_files(store, &files)?,
+                    Some((plan, d)) => restore_filtered(
+                        &mut **state,
+                        &pipeline,
+                        store,
+                        &files,
+                        max_parallelism,
+                        d,
+                        plan.allow_non_restored_state,
+                    )?,
+                }
             }
-            if from.savepoint && n.ctx.migrate {
+            if n.ctx.migrate {
                 running(&n.ctx.pipeline, &n.ctx.operator);
                 n.operator.migrate_state(&mut n.ctx)?;
             }
@@ -438,6 +461,63 @@ impl ChainTask {
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// Restores keyed state as its restore decision says: only the named states the node
+/// declares, each under its declared kind (a retyped state's values are rewritten by
+/// `migrate` afterwards); every other state of the snapshot is left out, so that it never
+/// comes back under its old name. When the snapshot's metadata did not record the declared
+/// states, a state the node does not declare is refused unless `allow_non_restored_state`.
+///
+/// # Errors
+/// Unreadable or corrupt files; an undeclared state that may not be dropped; native RocksDB
+/// files, which are restored whole (the restore plan refuses such a restore before this; for
+/// unrecorded metadata they are restored whole, with a warning).
+fn restore_filtered(
+    state: &mut dyn StateBackend,
+    pipeline: &str,
+    store: &dyn CheckpointStore,
+    files: &[FileRef],
+    max_parallelism: u32,
+    decision: &NodeDecision,
+    allow_non_restored_state: bool,
+) -> Result<()> {
+    if files.iter().any(|f| f.path.ends_with(NATIVE_SUFFIX)) {
+        if decision.unrecorded {
+            tracing::warn!(operator = %decision.id, "The checkpoint does not record which states this operator declared and holds them in RocksDB's native format: restored as they are.");
+            return state.restore_files(store, files);
+        }
+        return Err(RunError::Internal(format!(
+            "operator `{}`: a native RocksDB checkpoint cannot restore only some of its states \
+             (the restore plan should have refused this)",
+            decision.id
+        )));
+    }
+    let declared = decision.restored_states();
+    let mut filtered = Vec::new();
+    for blob in read_canonical(store, files)? {
+        filtered.push(filter_snapshot(&blob, max_parallelism, |name, _kind| {
+            if let Some(kind) = declared.get(name) {
+                return Ok(StateFilter::Keep(*kind));
+            }
+            if decision.unrecorded && !allow_non_restored_state {
+                return Err(RunError::Build {
+                    pipeline: pipeline.to_owned(),
+                    element: decision.id.clone(),
+                    message: format!(
+                        "the snapshot holds state `{name}`, which operator `{}` does not \
+                         declare any more: its values would be lost. Declare it again, or \
+                         drop it with `--allow-non-restored-state`",
+                        decision.id
+                    ),
+                });
+            }
+            tracing::debug!(operator = %decision.id, state = name, "Not restoring a state the operator no longer declares.");
+            Ok(StateFilter::Drop)
+        })?);
+    }
+    let refs: Vec<&[u8]> = filtered.iter().map(Vec::as_slice).collect();
+    state.restore(&refs)
 }
 
 /// Flags shared by a pipeline's tasks.
@@ -586,9 +666,14 @@ pub struct TaskRestore {
     pub store: Arc<dyn CheckpointStore>,
     /// The checkpoint.
     pub metadata: Arc<CheckpointMetadata>,
-    /// Restoring a savepoint (possibly into a changed pipeline): keyed values go through
-    /// each operator's `migrate` hook.
+    /// Restoring a savepoint (its keyed state may be handed over in memory by the version
+    /// that took it, on a reload).
     pub savepoint: bool,
+    /// What the restore does to each node's state (decided by
+    /// [`crate::checkpoint::restore_plan::decide`] before anything starts): which named
+    /// states it loads, under which kind, and whether `migrate` runs. `None` for a restart
+    /// within a run from that run's own checkpoint: everything as recorded, no `migrate`.
+    pub plan: Option<Arc<RestorePlan>>,
 }
 
 /// What the pipeline's supervisor tells a task.

@@ -293,6 +293,65 @@ const MIN_STATE_BYTES: usize = 4;
 /// The fewest bytes an entry takes: its array marker, key group, key and value.
 const MIN_ENTRY_BYTES: usize = 4;
 
+/// What [`filter_snapshot`] does with one state of a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFilter {
+    /// Keep its entries, under this kind (the declared one; values of another kind are
+    /// rewritten by `migrate` after the restore).
+    Keep(StateKind),
+    /// Leave the state and its entries out.
+    Drop,
+}
+
+/// Rewrites a snapshot keeping only the states `decide` keeps, each under the kind it says;
+/// entries are copied as encoded (nothing is decoded). `decide` sees each state's name and
+/// recorded kind once, in file order.
+///
+/// # Errors
+/// A malformed snapshot (as [`read_snapshot`]), or `decide`'s error.
+pub fn filter_snapshot(
+    bytes: &[u8],
+    max_parallelism: u32,
+    mut decide: impl FnMut(&str, StateKind) -> Result<StateFilter>,
+) -> Result<Vec<u8>> {
+    let mut decisions = Vec::new();
+    read_snapshot(bytes, max_parallelism, |item| {
+        if let SnapshotItem::State { name, kind, .. } = item {
+            decisions.push(decide(name, kind)?);
+        }
+        Ok(())
+    })?;
+    let kept = decisions
+        .iter()
+        .filter(|d| matches!(d, StateFilter::Keep(_)))
+        .count();
+    let mut w = SnapshotWriter::new(
+        max_parallelism,
+        u32::try_from(kept).map_err(|_| encode_err("too many states"))?,
+    );
+    w.reserve(bytes.len());
+    let mut next = decisions.iter();
+    let mut keep = false;
+    read_snapshot(bytes, max_parallelism, |item| {
+        match item {
+            SnapshotItem::State { name, .. } => match next.next() {
+                Some(StateFilter::Keep(kind)) => {
+                    w.begin_state(name, *kind)?;
+                    keep = true;
+                }
+                Some(StateFilter::Drop) => keep = false,
+                None => return Err(encode_err("the snapshot changed while filtering")),
+            },
+            SnapshotItem::Entry { kg, key, value } if keep => {
+                w.entry_encoded(kg, key.value(), value)?;
+            }
+            SnapshotItem::Entry { .. } => {}
+        }
+        Ok(())
+    })?;
+    w.finish()
+}
+
 /// A bounds-checked cursor over MessagePack bytes.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -594,6 +653,97 @@ mod tests {
         name: String,
         kind: u8,
         entries: Vec<(u32, Dynamic, Dynamic)>,
+    }
+
+    /// Dropping one state and retyping another: the restored backend holds exactly the
+    /// kept states under the new kinds, with their values, and nothing of the dropped one.
+    #[test]
+    fn filtering_drops_and_retypes_states() {
+        use crate::record::KeyGroupRange;
+        use crate::state::{MemoryBackend, StateBackend};
+        let all = KeyGroupRange::all(128);
+        let mut b = MemoryBackend::new(128, all);
+        let cnt = b.register("cnt", StateKind::Value).unwrap();
+        let old = b.register("old", StateKind::Value).unwrap();
+        let seen = b.register("seen", StateKind::List).unwrap();
+        let k = Key::from_dynamic(&Dynamic::from("u"));
+        b.put(cnt, &k, Dynamic::from_int(7)).unwrap();
+        b.put(old, &k, Dynamic::from_int(99)).unwrap();
+        b.put(seen, &k, Dynamic::from_array(vec![Dynamic::from_int(1)]))
+            .unwrap();
+        let snap = b.snapshot(all).unwrap();
+
+        let mut seen_states = Vec::new();
+        let filtered = filter_snapshot(&snap, 128, |name, kind| {
+            seen_states.push((name.to_owned(), kind));
+            Ok(match name {
+                "cnt" => StateFilter::Keep(StateKind::List),
+                "seen" => StateFilter::Keep(StateKind::List),
+                _ => StateFilter::Drop,
+            })
+        })
+        .unwrap();
+        assert_eq!(
+            seen_states,
+            vec![
+                ("cnt".to_owned(), StateKind::Value),
+                ("old".to_owned(), StateKind::Value),
+                ("seen".to_owned(), StateKind::List)
+            ]
+        );
+        let mut names = Vec::new();
+        read_snapshot(&filtered, 128, |item| {
+            if let SnapshotItem::State {
+                name,
+                kind,
+                entries,
+            } = item
+            {
+                names.push((name.to_owned(), kind, entries));
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            names,
+            vec![
+                ("cnt".to_owned(), StateKind::List, 1),
+                ("seen".to_owned(), StateKind::List, 1)
+            ]
+        );
+
+        // The new version declares `cnt` as a list and `seen`; `old` is gone.
+        let mut back = MemoryBackend::new(128, all);
+        let cnt = back.register("cnt", StateKind::List).unwrap();
+        let seen = back.register("seen", StateKind::List).unwrap();
+        back.restore(&[filtered.as_slice()]).unwrap();
+        assert_eq!(
+            back.get(cnt, &k).unwrap().map(|v| v.as_int().unwrap()),
+            Some(7)
+        );
+        assert_eq!(
+            back.get(seen, &k)
+                .unwrap()
+                .map(|v| v.into_array().unwrap().len()),
+            Some(1)
+        );
+        let again = back.snapshot(all).unwrap();
+        let mut states = Vec::new();
+        read_snapshot(&again, 128, |item| {
+            if let SnapshotItem::State { name, .. } = item {
+                states.push(name.to_owned());
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            states,
+            vec!["cnt", "seen"],
+            "the dropped state never comes back"
+        );
+
+        // An error of the callback stops the filter.
+        assert!(filter_snapshot(&snap, 128, |_, _| Err(RunError::State("no".into()))).is_err());
     }
 
     fn value(n: i64) -> Dynamic {
