@@ -64,6 +64,7 @@ fn status_fixture() -> JobStatus {
                 latest_checkpoint: Some(3),
                 restored_from: Some("/tmp/sp-1".into()),
                 error: None,
+                ..PipelineStatus::default()
             },
             PipelineStatus {
                 id: "busy".into(),

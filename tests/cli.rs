@@ -201,3 +201,85 @@ fn hostile_files_are_diagnostics_not_aborts() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("not a regular file"), "{stderr}");
 }
+
+/// Four pipelines, one per guarantee `weir validate` and `weir graph` must state.
+const GUARANTEES: &str = "version: 1
+pipelines:
+  - id: exact
+    checkpoints: {interval: 1s}
+    state: {backend: fs}
+    sources: [{id: in, type: generator, count: 5, fields: {n: {kind: sequence}}}]
+    sinks: [{id: out, type: file, input: in, path: out/exact}]
+  - id: console
+    checkpoints: {interval: 1s, mode: at_least_once}
+    state: {backend: fs}
+    sources: [{id: in, type: generator, count: 5, fields: {n: {kind: sequence}}}]
+    sinks: [{id: out, type: stdout, input: in}]
+  - id: piped
+    checkpoints: {interval: 1s, mode: at_least_once}
+    state: {backend: fs}
+    sources: [{id: in, type: stdin}]
+    sinks: [{id: out, type: file, input: in, path: out/piped}]
+  - id: plain
+    sources: [{id: in, type: generator, count: 5, fields: {n: {kind: sequence}}}]
+    sinks: [{id: out, type: file, input: in, path: out/plain}]
+";
+
+#[test]
+fn validate_and_graph_state_each_pipelines_guarantee() {
+    let f = write_temp(GUARANTEES);
+    let path = f.path().to_str().expect("utf-8 path");
+    let out = weir(&["validate", path]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "  note: pipeline `exact` is exactly-once (aligned `exactly_once` checkpoints",
+        "  note: pipeline `console` is at-least-once (`checkpoints.mode: at_least_once`",
+        "  note: pipeline `piped` is at-most-once (source `in` (stdin) cannot replay",
+        "  note: pipeline `plain` is at-most-once (no checkpoints",
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in:\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("sink `out` (stdout) cannot take back output"),
+        "{stderr}"
+    );
+
+    let out = weir(&["validate", "--format", "json", path]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let levels: Vec<(&str, &str)> = doc["files"][0]["guarantees"]
+        .as_array()
+        .expect("guarantees")
+        .iter()
+        .map(|g| {
+            (
+                g["pipeline"].as_str().expect("pipeline"),
+                g["guarantee"].as_str().expect("guarantee"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        levels,
+        [
+            ("exact", "exactly-once"),
+            ("console", "at-least-once"),
+            ("piped", "at-most-once"),
+            ("plain", "at-most-once")
+        ]
+    );
+
+    let graph = weir(&["graph", path]);
+    let text = String::from_utf8_lossy(&graph.stdout);
+    for line in [
+        "  guarantee: exactly-once",
+        "  guarantee: at-least-once",
+        "  guarantee: at-most-once",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
+    let reference = weir(&["graph", "pipelines/orders_totals.yaml"]);
+    assert!(String::from_utf8_lossy(&reference.stdout).contains("guarantee: exactly-once"));
+}

@@ -116,6 +116,16 @@ pub struct PipelineStatus {
     pub restored_from: Option<String>,
     /// Why it failed, when `state` is `failed`.
     pub error: Option<String>,
+    /// Failures in a row: reset once two checkpoints completed after the last failure. A count
+    /// that keeps growing while `state` is `restarting` means no progress.
+    #[serde(default)]
+    pub consecutive_failures: u32,
+    /// The operator (or source, sink, task) that failed last.
+    #[serde(default)]
+    pub failing: Option<String>,
+    /// The last failure, also after the pipeline recovered from it.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// One completed checkpoint or savepoint.

@@ -114,7 +114,13 @@ fn human(x: f64) -> String {
 fn print_summary(s: &JobSummary) {
     let mut out = String::new();
     for p in &s.pipelines {
-        let verdict = if p.error.is_some() { "FAILED" } else { "ok" };
+        let verdict = match &p.error {
+            None => "ok",
+            Some(weir_engine::runtime::error::RunError::StoppedWhileRestarting { .. }) => {
+                "FAILED (stopped while restarting)"
+            }
+            Some(_) => "FAILED",
+        };
         out.push_str(&format!(
             "pipeline {}: {verdict} in {:.3}s, {} records, {}/s\n",
             p.id,
@@ -198,13 +204,14 @@ fn failure_report(pipeline: &str, e: &weir_engine::runtime::error::RunError) -> 
         RunError::GaveUp { reason, cause } => (cause.as_ref(), Some(reason.as_str())),
         other => (other, None),
     };
+    let class = weir_engine::recovery::restart::class_name(cause.class());
     let help = match reason {
         Some(r) => format!(
-            "{}. Fix the cause and run again: with checkpoints, the run resumes from the latest \
-             one; `restart:` in the pipeline sets how often Weir retries",
+            "{} ({class}). Fix the cause and run again: with checkpoints, the run resumes from \
+             the latest one; `restart:` in the pipeline sets how often Weir retries",
             r.split("; last failure").next().unwrap_or(r)
         ),
-        None => "fix the cause and run again".to_owned(),
+        None => format!("{class}: fix the cause and run again"),
     };
     let text = cause.to_string();
     let message = if text.contains(&format!("`{pipeline}`")) {

@@ -103,6 +103,15 @@ pub fn render(status: &JobStatus) -> String {
     for p in &status.pipelines {
         if let Some(error) = &p.error {
             out.push_str(&format!("pipeline {} failed: {error}\n", p.id));
+        } else if p.consecutive_failures > 0 {
+            out.push_str(&format!(
+                "pipeline {}: {} failure{} in a row; the last, in `{}`: {}\n",
+                p.id,
+                p.consecutive_failures,
+                if p.consecutive_failures == 1 { "" } else { "s" },
+                p.failing.as_deref().unwrap_or("?"),
+                p.last_error.as_deref().unwrap_or("?")
+            ));
         }
     }
     out.push_str(&format!("reloads: {}", status.reloads));
@@ -159,6 +168,15 @@ mod tests {
                     error: Some("boom".into()),
                     ..PipelineStatus::default()
                 },
+                PipelineStatus {
+                    id: "poison".into(),
+                    state: "restarting".into(),
+                    restarts: 8,
+                    consecutive_failures: 8,
+                    failing: Some("parse".into()),
+                    last_error: Some("no such field".into()),
+                    ..PipelineStatus::default()
+                },
             ],
             reloads: 1,
             last_reload: Some(ReloadOutcome {
@@ -172,10 +190,12 @@ mod tests {
         assert_eq!(
             render(&status),
             "file: p.yaml\n\
-             PIPELINE  STATE    SOURCE RECORDS  SINK RECORDS  CHECKPOINTS  LATEST  RESTARTS  RESTORED FROM\n\
-             totals    running            1200          1100            3       3         0  -\n\
-             a         failed                0             0            0       -         4  /s/chk-2\n\
+             PIPELINE  STATE       SOURCE RECORDS  SINK RECORDS  CHECKPOINTS  LATEST  RESTARTS  RESTORED FROM\n\
+             totals    running               1200          1100            3       3         0  -\n\
+             a         failed                   0             0            0       -         4  /s/chk-2\n\
+             poison    restarting               0             0            0       -         8  -\n\
              pipeline a failed: boom\n\
+             pipeline poison: 8 failures in a row; the last, in `parse`: no such field\n\
              reloads: 1; last reload rolled back at 1970-01-01T00:00:00Z, longest pause 1.5 s\n\
              \x20 x failed\n\
              \x20 y\n"

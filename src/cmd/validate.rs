@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use miette::{GraphicalReportHandler, GraphicalTheme};
+use weir_engine::plan::guarantee::{Guarantee, guarantee};
 use weir_engine::validate::{Validation, validate_file};
 use weir_schema::Diagnostic;
 
@@ -52,7 +53,20 @@ pub fn render(diagnostics: &[&Diagnostic]) -> String {
     out
 }
 
-/// Prints a file's diagnostics and a one-line verdict to standard error.
+/// The delivery guarantee of every pipeline of a file without errors (none otherwise).
+fn guarantees(v: &Validation) -> Vec<(String, Guarantee)> {
+    match &v.spec {
+        Some(spec) if !v.diagnostics.has_errors() => spec
+            .pipelines
+            .iter()
+            .map(|p| (p.id.clone(), guarantee(p)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Prints a file's diagnostics, a one-line verdict and, for a file without errors, a note per
+/// pipeline with its delivery guarantee, to standard error.
 pub fn print_text(v: &Validation, deny_warnings: bool) {
     let all: Vec<&Diagnostic> = v.diagnostics.iter().collect();
     eprint!("{}", render(&all));
@@ -70,6 +84,9 @@ pub fn print_text(v: &Validation, deny_warnings: bool) {
             plural(e),
             plural(w)
         ),
+    }
+    for (id, g) in guarantees(v) {
+        eprintln!("  note: pipeline `{id}` is {g}");
     }
 }
 
@@ -97,6 +114,11 @@ pub fn run(args: &ValidateArgs) -> ExitCode {
                         "errors": v.diagnostics.error_count(),
                         "warnings": v.diagnostics.warning_count(),
                         "diagnostics": v.diagnostics.iter().map(Diagnostic::to_json).collect::<Vec<_>>(),
+                        "guarantees": guarantees(v).into_iter().map(|(id, g)| serde_json::json!({
+                            "pipeline": id,
+                            "guarantee": g.level.name(),
+                            "reasons": g.reasons,
+                        })).collect::<Vec<_>>(),
                     })
                 })
                 .collect();

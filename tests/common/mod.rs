@@ -8,6 +8,8 @@ pub mod run;
 
 use std::path::Path;
 
+pub mod running;
+
 /// Copies a folder recursively, leaving out run output (`out/`, `.weir/`).
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -12,6 +12,17 @@
 //! follow yield exactly the records that followed the snapshot, in the same order; the split
 //! plan is the checkpoint's, not recomputed from today's file sizes.
 //!
+//! Identity: every file is known by its canonical path (absolute, symlinks resolved), never by
+//! how `path:` spelled it or the working directory it was resolved in, so a reload that
+//! resolves the pattern against an absolute directory, a run from another directory and a
+//! symlink to the file all name the same split. A listing that reaches one file twice (a
+//! symlink next to its target) reads it once. Each split also records the device and inode it
+//! was read from: a restore that finds another file at the path (same device, other inode)
+//! refuses, since the recorded offset belongs to the file that was replaced. A snapshot that
+//! holds two positions for one split (written by builds before format version 3, which told
+//! spellings of a path apart) restores when both positions agree, and is refused otherwise,
+//! naming the file: which of the two is right cannot be known.
+//!
 //! Rescaling (a savepoint restored at another parallelism): the positions are list state.
 //! Old reader `j`'s snapshot goes to new reader `j % p_new`, so the old readers' splits are
 //! partitioned over the new readers and every new reader simply takes over, at their recorded
@@ -21,8 +32,10 @@
 //! restore, the split plan is the checkpoint's).
 //!
 //! Follow-mode ownership, the rule that keeps discovery exactly-once across rescales: a file
-//! belongs to reader `fnv1a(path) mod l_1 mod l_2 ... mod l_k mod p`, where `p` is the
-//! current parallelism and `l_1 > l_2 > ... > l_k` the *lineage*, the parallelisms of the
+//! belongs to reader `fnv1a(path) mod l_1 mod l_2 ... mod l_k mod p`, where `path` is the
+//! canonical path (a run restored from a snapshot of format version 2 or older hashes the path
+//! as listed, as the run that wrote it did, until the next fresh start), `p` is the current
+//! parallelism and `l_1 > l_2 > ... > l_k` the *lineage*, the parallelisms of the
 //! earlier runs this run descends from (empty on a fresh start: plain `hash mod p`). A
 //! rescaled restore appends the old parallelism to the lineage (unless it cannot change the
 //! result: `x mod l mod p_old = x mod l` when `l <= p_old`). Why this rule: only old reader
@@ -37,7 +50,7 @@
 //! The sink (two-phase commit) lives in [`super::file_sink`] and is re-exported here. This
 //! module reads files and never writes them.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -85,6 +98,46 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
         return Ok(files);
     }
     Ok(vec![path.to_path_buf()])
+}
+
+/// The identity of a file (see the module docs): its canonical path; a path that does not
+/// resolve (the file is gone) is only made absolute.
+pub fn file_identity(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Where a file lives on its filesystem: device and inode (Unix only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    /// The device and inode of `meta`, where the platform has them.
+    fn of(meta: &std::fs::Metadata) -> Option<Self> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Some(Self {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            None
+        }
+    }
+
+    /// Whether `now` is certainly another file than `self`: same device, other inode. On
+    /// another device (the data moved with its savepoint) nothing can be told.
+    fn replaced_by(self, now: Self) -> bool {
+        self.dev == now.dev && self.ino != now.ino
+    }
 }
 
 /// A byte range of one file.
@@ -147,11 +200,49 @@ enum Progress {
     Done,
 }
 
+impl Progress {
+    /// Whether two entries for one split agree on where it stands (offset and CSV header; a
+    /// line number only counts lines).
+    fn same_position(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unread, Self::Unread) | (Self::Done, Self::Done) => true,
+            (Self::Reading(a), Self::Reading(b)) => a.offset == b.offset && a.header == b.header,
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Unread => "not started".into(),
+            Self::Reading(r) => format!("at byte {}", r.offset),
+            Self::Done => "read to its end".into(),
+        }
+    }
+}
+
 /// One split and its progress, in a [`FileSourceState`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct SplitState {
     split: Split,
     progress: Progress,
+    /// The device and inode the split was read from, once opened (absent before version 3).
+    #[serde(default)]
+    file: Option<FileId>,
+}
+
+/// What follow-mode ownership hashes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum OwnerKey {
+    /// The canonical path (runs that started with format version 3 or later).
+    Canonical,
+    /// The path as listed from the pattern (runs descending from older snapshots).
+    Listed,
+}
+
+/// Snapshots before version 3 hashed the path as listed.
+fn listed_owner_key() -> OwnerKey {
+    OwnerKey::Listed
 }
 
 /// The file source's snapshot, format version [`FileSourceState::VERSION`] (MessagePack).
@@ -174,11 +265,15 @@ struct FileSourceState {
     /// the plain rule (an empty lineage).
     #[serde(default = "fresh_lineage")]
     lineage: Option<Vec<u32>>,
+    /// What follow-mode ownership hashes; absent before version 3 (the listed path).
+    #[serde(default = "listed_owner_key")]
+    owner_key: OwnerKey,
 }
 
 impl FileSourceState {
-    /// Written by this build; version 1 (no lineage) is still read.
-    const VERSION: u32 = 2;
+    /// Written by this build; versions 1 (no lineage) and 2 (paths as spelled, no file ids)
+    /// are still read.
+    const VERSION: u32 = 3;
 }
 
 /// The lineage of a run that started fresh: no earlier parallelism.
@@ -213,6 +308,8 @@ fn follow_owner(path: &Path, lineage: &[u32], parallelism: u32) -> u32 {
 struct Queued {
     split: Split,
     resume: Option<Resume>,
+    /// The file it was read from before (a restored split), to check it is still the same.
+    file: Option<FileId>,
 }
 
 struct Reader {
@@ -227,6 +324,8 @@ struct Reader {
     parser: LineParser,
     /// The CSV header line, when the format has one.
     header: Option<Vec<u8>>,
+    /// The device and inode of the open file.
+    file: Option<FileId>,
     done: bool,
 }
 
@@ -251,11 +350,14 @@ pub struct FileSource {
     parallelism: u32,
     pending: VecDeque<Queued>,
     active: Vec<Reader>,
-    /// Splits read to their end (bounded mode).
-    finished: Vec<Split>,
-    known: Vec<PathBuf>,
+    /// Splits read to their end (bounded mode), with the file they were read from.
+    finished: Vec<(Split, Option<FileId>)>,
+    /// Follow mode: the identities of the files discovered so far.
+    known: BTreeSet<PathBuf>,
     /// Follow-mode ownership lineage (see the module docs); `None` owns no new file.
     lineage: Option<Vec<u32>>,
+    /// What follow-mode ownership hashes.
+    owner_key: OwnerKey,
     /// `(pipeline, source)` for errors raised outside a poll, from `open`.
     ids: (String, String),
 }
@@ -273,6 +375,17 @@ fn io_err(
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// The error for a split whose path now holds another file than the one it was read from.
+fn replaced_error(was: FileId, now: FileId) -> std::io::Error {
+    std::io::Error::other(format!(
+        "another file is at this path now (inode {} on device {}, the checkpoint read inode {}): \
+         the file was replaced (rotated or rewritten by rename) after the checkpoint, so its \
+         recorded position is meaningless; put the original file back, or start over with \
+         `--fresh`",
+        now.ino, now.dev, was.ino
+    ))
 }
 
 fn line_number_at(path: &Path, offset: u64) -> Option<u64> {
@@ -310,8 +423,9 @@ impl FileSource {
             pending: VecDeque::new(),
             active: Vec::new(),
             finished: Vec::new(),
-            known: Vec::new(),
+            known: BTreeSet::new(),
             lineage: fresh_lineage(),
+            owner_key: OwnerKey::Canonical,
             ids: (String::new(), String::new()),
         }
     }
@@ -323,21 +437,35 @@ impl FileSource {
             .is_some_and(|l| follow_owner(path, l, self.parallelism) == self.subtask)
     }
 
+    /// Follow mode: queues every file of the pattern this reader owns and does not know yet.
     fn rescan(&mut self, ctx: &SourceContext) -> Result<()> {
         let files =
             list_files(&self.pattern).map_err(|e| io_err(ctx, "cannot list", &self.pattern, e))?;
-        for f in files {
-            if !self.known.contains(&f) && self.owns_in_follow(&f) && f.exists() {
-                self.known.push(f.clone());
-                self.pending.push_back(Queued {
-                    split: Split {
-                        path: f,
-                        start: 0,
-                        end: None,
-                    },
-                    resume: None,
-                });
+        for listed in files {
+            // A file that vanished (or a dangling symlink) is not there to read.
+            let Ok(id) = std::fs::canonicalize(&listed) else {
+                continue;
+            };
+            if self.known.contains(&id) || !id.is_file() {
+                continue;
             }
+            let key = match self.owner_key {
+                OwnerKey::Canonical => &id,
+                OwnerKey::Listed => &listed,
+            };
+            if !self.owns_in_follow(key) {
+                continue;
+            }
+            self.known.insert(id.clone());
+            self.pending.push_back(Queued {
+                split: Split {
+                    path: id,
+                    start: 0,
+                    end: None,
+                },
+                resume: None,
+                file: None,
+            });
         }
         Ok(())
     }
@@ -353,9 +481,24 @@ impl FileSource {
 
     /// Opens a split at its start, or at a restored position.
     fn open_split(&self, queued: Queued, ctx: &SourceContext) -> Result<Reader> {
-        let Queued { split, resume } = queued;
+        let Queued {
+            split,
+            resume,
+            file: recorded,
+        } = queued;
         let path = split.path.clone();
         let file = File::open(&path).map_err(|e| io_err(ctx, "cannot read", &path, e))?;
+        let id = file.metadata().ok().as_ref().and_then(FileId::of);
+        if let (Some(was), Some(now)) = (recorded, id)
+            && was.replaced_by(now)
+        {
+            return Err(io_err(
+                ctx,
+                "cannot resume reading",
+                &path,
+                replaced_error(was, now),
+            ));
+        }
         let mut reader = BufReader::with_capacity(1 << 20, file);
         let mut parser = self.parser.clone();
         let mut buf = Vec::with_capacity(256);
@@ -376,6 +519,7 @@ impl FileSource {
                 buf,
                 parser,
                 header: resume.header,
+                file: id,
                 done: false,
             });
         }
@@ -422,6 +566,7 @@ impl FileSource {
             buf,
             parser,
             header,
+            file: id,
             done: false,
         })
     }
@@ -495,9 +640,10 @@ impl FileSource {
     fn state(&self) -> FileSourceState {
         let mut splits =
             Vec::with_capacity(self.finished.len() + self.active.len() + self.pending.len());
-        splits.extend(self.finished.iter().map(|s| SplitState {
+        splits.extend(self.finished.iter().map(|(s, file)| SplitState {
             split: s.clone(),
             progress: Progress::Done,
+            file: *file,
         }));
         splits.extend(self.active.iter().map(|r| SplitState {
             split: r.split.clone(),
@@ -506,6 +652,7 @@ impl FileSource {
             } else {
                 Progress::Reading(r.resume())
             },
+            file: r.file,
         }));
         splits.extend(self.pending.iter().map(|q| SplitState {
             split: q.split.clone(),
@@ -513,6 +660,7 @@ impl FileSource {
                 Some(r) => Progress::Reading(r.clone()),
                 None => Progress::Unread,
             },
+            file: q.file,
         }));
         FileSourceState {
             version: FileSourceState::VERSION,
@@ -520,8 +668,9 @@ impl FileSource {
             parallelism: self.parallelism,
             follow: self.follow,
             splits,
-            known: self.known.clone(),
+            known: self.known.iter().cloned().collect(),
             lineage: self.lineage.clone(),
+            owner_key: self.owner_key,
         }
     }
 
@@ -565,32 +714,67 @@ impl FileSource {
         )))
     }
 
-    /// Replaces the split plan with the splits of `states`, in order, each at its position.
+    /// Replaces the split plan with the splits of `states`, in order, each at its position,
+    /// every path turned into its identity (older snapshots hold paths as spelled). Two entries
+    /// for one split (one file and byte range) are merged when they agree on the position and
+    /// refused otherwise (see the module docs).
     fn load(&mut self, states: Vec<FileSourceState>) -> Result<()> {
         let mut finished = Vec::new();
         let mut pending = VecDeque::new();
-        let mut known = Vec::new();
+        let mut known = BTreeSet::new();
+        let mut seen: HashMap<(PathBuf, u64, Option<u64>), (PathBuf, Progress)> = HashMap::new();
         for state in states {
-            for s in state.splits {
+            for mut s in state.splits {
+                let spelled = std::mem::take(&mut s.split.path);
+                s.split.path = file_identity(&spelled);
+                let key = (s.split.path.clone(), s.split.start, s.split.end);
+                if let Some((first_spelled, first)) = seen.get(&key) {
+                    if first.same_position(&s.progress) {
+                        tracing::warn!(
+                            pipeline = %self.ids.0,
+                            source = %self.ids.1,
+                            file = %s.split.path.display(),
+                            spellings = ?[first_spelled, &spelled],
+                            "The checkpoint holds one file twice under two spellings (written by an older Weir), at the same position; reading it once from there."
+                        );
+                        continue;
+                    }
+                    return Err(self.build_error(format!(
+                        "the checkpoint holds two positions for file `{}` (as `{}`: {}; as `{}`: \
+                         {}), written by an older Weir that read one file under two spellings of \
+                         its path, so the output after it may hold records twice and which \
+                         position is right cannot be known; restore an older checkpoint or \
+                         savepoint (`--from-checkpoint`, `--from-savepoint`) taken before the \
+                         file was read twice, or start over with `--fresh`",
+                        s.split.path.display(),
+                        first_spelled.display(),
+                        first.describe(),
+                        spelled.display(),
+                        s.progress.describe()
+                    )));
+                }
+                seen.insert(key, (spelled, s.progress.clone()));
                 match s.progress {
-                    Progress::Done => finished.push(s.split),
+                    Progress::Done => finished.push((s.split, s.file)),
                     Progress::Unread => {
-                        self.check_resumable(&s.split.path, s.split.start)?;
+                        self.check_resumable(&s.split.path, s.split.start, s.file)?;
                         pending.push_back(Queued {
                             split: s.split,
                             resume: None,
+                            file: s.file,
                         });
                     }
                     Progress::Reading(resume) => {
-                        self.check_resumable(&s.split.path, resume.offset)?;
+                        self.check_resumable(&s.split.path, resume.offset, s.file)?;
                         pending.push_back(Queued {
                             split: s.split,
                             resume: Some(resume),
+                            file: s.file,
                         });
                     }
                 }
             }
-            known.extend(state.known);
+            known.extend(state.known.iter().map(|p| file_identity(p)));
         }
         self.finished = finished;
         self.pending = pending;
@@ -610,10 +794,18 @@ impl FileSource {
         }
     }
 
-    /// Checks that `path` still reaches byte `offset`.
-    fn check_resumable(&self, path: &Path, offset: u64) -> Result<()> {
+    /// Checks that `path` is still the file the checkpoint read (when it recorded which) and
+    /// still reaches byte `offset`.
+    fn check_resumable(&self, path: &Path, offset: u64, recorded: Option<FileId>) -> Result<()> {
         let len = match std::fs::metadata(path) {
-            Ok(m) => m.len(),
+            Ok(m) => {
+                if let (Some(was), Some(now)) = (recorded, FileId::of(&m))
+                    && was.replaced_by(now)
+                {
+                    return Err(self.changed(path, replaced_error(was, now)));
+                }
+                m.len()
+            }
             Err(e) => {
                 return Err(self.changed(
                     path,
@@ -651,18 +843,24 @@ impl Source for FileSource {
         }
         let files =
             list_files(&self.pattern).map_err(|e| io_err(ctx, "cannot list", &self.pattern, e))?;
-        let mut sized = Vec::with_capacity(files.len());
+        let mut sized: Vec<(PathBuf, u64)> = Vec::with_capacity(files.len());
+        let mut ids = BTreeSet::new();
         for f in files {
-            let len = std::fs::metadata(&f)
+            let id = std::fs::canonicalize(&f).map_err(|e| io_err(ctx, "cannot read", &f, e))?;
+            let len = std::fs::metadata(&id)
                 .map_err(|e| io_err(ctx, "cannot read", &f, e))?
                 .len();
-            sized.push((f, len));
+            // One file reached twice (a symlink next to its target) is read once.
+            if ids.insert(id.clone()) {
+                sized.push((id, len));
+            }
         }
         self.pending = plan_splits(&sized, self.parallelism, self.subtask)
             .into_iter()
             .map(|split| Queued {
                 split,
                 resume: None,
+                file: None,
             })
             .collect();
         Ok(())
@@ -698,7 +896,7 @@ impl Source for FileSource {
             self.drain(0, out, ctx)?;
             if self.active[0].done {
                 let r = self.active.remove(0);
-                self.finished.push(r.split);
+                self.finished.push((r.split, r.file));
             }
             if out.len() >= BATCH_SIZE {
                 return Ok(Poll::Ready);
@@ -720,8 +918,8 @@ impl Source for FileSource {
     ///
     /// # Errors
     /// A malformed snapshot; one taken at another parallelism or follow setting; a file that
-    /// is missing or shorter than its recorded offset (the input changed under the
-    /// checkpoint).
+    /// is missing, shorter than its recorded offset or replaced by another file (the input
+    /// changed under the checkpoint); two different positions for one split.
     fn restore(&mut self, snapshot: &[u8]) -> Result<()> {
         let (pipeline, source) = self.ids.clone();
         let state = self.decode_state(snapshot)?;
@@ -738,6 +936,7 @@ impl Source for FileSource {
         }
         self.check_follow(&state)?;
         self.lineage = state.lineage.clone();
+        self.owner_key = state.owner_key;
         self.load(vec![state])
     }
 
@@ -748,8 +947,8 @@ impl Source for FileSource {
     ///
     /// # Errors
     /// A malformed snapshot; one of an old reader that does not map to this reader, or of
-    /// another follow setting; snapshots of different runs; a file missing or shorter than
-    /// its recorded offset.
+    /// another follow setting; snapshots of different runs; a file missing, shorter than its
+    /// recorded offset or replaced; two different positions for one split.
     fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &SourceContext) -> Result<()> {
         if self.ids.1.is_empty() {
             self.ids = (ctx.pipeline.clone(), ctx.source.clone());
@@ -762,6 +961,7 @@ impl Source for FileSource {
         }
         states.sort_by_key(|s| s.subtask);
         let mut lineage: Option<Vec<u32>> = None;
+        let mut owner_key: Option<OwnerKey> = None;
         let mut previous: Option<&FileSourceState> = None;
         for st in &states {
             if st.subtask >= st.parallelism || st.subtask % self.parallelism != self.subtask {
@@ -781,8 +981,11 @@ impl Source for FileSource {
                     prev.subtask, prev.parallelism, st.subtask, st.parallelism
                 )));
             }
+            // A reader without lineage owns no new file: its ownership key does not count.
             if let Some(l) = &st.lineage {
-                if lineage.as_ref().is_some_and(|known| known != l) {
+                if lineage.as_ref().is_some_and(|known| known != l)
+                    || owner_key.is_some_and(|k| k != st.owner_key)
+                {
                     return Err(self.build_error(format!(
                         "the snapshot of file reader {} of {} records another follow-mode file \
                          assignment than its siblings; the savepoint is inconsistent, restore \
@@ -791,6 +994,7 @@ impl Source for FileSource {
                     )));
                 }
                 lineage = Some(l.clone());
+                owner_key = Some(st.owner_key);
             }
             previous = Some(st);
         }
@@ -799,6 +1003,7 @@ impl Source for FileSource {
             (Some(l), Some(old)) => Some(extend_lineage(l, old)),
             _ => None,
         };
+        self.owner_key = owner_key.unwrap_or(OwnerKey::Canonical);
         tracing::info!(
             pipeline = %self.ids.0,
             source = %self.ids.1,
@@ -1356,6 +1561,233 @@ mod tests {
         b.restore_rescaled(&[bytes.as_slice()], &ctx(0, 3, Some(1)))
             .expect("rescale version 1");
         assert_eq!(b.lineage, Some(vec![2]));
+    }
+
+    /// Appends `lines` (each with a newline) to `path`, creating it.
+    fn append(path: &Path, lines: &[&str]) {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open for append");
+        for l in lines {
+            std::io::Write::write_all(&mut f, format!("{l}\n").as_bytes()).expect("append");
+        }
+    }
+
+    /// The `{"line": ...}` records of `lines`.
+    fn as_records(lines: &[&str]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| format!("{{\"line\":\"{l}\"}}"))
+            .collect()
+    }
+
+    /// A directory `real/` holding `a.log` (two lines), and `link -> real`.
+    #[cfg(unix)]
+    fn spelled_twice() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).expect("mkdir");
+        append(&real.join("a.log"), &["one", "two"]);
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).expect("symlink");
+        (dir, real)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_is_one_split_however_its_path_is_spelled() {
+        let (dir, real) = spelled_twice();
+        let root = dir.path();
+        // Each pair: the pattern of the run that snapshots, the pattern of the run that
+        // restores (a reload that resolves against another directory, a symlink, a glob).
+        let pairs = [
+            (root.join("link/a.log"), real.join("a.log")),
+            (root.join("real/../link/a.log"), root.join("link/a.log")),
+            (root.join("link/*.log"), real.join("*.log")),
+            (real.join("*.log"), root.join("link/../real/*.log")),
+        ];
+        for (i, (before, after)) in pairs.iter().enumerate() {
+            let tag = format!("p{i}");
+            let mut a = source(before, weir_schema::RecordFormat::Lines, true)(0, 1);
+            let mut c = ctx(0, 1, None);
+            a.open(&mut c).expect("open");
+            let head = poll_until_quiet(&mut a, &mut c);
+            assert_eq!(
+                head.len(),
+                2 * (i + 1),
+                "pattern {before:?} reads every line once"
+            );
+            let snap = a.snapshot().expect("snapshot");
+            let new = [format!("{tag}-x"), format!("{tag}-y")];
+            let new: Vec<&str> = new.iter().map(String::as_str).collect();
+            append(&real.join("a.log"), &new);
+
+            let mut b = source(after, weir_schema::RecordFormat::Lines, true)(0, 1);
+            let mut c = ctx(0, 1, Some(1));
+            b.open(&mut c).expect("open");
+            b.restore(&snap).expect("restore");
+            assert_eq!(
+                poll_until_quiet(&mut b, &mut c),
+                as_records(&new),
+                "snapshot under {before:?}, restored under {after:?}: only the new lines, once"
+            );
+            let state = b.state();
+            assert_eq!(state.splits.len(), 1, "{:?}", state.splits);
+            assert_eq!(state.known.len(), 1, "{:?}", state.known);
+            let canonical = std::fs::canonicalize(real.join("a.log")).expect("canonical");
+            assert_eq!(state.splits[0].split.path, canonical);
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_listing_that_reaches_one_file_twice_reads_it_once() {
+        let (dir, real) = spelled_twice();
+        std::os::unix::fs::symlink(real.join("a.log"), real.join("b.log")).expect("symlink");
+        for follow in [false, true] {
+            let mut a = source(
+                &real.join("*.log"),
+                weir_schema::RecordFormat::Lines,
+                follow,
+            )(0, 1);
+            let mut c = ctx(0, 1, None);
+            a.open(&mut c).expect("open");
+            let got = if follow {
+                poll_until_quiet(&mut a, &mut c)
+            } else {
+                drain_all(&mut a, &mut c)
+            };
+            assert_eq!(got, as_records(&["one", "two"]), "follow: {follow}");
+        }
+        drop(dir);
+    }
+
+    /// A version 2 snapshot (paths as spelled, no file ids) of one follow reader holding
+    /// `splits`.
+    fn version_two(splits: Vec<(PathBuf, Progress)>, known: Vec<PathBuf>) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct V2Split {
+            split: Split,
+            progress: Progress,
+        }
+        #[derive(Serialize)]
+        struct V2 {
+            version: u32,
+            subtask: u32,
+            parallelism: u32,
+            follow: bool,
+            splits: Vec<V2Split>,
+            known: Vec<PathBuf>,
+            lineage: Option<Vec<u32>>,
+        }
+        crate::record::encode(&V2 {
+            version: 2,
+            subtask: 0,
+            parallelism: 1,
+            follow: true,
+            splits: splits
+                .into_iter()
+                .map(|(path, progress)| V2Split {
+                    split: Split {
+                        path,
+                        start: 0,
+                        end: None,
+                    },
+                    progress,
+                })
+                .collect(),
+            known,
+            lineage: Some(Vec::new()),
+        })
+        .expect("encode")
+    }
+
+    fn at(offset: u64) -> Progress {
+        Progress::Reading(Resume {
+            offset,
+            line: None,
+            header: None,
+        })
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn two_entries_for_one_file_merge_when_they_agree_and_are_refused_otherwise() {
+        let (dir, real) = spelled_twice();
+        let spelled = [dir.path().join("link/a.log"), real.join("a.log")];
+        let end = std::fs::metadata(real.join("a.log")).expect("stat").len();
+        let pattern = real.join("*.log");
+        let make = source(&pattern, weir_schema::RecordFormat::Lines, true);
+
+        // Both spellings at the end of the file (what the old double read left behind): one
+        // split, and the lines that follow are read once.
+        let agreeing = version_two(
+            vec![(spelled[0].clone(), at(end)), (spelled[1].clone(), at(end))],
+            spelled.to_vec(),
+        );
+        let mut b = make(0, 1);
+        let mut c = ctx(0, 1, Some(1));
+        b.open(&mut c).expect("open");
+        b.restore(&agreeing).expect("agreeing entries restore");
+        append(&real.join("a.log"), &["three"]);
+        assert_eq!(poll_until_quiet(&mut b, &mut c), as_records(&["three"]));
+        assert_eq!(b.state().splits.len(), 1);
+        assert_eq!(
+            b.state().owner_key,
+            OwnerKey::Listed,
+            "hashing stays as it was"
+        );
+
+        // Two different positions: refused, naming the file and both positions.
+        let disagreeing = version_two(
+            vec![(spelled[0].clone(), at(4)), (spelled[1].clone(), at(end))],
+            spelled.to_vec(),
+        );
+        let mut b = make(0, 1);
+        let mut c = ctx(0, 1, Some(1));
+        b.open(&mut c).expect("open");
+        let err = b
+            .restore(&disagreeing)
+            .expect_err("which position is right?");
+        let msg = err.to_string();
+        let canonical = std::fs::canonicalize(real.join("a.log")).expect("canonical");
+        assert!(msg.contains(&canonical.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("byte 4") && msg.contains(&format!("byte {end}")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("--fresh") && msg.contains("--from-checkpoint"),
+            "{msg}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_restore_refuses_a_file_replaced_after_the_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.log");
+        append(&path, &["one", "two"]);
+        let make = source(&path, weir_schema::RecordFormat::Lines, true);
+        let mut a = make(0, 1);
+        let mut c = ctx(0, 1, None);
+        a.open(&mut c).expect("open");
+        assert_eq!(poll_until_quiet(&mut a, &mut c).len(), 2);
+        let snap = a.snapshot().expect("snapshot");
+
+        // Rotated: a longer file takes the name, by rename (another inode).
+        let new = dir.path().join("a.log.new");
+        append(&new, &["other", "lines", "entirely"]);
+        let _keep_inode_alive = std::fs::File::open(&path).expect("old file");
+        std::fs::rename(&new, &path).expect("rename over");
+        let mut b = make(0, 1);
+        let mut c = ctx(0, 1, Some(1));
+        b.open(&mut c).expect("open");
+        let err = b.restore(&snap).expect_err("another file at the path");
+        let msg = err.to_string();
+        assert!(msg.contains("a.log") && msg.contains("replaced"), "{msg}");
+        assert!(msg.contains("--fresh"), "{msg}");
     }
 
     #[test]

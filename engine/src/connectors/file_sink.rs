@@ -35,9 +35,22 @@
 //! snapshot records its subtask (format version 2); a version 1 snapshot restores only at its
 //! own parallelism.
 //!
-//! Without exactly-once (no checkpoints, or `at_least_once`), final parts are written directly;
-//! the snapshot only fsyncs the current part and records `next_seq`, and a restore only goes on
-//! numbering after every existing part: committed output is never deleted.
+//! Without exactly-once (`at_least_once`, or no checkpoints) records also go to a hidden
+//! in-progress part, which is *finished* (flushed, fsynced, renamed to its final name) at
+//! every barrier (the snapshot, without waiting for the checkpoint to complete), when it
+//! rolls, when the input ends and when the sink closes. So in every mode a part is visible
+//! only once it is whole: a crash (SIGKILL, a full disk) can tear the last line of a hidden
+//! in-progress part only, and a restore, like a fresh start, removes that part. The snapshot
+//! records `next_seq` and no pending part; a restore removes this subtask's hidden parts and
+//! the final parts numbered at or after `next_seq` (finished after the checkpoint: the sources
+//! replay their records), and numbers on from there. Duplicates left in `at_least_once` come
+//! from its unaligned barriers only. Without checkpoints a part becomes visible when it rolls
+//! (`max_part_size`), at the end of the input or when the run stops; a crash loses the part in
+//! progress (at-most-once), and the next start clears the subtask's parts anyway.
+//!
+//! Snapshots of format version 2 or older taken without two phases come from builds that wrote
+//! final parts directly: their last part may end in a torn line, so a restore cuts a trailing
+//! partial line off the part before `next_seq` (its records after the checkpoint are replayed).
 //!
 //! This module writes only inside its sink directory and only files of its own prefix and
 //! subtask (subtask 0 also clears subtasks beyond the parallelism on a fresh start).
@@ -119,6 +132,49 @@ fn parse_part_name(name: &str, prefix: &str, ext: &str) -> Option<(PartKind, u32
     Some((kind, subtask.parse().ok()?, seq.parse().ok()?))
 }
 
+/// Cuts a trailing partial line (bytes after the last newline, left by a crash in the middle
+/// of a write) off a part written by an older build (see the module docs).
+fn cut_torn_tail(path: &Path, ctx: &OperatorContext) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |what, e| FileSink::io(ctx, what, path.to_path_buf(), e);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| io("cannot open", e))?;
+    let len = f.metadata().map_err(|e| io("cannot read", e))?.len();
+    // Look back in chunks for the last newline.
+    let mut end = len;
+    let mut chunk = vec![0u8; 1 << 16];
+    let keep = loop {
+        if end == 0 {
+            break 0;
+        }
+        let start = end.saturating_sub(chunk.len() as u64);
+        let n = usize::try_from(end - start).unwrap_or(chunk.len());
+        f.seek(SeekFrom::Start(start))
+            .and_then(|_| f.read_exact(&mut chunk[..n]))
+            .map_err(|e| io("cannot read", e))?;
+        if let Some(i) = chunk[..n].iter().rposition(|&b| b == b'\n') {
+            break start + i as u64 + 1;
+        }
+        end = start;
+    };
+    if keep < len {
+        f.set_len(keep)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io("cannot truncate", e))?;
+        tracing::warn!(
+            pipeline = %ctx.pipeline,
+            sink = %ctx.operator,
+            part = %path.display(),
+            cut_bytes = len - keep,
+            "Cut a torn last line off a part written before a crash; its record is written again from the replay."
+        );
+    }
+    Ok(())
+}
+
 /// A closed part awaiting the completion of `checkpoint`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct PendingPart {
@@ -128,7 +184,9 @@ struct PendingPart {
     seq: u64,
 }
 
-/// The sink's snapshot, format version [`FileSinkState::VERSION`] (MessagePack).
+/// The sink's snapshot, format version [`FileSinkState::VERSION`] (MessagePack). Version 3
+/// changed no field, only what `two_phase: false` means (parts finished at barriers; see the
+/// module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct FileSinkState {
     /// Format version.
@@ -148,8 +206,15 @@ struct FileSinkState {
 }
 
 impl FileSinkState {
-    /// Written by this build; version 1 (no subtask recorded) is still read.
-    const VERSION: u32 = 2;
+    /// Written by this build; versions 1 (no subtask recorded) and 2 (final parts written
+    /// directly without two phases) are still read.
+    const VERSION: u32 = 3;
+
+    /// Taken by a build that wrote final parts directly (no two phases, before version 3):
+    /// its last part may end in a torn line.
+    fn wrote_final_parts_directly(&self) -> bool {
+        !self.two_phase && self.version < 3
+    }
 }
 
 /// The part being written.
@@ -168,7 +233,8 @@ pub struct FileSink {
     csv: bool,
     max_part_size: Option<u64>,
     subtask: u32,
-    /// Two-phase commit (exactly-once checkpoints).
+    /// Two-phase commit (exactly-once checkpoints); otherwise parts are finished at barriers,
+    /// rolls, the end and close.
     two_phase: bool,
     /// The sequence number the next new part gets.
     next_seq: u64,
@@ -184,8 +250,8 @@ pub struct FileSink {
 }
 
 impl FileSink {
-    /// A writer subtask into `dir` that writes final parts directly (no two-phase commit);
-    /// see [`two_phase_commit`](Self::two_phase_commit).
+    /// A writer subtask into `dir` that finishes each part at barriers, rolls, the end and
+    /// close (no two-phase commit); see [`two_phase_commit`](Self::two_phase_commit).
     pub fn new(
         dir: PathBuf,
         prefix: String,
@@ -255,12 +321,7 @@ impl FileSink {
         }
         if self.current.is_none() {
             let seq = self.next_seq;
-            let kind = if self.two_phase {
-                PartKind::InProgress
-            } else {
-                PartKind::Final
-            };
-            let path = self.path(kind, seq);
+            let path = self.path(PartKind::InProgress, seq);
             let f =
                 File::create(&path).map_err(|e| Self::io(ctx, "cannot create", path.clone(), e))?;
             self.next_seq += 1;
@@ -277,36 +338,44 @@ impl FileSink {
                 .map_err(|e| Self::io(ctx, "cannot write", part.path.clone(), e))?;
             part.written += self.buf.len() as u64;
             self.buf.clear();
-            if self.max_part_size.is_some_and(|m| part.written >= m) {
-                self.close_part(ctx)?;
+            if self.max_part_size.is_some_and(|m| part.written >= m)
+                && self.close_part(ctx)?
+                && !self.two_phase
+            {
+                self.sync_dir(ctx)?;
             }
         }
         Ok(())
     }
 
-    /// Closes the current part. Two-phase: flush, fsync and rename it to pending (untagged,
-    /// in `rolled`). Otherwise: flush the final part.
-    fn close_part(&mut self, ctx: &OperatorContext) -> Result<()> {
+    /// Closes the current part: flush, fsync, then rename it. Two-phase: to pending
+    /// (untagged, in `rolled`). Otherwise to its final name: the part is finished. Returns
+    /// whether a part was closed (the directory then needs a sync).
+    fn close_part(&mut self, ctx: &OperatorContext) -> Result<bool> {
         let Some(mut part) = self.current.take() else {
-            return Ok(());
+            return Ok(false);
         };
         self.writer = RecordWriter::new(self.csv);
         part.file
             .flush()
             .map_err(|e| Self::io(ctx, "cannot write", part.path.clone(), e))?;
-        if !self.two_phase {
-            return Ok(());
-        }
         part.file
             .get_ref()
             .sync_all()
             .map_err(|e| Self::io(ctx, "cannot sync", part.path.clone(), e))?;
         drop(part.file);
-        let pending = self.path(PartKind::Pending, part.seq);
-        std::fs::rename(&part.path, &pending)
+        let kind = if self.two_phase {
+            PartKind::Pending
+        } else {
+            PartKind::Final
+        };
+        let closed = self.path(kind, part.seq);
+        std::fs::rename(&part.path, &closed)
             .map_err(|e| Self::io(ctx, "cannot close", part.path.clone(), e))?;
-        self.rolled.push(part.seq);
-        Ok(())
+        if self.two_phase {
+            self.rolled.push(part.seq);
+        }
+        Ok(true)
     }
 
     /// Commits pending part `seq` (of `checkpoint`), idempotently: a part already committed is
@@ -452,12 +521,21 @@ impl FileSink {
             let state = snapshot_of(subtask);
             match kind {
                 PartKind::InProgress | PartKind::Pending => Self::remove(ctx, &path)?,
-                PartKind::Final if self.two_phase && state.is_some_and(|s| seq >= s.next_seq) => {
+                // Finished after the checkpoint: the sources replay its records.
+                PartKind::Final if state.is_some_and(|s| seq >= s.next_seq) => {
                     Self::remove(ctx, &path)?;
                 }
-                // Committed output: kept, and this subtask numbers on after its own.
-                PartKind::Final if subtask == self.subtask => next_seq = next_seq.max(seq + 1),
-                PartKind::Final => {}
+                PartKind::Final => {
+                    if state
+                        .is_some_and(|s| s.wrote_final_parts_directly() && seq + 1 == s.next_seq)
+                    {
+                        cut_torn_tail(&path, ctx)?;
+                    }
+                    // Committed output: kept, and this subtask numbers on after its own.
+                    if subtask == self.subtask {
+                        next_seq = next_seq.max(seq + 1);
+                    }
+                }
             }
         }
         self.sync_dir(ctx)?;
@@ -510,14 +588,14 @@ impl Operator for FileSink {
         Ok(())
     }
 
-    /// Two-phase: closes the current part to pending, tags the parts closed since the last
-    /// barrier with `checkpoint`, and returns `{version, next_seq, pending}`. Otherwise:
-    /// fsyncs the current part (records before the barrier are durable) and returns
-    /// `{version, next_seq}`.
+    /// Closes the current part. Two-phase: to pending, tagging the parts closed since the last
+    /// barrier with `checkpoint`, and returns `{version, next_seq, pending}`. Otherwise: the
+    /// part is finished (records before the barrier are durable and visible, whole) and it
+    /// returns `{version, next_seq}`.
     fn snapshot(&mut self, checkpoint: u64, ctx: &mut OperatorContext) -> Result<Option<Vec<u8>>> {
         self.flush_buf(ctx)?;
+        let closed = self.close_part(ctx)?;
         if self.two_phase {
-            self.close_part(ctx)?;
             if !self.rolled.is_empty() {
                 self.sync_dir(ctx)?;
             }
@@ -526,11 +604,8 @@ impl Operator for FileSink {
                     .drain(..)
                     .map(|seq| PendingPart { checkpoint, seq }),
             );
-        } else if let Some(part) = self.current.as_mut() {
-            part.file
-                .flush()
-                .and_then(|()| part.file.get_ref().sync_data())
-                .map_err(|e| Self::io(ctx, "cannot sync", part.path.clone(), e))?;
+        } else if closed {
+            self.sync_dir(ctx)?;
         }
         let state = FileSinkState {
             version: FileSinkState::VERSION,
@@ -637,11 +712,13 @@ impl Operator for FileSink {
         Ok(())
     }
 
-    /// The input ended: two-phase, closes the current part and commits every pending part
-    /// (the whole input is in them); otherwise flushes the final part.
+    /// The input ended: closes the current part; two-phase, also commits every pending part
+    /// (the whole input is in them).
     fn on_end(&mut self, _out: &mut Vec<Dynamic>, ctx: &mut OperatorContext) -> Result<()> {
         self.flush_buf(ctx)?;
-        self.close_part(ctx)?;
+        if self.close_part(ctx)? && !self.two_phase {
+            self.sync_dir(ctx)?;
+        }
         if self.two_phase {
             let mut seqs: Vec<(u64, Option<u64>)> = self
                 .pending
@@ -662,9 +739,9 @@ impl Operator for FileSink {
     }
 
     /// Flushes what is buffered. Two-phase without `on_end` (cancelled or failed): the
-    /// in-progress part is flushed but stays uncommitted.
+    /// in-progress part is flushed but stays uncommitted. Otherwise the part is finished.
     fn close(&mut self, ctx: &mut OperatorContext) -> Result<()> {
-        if self.two_phase && self.ended {
+        if self.ended {
             return Ok(());
         }
         self.flush_buf(ctx)?;
@@ -674,10 +751,10 @@ impl Operator for FileSink {
                     .flush()
                     .map_err(|e| Self::io(ctx, "cannot write", part.path.clone(), e))?;
             }
-            Ok(())
-        } else {
-            self.close_part(ctx)
+        } else if self.close_part(ctx)? {
+            self.sync_dir(ctx)?;
         }
+        Ok(())
     }
 }
 
@@ -963,12 +1040,44 @@ mod tests {
         assert_eq!(visible(&out), [99], "only subtask 1's part is left");
     }
 
+    /// Every line of every visible part parses as a record.
+    fn assert_whole_lines(dir: &Path) {
+        for e in std::fs::read_dir(dir).expect("read_dir") {
+            let e = e.expect("entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).expect("read");
+            assert!(text.is_empty() || text.ends_with('\n'), "{name}: {text:?}");
+            for line in text.lines() {
+                assert!(
+                    crate::record::parse_json(line.as_bytes()).is_ok(),
+                    "{name}: torn line {line:?}"
+                );
+            }
+        }
+    }
+
+    /// Appends half a record to the hidden in-progress part `seq` (creating it, as the first
+    /// write of a part would): a write cut off by a crash.
+    fn tear(dir: &Path, seq: u64) {
+        let path = dir.join(format!(".part-0-{seq}.jsonl.inprogress"));
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("open the part in progress");
+        f.write_all(b"{\"count\":58,\"k").expect("append");
+    }
+
     #[test]
-    fn at_least_once_writes_directly_and_restore_keeps_output() {
+    fn at_least_once_finishes_parts_at_barriers_and_a_restore_cuts_back_to_the_checkpoint() {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
         let mut h = Harness::new(sink(&out, false, None), ctx(None)).expect("open");
         h.push(records(0..5)).expect("push");
+        assert!(visible(&out).is_empty(), "in progress until the barrier");
         let s1 = h
             .operator
             .snapshot(1, &mut h.ctx)
@@ -977,20 +1086,103 @@ mod tests {
         assert_eq!(
             visible(&out),
             (0..5).collect::<Vec<_>>(),
-            "synced at the barrier"
+            "finished at the barrier"
         );
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
         h.push(records(5..8)).expect("push");
         h.operator.snapshot(2, &mut h.ctx).expect("snapshot");
-        drop(h); // Crash; checkpoint 2 never completed.
-        assert!(hidden(&out).is_empty());
+        h.push(records(8..10)).expect("push");
+        tear(&out, 2);
+        drop(h); // Crash in the middle of a write; checkpoint 2 never completed.
+        assert_eq!(visible(&out), (0..8).collect::<Vec<_>>());
+        assert_whole_lines(&out);
 
         let mut h = Harness::new(sink(&out, false, None), ctx(Some(1))).expect("open");
         h.operator.restore(Some(&s1), &mut h.ctx).expect("restore");
-        assert_eq!(visible(&out), (0..8).collect::<Vec<_>>(), "nothing deleted");
-        h.push(records(5..8)).expect("push");
+        assert_eq!(
+            visible(&out),
+            (0..5).collect::<Vec<_>>(),
+            "parts finished after checkpoint 1 go: their records are replayed"
+        );
+        assert!(hidden(&out).is_empty(), "{:?}", hidden(&out));
+        h.push(records(5..10)).expect("push");
         h.finish().expect("finish");
-        // Replayed records may appear twice; none is lost and nothing was overwritten.
-        assert_eq!(visible(&out), [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 7]);
+        assert_eq!(visible(&out), (0..10).collect::<Vec<_>>());
+        assert_whole_lines(&out);
+    }
+
+    #[test]
+    fn without_checkpoints_a_part_is_visible_once_finished_and_a_crash_shows_no_torn_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        // Rolling at 30 bytes: each part holds four or so records.
+        let mut h = Harness::new(sink(&out, false, Some(30)), ctx(None)).expect("open");
+        for i in 0..5 {
+            h.push(records(i * 2..i * 2 + 2)).expect("push");
+        }
+        h.push(records(10..11)).expect("push");
+        let rolled = visible(&out);
+        assert!(!rolled.is_empty(), "rolled parts are finished");
+        assert!(rolled.len() < 11, "the last part is in progress");
+        assert_eq!(rolled, (0..rolled.len() as i64).collect::<Vec<_>>());
+        let current = hidden(&out);
+        assert_eq!(current.len(), 1, "{current:?}");
+        let seq: u64 = current[0]
+            .trim_start_matches(".part-0-")
+            .trim_end_matches(".jsonl.inprogress")
+            .parse()
+            .expect("seq");
+        tear(&out, seq);
+        drop(h); // SIGKILL: no close.
+        assert_whole_lines(&out);
+        assert_eq!(visible(&out), rolled, "the torn part stays hidden");
+
+        // The next start (always fresh without checkpoints) clears the subtask's parts.
+        let mut h = Harness::new(sink(&out, false, None), ctx(None)).expect("open");
+        assert!(visible(&out).is_empty() && hidden(&out).is_empty());
+        h.push(records(0..3)).expect("push");
+        h.operator
+            .close(&mut h.ctx)
+            .expect("a stop finishes the part");
+        assert_eq!(visible(&out), [0, 1, 2]);
+        assert!(hidden(&out).is_empty());
+    }
+
+    #[test]
+    fn an_old_direct_snapshot_has_the_torn_tail_of_its_last_part_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&out).expect("mkdir");
+        // What an older build left: part 0 written directly, torn by a kill; part 1 after
+        // the checkpoint.
+        std::fs::write(
+            out.join("part-0-0.jsonl"),
+            "{\"i\":0}\n{\"i\":1}\n{\"count\":58,\"k",
+        )
+        .expect("write");
+        std::fs::write(out.join("part-0-1.jsonl"), "{\"i\":2}\n").expect("write");
+        let v2 = crate::record::encode(&FileSinkState {
+            version: 2,
+            two_phase: false,
+            next_seq: 1,
+            pending: Vec::new(),
+            subtask: Some(0),
+            parallelism: Some(1),
+        })
+        .expect("encode");
+        let mut h = Harness::new(sink(&out, false, None), ctx(Some(7))).expect("open");
+        h.operator.restore(Some(&v2), &mut h.ctx).expect("restore");
+        assert_eq!(visible(&out), [0, 1]);
+        assert_whole_lines(&out);
+        h.push(records(2..4)).expect("push");
+        h.finish().expect("finish");
+        assert_eq!(visible(&out), [0, 1, 2, 3]);
+
+        // A part made of one torn line only is cut to nothing.
+        let path = dir.path().join("torn");
+        std::fs::write(&path, "{\"half").expect("write");
+        cut_torn_tail(&path, &ctx(None)).expect("cut");
+        assert_eq!(std::fs::read(&path).expect("read"), b"");
     }
 
     #[test]

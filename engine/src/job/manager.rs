@@ -951,6 +951,9 @@ impl JobControl for Arc<Job> {
                         latest_checkpoint: live.latest,
                         restored_from: live.restored_from,
                         error,
+                        consecutive_failures: live.consecutive_failures,
+                        failing: live.failing,
+                        last_error: live.last_error,
                     }
                 })
                 .collect(),

@@ -18,7 +18,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use weir_schema::{FailoverSpec, StateSpec};
 
 use super::wiring::{Channels, Topology};
-use crate::checkpoint::coordinator::DeclineReason;
+use crate::checkpoint::coordinator::{AbortReason, DeclineReason};
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan};
 use crate::checkpoint::retention::{CheckpointFiles, orphaned_shared};
@@ -39,7 +39,7 @@ use crate::plan::{NodeKind, PipelinePlan};
 use crate::record::KeyGroupRange;
 use crate::recovery::failover::{FailoverAction, RestartFrom, all_tasks, failover_scope};
 use crate::recovery::restart::{Decision, Failure, RestartStrategy};
-use crate::runtime::error::{Result, RunError};
+use crate::runtime::error::{ErrorClass, Result, RunError};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{
@@ -105,6 +105,12 @@ pub(crate) struct LiveStatus {
     /// The most recent completed checkpoints and savepoints (at most [`HISTORY`]).
     pub history: VecDeque<CheckpointInfo>,
     pub restored_from: Option<String>,
+    /// Failures in a row (see `Failures`).
+    pub consecutive_failures: u32,
+    /// The operator (or task) of the last failure.
+    pub failing: Option<String>,
+    /// The last failure.
+    pub last_error: Option<String>,
 }
 
 /// Checkpoints kept in [`LiveStatus::history`].
@@ -199,7 +205,8 @@ struct CheckpointSetup {
 }
 
 enum Internal {
-    MetadataWritten(CheckpointId, std::result::Result<(), String>),
+    /// A metadata write ended; a failure with its class.
+    MetadataWritten(CheckpointId, std::result::Result<(), (ErrorClass, String)>),
     SavepointWritten {
         reply: oneshot::Sender<Result<SavepointInfo, ControlError>>,
         result: std::result::Result<SavepointInfo, String>,
@@ -210,6 +217,19 @@ struct Running {
     abort: AbortHandle,
     commands: UnboundedSender<TaskCommand>,
     attempt: u64,
+}
+
+/// The failures of a pipeline in a row: what `weir status` shows and what a stop during a
+/// restart reports. A failure is behind the pipeline once two checkpoints completed after it
+/// (one can complete between a restore and a record that fails deterministically again).
+#[derive(Default)]
+struct Failures {
+    /// How many, in a row.
+    consecutive: u32,
+    /// Checkpoints completed since the last failure.
+    checkpoints_since: u32,
+    /// The last one: the failing operator (or task, or `pipeline`), its text and class.
+    last: Option<(String, String, ErrorClass)>,
 }
 
 struct PendingRestart {
@@ -343,6 +363,16 @@ struct Supervisor {
     acks: BTreeMap<CheckpointId, Vec<SubtaskCheckpointInfo>>,
     /// Savepoint copies in flight (retention waits for them).
     savepoint_writes: usize,
+    /// A failure that ends the pipeline, raised where it could not be returned (see
+    /// `execute_or_end`).
+    fatal: Option<RunError>,
+    /// The class of the last checkpoint failure a task or a metadata write reported (a
+    /// failover after too many failed checkpoints carries it; storage trouble by default).
+    checkpoint_failure_class: ErrorClass,
+    /// The failures since the last completed checkpoint.
+    failures: Failures,
+    /// A stop called a pending restart off: the pipeline ends as failed.
+    stopped_restarting: bool,
     /// Where savepoints go by default.
     savepoint_dir: PathBuf,
 }
@@ -449,6 +479,10 @@ impl Supervisor {
             waiters: BTreeMap::new(),
             acks: BTreeMap::new(),
             savepoint_writes: 0,
+            fatal: None,
+            checkpoint_failure_class: ErrorClass::External,
+            failures: Failures::default(),
+            stopped_restarting: false,
             savepoint_dir: default_savepoint_dir(&plan),
             plan: Arc::new(plan),
         })
@@ -548,6 +582,9 @@ impl Supervisor {
                     }
                 }
             }
+            if let Some(e) = self.fatal.take() {
+                return Err(e);
+            }
             if let Some((at, baseline)) = self.probation_armed
                 && (self.source_records() > baseline || at.elapsed() >= Duration::from_secs(1))
             {
@@ -585,6 +622,19 @@ impl Supervisor {
             && let Err(e) = ck.store.put(FINISHED_MARKER, b"finished\n")
         {
             tracing::warn!(pipeline = %self.plan.id, error = %e, "Cannot mark the run finished; the next run will resume from the last checkpoint.");
+        }
+        if self.stopped_restarting {
+            let (failing, last, class) = self
+                .failures
+                .last
+                .take()
+                .unwrap_or_else(|| ("pipeline".into(), "unknown".into(), ErrorClass::Internal));
+            return Err(RunError::StoppedWhileRestarting {
+                consecutive: self.failures.consecutive,
+                failing,
+                last,
+                class,
+            });
         }
         Ok(())
     }
@@ -663,13 +713,27 @@ impl Supervisor {
             } => {
                 let reason = match error {
                     None => DeclineReason::Subsumed,
-                    Some(e) => DeclineReason::Failed(e),
+                    Some((class, e)) => {
+                        self.checkpoint_failure_class = class;
+                        DeclineReason::Failed(e)
+                    }
                 };
                 c.decline(checkpoint, task, reason)
             }
         };
+        self.execute_or_end(cmds);
+    }
+
+    /// Carries out commands that arrived outside the loop's own error path (acknowledgements,
+    /// metadata writes, finished tasks): a failure there (the restart strategy giving up after
+    /// too many failed checkpoints, a restart that cannot spawn) ends the pipeline at the top
+    /// of the loop, never silently.
+    fn execute_or_end(&mut self, cmds: Vec<Command>) {
         if let Err(e) = self.execute(cmds) {
-            tracing::error!(pipeline = %self.plan.id, error = %e, "Checkpoint command failed.");
+            tracing::error!(pipeline = %self.plan.id, error = %e, "Checkpoint command failed; the pipeline ends.");
+            self.abort_all();
+            self.pending_restart = None;
+            self.fatal.get_or_insert(e);
         }
     }
 
@@ -697,14 +761,13 @@ impl Supervisor {
         };
         let cmds = match result {
             Ok(()) => c.metadata_written(id, Instant::now()),
-            Err(e) => c.metadata_failed(id, e),
+            Err((class, e)) => {
+                self.checkpoint_failure_class = class;
+                c.metadata_failed(id, e)
+            }
         };
         match cmds {
-            Ok(cmds) => {
-                if let Err(e) = self.execute(cmds) {
-                    tracing::error!(pipeline = %self.plan.id, error = %e, "Checkpoint command failed.");
-                }
-            }
+            Ok(cmds) => self.execute_or_end(cmds),
             Err(e) => tracing::warn!(pipeline = %self.plan.id, error = %e, "Checkpoint protocol."),
         }
     }
@@ -713,9 +776,7 @@ impl Supervisor {
         self.finished.insert(task);
         if let Some(c) = self.coordinator.as_mut() {
             let cmds = c.task_finished(task);
-            if let Err(e) = self.execute(cmds) {
-                tracing::error!(pipeline = %self.plan.id, error = %e, "Checkpoint command failed.");
-            }
+            self.execute_or_end(cmds);
         }
     }
 
@@ -732,13 +793,19 @@ impl Supervisor {
                     let store = Arc::clone(&ck.store);
                     let tx = self.internal_tx.clone();
                     tokio::task::spawn_blocking(move || {
-                        let r = write_metadata(&*store, &meta).map_err(|e| e.to_string());
+                        let r =
+                            write_metadata(&*store, &meta).map_err(|e| (e.class(), e.to_string()));
                         let _ = tx.send(Internal::MetadataWritten(id, r));
                     });
                 }
                 Command::NotifyComplete(barrier) => {
                     let id = barrier.checkpoint;
                     self.completed_count += 1;
+                    self.failures.checkpoints_since += 1;
+                    if self.failures.consecutive > 0 && self.failures.checkpoints_since >= 2 {
+                        self.failures.consecutive = 0;
+                        self.publish(self.status_state());
+                    }
                     for r in self.running.values() {
                         let _ = r.commands.send(TaskCommand::Complete(id));
                     }
@@ -919,12 +986,16 @@ impl Supervisor {
                     consecutive_failures,
                     last,
                 } => {
-                    let e = RunError::Checkpoint(crate::checkpoint::CheckpointError::Protocol(
-                        format!(
-                            "{consecutive_failures} checkpoints failed in a row (tolerable_failures: {}); last: {last}",
-                            self.plan.spec.checkpoints.tolerable_failures
-                        ),
-                    ));
+                    let class = match last {
+                        AbortReason::Timeout => ErrorClass::External,
+                        _ => self.checkpoint_failure_class,
+                    };
+                    let e = RunError::CheckpointsFailing {
+                        consecutive: consecutive_failures,
+                        tolerable: self.plan.spec.checkpoints.tolerable_failures,
+                        last: last.to_string(),
+                        class,
+                    };
                     self.on_task_failed(None, e)?;
                 }
             }
@@ -959,6 +1030,10 @@ impl Supervisor {
     fn on_task_failed(&mut self, task: Option<TaskId>, error: RunError) -> Result<()> {
         let node = task.map_or_else(|| "pipeline".to_owned(), |t| self.task_name(t));
         tracing::error!(pipeline = %self.plan.id, task = %node, error = %error, "Task failed.");
+        self.failures.consecutive += 1;
+        self.failures.checkpoints_since = 0;
+        let failing = error.element().map_or_else(|| node.clone(), str::to_owned);
+        self.failures.last = Some((failing, error.to_string(), error.class()));
         if self.start.probation.is_some() {
             // A new version on probation (a reload) failed before its first checkpoint: no
             // restart; the job brings the previous version back.
@@ -1093,6 +1168,9 @@ impl Supervisor {
             st.restarts = self.restarts;
             st.checkpoints = self.completed_count;
             st.restored_from = self.restored_from.map(|c| format!("checkpoint {c}"));
+            st.consecutive_failures = self.failures.consecutive;
+            st.failing = self.failures.last.as_ref().map(|(op, _, _)| op.clone());
+            st.last_error = self.failures.last.as_ref().map(|(_, e, _)| e.clone());
             if let Some(r) = &self.initial_restore
                 && r.savepoint
             {
@@ -1270,7 +1348,13 @@ impl Supervisor {
         tracing::info!(pipeline = %self.plan.id, "Stop requested while restarting after a failure: the restart is called off.");
         self.abort_all();
         self.halted = true;
+        self.stopped_restarting = true;
         true
+    }
+
+    /// The live state name the pipeline is in now (for a publish outside a transition).
+    fn status_state(&self) -> &'static str {
+        self.status.lock().map(|st| st.state).unwrap_or("running")
     }
 
     /// A stop was requested: take a final checkpoint; the tasks stop when it completes.

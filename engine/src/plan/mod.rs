@@ -3,7 +3,8 @@
 //! their partitioning, and chains of forward-connected nodes that run in one task.
 //!
 //! The planner trusts validation (run `validate` first) but never panics on a bad spec: it
-//! returns an error instead. Rendering lives in `render`.
+//! returns an error instead. Rendering lives in `render`; the delivery guarantee a pipeline's
+//! spec gives, in `guarantee`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use weir_schema::{FileSpec, OperatorSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 pub mod compile;
+pub mod guarantee;
 pub mod render;
 
 pub use compile::compile;

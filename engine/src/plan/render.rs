@@ -181,6 +181,11 @@ fn text_pipeline(out: &mut String, plan: &PipelinePlan) {
             let _ = writeln!(out, "  # {line}");
         }
     }
+    let g = super::guarantee::guarantee(&plan.spec);
+    let _ = writeln!(out, "  guarantee: {}", g.level);
+    for reason in &g.reasons {
+        let _ = writeln!(out, "    - {reason}");
+    }
 
     out.push_str("  logical graph:\n    nodes:\n");
     for node in &plan.nodes {
@@ -314,7 +319,11 @@ fn dot_pipeline(out: &mut String, pi: usize, plan: &PipelinePlan) {
     let _ = writeln!(
         out,
         "    label={};",
-        dot_quote(&format!("pipeline {}", plan.id))
+        dot_quote(&format!(
+            "pipeline {} ({})",
+            plan.id,
+            super::guarantee::guarantee(&plan.spec).level
+        ))
     );
 
     // Logical graph.
@@ -446,8 +455,9 @@ fn mermaid_edge(out: &mut String, indent: &str, from: &str, to: &str, edge: &Pla
 fn mermaid_pipeline(out: &mut String, pi: usize, plan: &PipelinePlan) {
     let _ = writeln!(
         out,
-        "  subgraph p{pi} [\"pipeline {}\"]",
-        mermaid_text(&plan.id)
+        "  subgraph p{pi} [\"pipeline {} ({})\"]",
+        mermaid_text(&plan.id),
+        super::guarantee::guarantee(&plan.spec).level
     );
 
     // Logical graph.
@@ -594,6 +604,13 @@ pipelines:
             "{t}"
         );
         assert!(t.contains("pipeline odd"), "{t}");
+        // Generator into a file sink without checkpoints: state and output lost on a crash.
+        assert!(
+            t.contains("  guarantee: at-most-once\n    - no checkpoints"),
+            "{t}"
+        );
+        assert!(dot(&plan).contains("label=\"pipeline orders (at-most-once)\""));
+        assert!(mermaid(&plan).contains("[\"pipeline orders (at-most-once)\"]"));
     }
 
     #[test]

@@ -69,9 +69,17 @@ pub enum RunError {
         /// What is wrong.
         message: String,
     },
-    /// A state backend operation failed.
+    /// A state backend operation failed on an invariant (an unknown handle, a value that does
+    /// not encode): a bug in Weir.
     #[error("state: {0}")]
     State(String),
+    /// A state backend could not read or write its storage (a full disk, permissions, a
+    /// missing directory); the message carries the operating system's.
+    #[error("state storage: {0}")]
+    StateIo(String),
+    /// Stored state is damaged (RocksDB reports corruption, a snapshot does not decode).
+    #[error("state corrupt: {0}")]
+    StateCorrupt(String),
     /// A neighbouring task went away (a consequence of another failure, not a cause).
     #[error("pipeline `{pipeline}`, `{element}`: a connected task stopped")]
     Disconnected {
@@ -83,6 +91,37 @@ pub enum RunError {
     /// Checkpoint storage or protocol trouble (writing or restoring a checkpoint).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Checkpoints failed more often in a row than `tolerable_failures` allows; the class is
+    /// the last failure's.
+    #[error(
+        "{consecutive} failed checkpoint(s) in a row (tolerable_failures: {tolerable}); last: {last}"
+    )]
+    CheckpointsFailing {
+        /// Consecutive failed checkpoints.
+        consecutive: u32,
+        /// The pipeline's `tolerable_failures`.
+        tolerable: u32,
+        /// The last failure.
+        last: String,
+        /// The last failure's class.
+        class: ErrorClass,
+    },
+    /// The pipeline was stopped while it waited to restart after failures: it did not run to
+    /// its end or a final checkpoint; the class is the last failure's.
+    #[error(
+        "stopped while restarting after {consecutive} consecutive failure(s); the last, in \
+         `{failing}`: {last}"
+    )]
+    StoppedWhileRestarting {
+        /// Failures in a row.
+        consecutive: u32,
+        /// The operator (or task) that failed last.
+        failing: String,
+        /// The last failure.
+        last: String,
+        /// The last failure's class.
+        class: ErrorClass,
+    },
     /// The restart strategy gave up after this failure.
     #[error("{cause}\n  {reason}")]
     GaveUp {
@@ -104,10 +143,31 @@ impl RunError {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Operator { .. } | Self::Parse { .. } | Self::Build { .. } => ErrorClass::User,
-            Self::Io { .. } | Self::Disconnected { .. } | Self::Api(_) => ErrorClass::External,
+            Self::Io { .. }
+            | Self::Disconnected { .. }
+            | Self::Api(_)
+            | Self::StateIo(_)
+            | Self::StateCorrupt(_) => ErrorClass::External,
             Self::State(_) | Self::Internal(_) => ErrorClass::Internal,
+            Self::CheckpointsFailing { class, .. } | Self::StoppedWhileRestarting { class, .. } => {
+                *class
+            }
             Self::Checkpoint(e) => e.class(),
             Self::GaveUp { cause, .. } => cause.class(),
+        }
+    }
+
+    /// The operator (or source, sink) the error names, when it names one.
+    pub fn element(&self) -> Option<&str> {
+        match self {
+            Self::Operator { operator, .. } => Some(operator.as_str()),
+            Self::Parse { source_id, .. } => Some(source_id.as_str()),
+            Self::Io { element, .. }
+            | Self::Build { element, .. }
+            | Self::Disconnected { element, .. } => Some(element.as_str()),
+            Self::GaveUp { cause, .. } => cause.element(),
+            Self::StoppedWhileRestarting { failing, .. } => Some(failing.as_str()),
+            _ => None,
         }
     }
 
@@ -119,3 +179,43 @@ impl RunError {
 
 /// The runtime's result type.
 pub type Result<T, E = RunError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_is_not_a_bug() {
+        let full = RunError::StateIo("rocksdb: cannot open `x`: IO error: No space left".into());
+        assert_eq!(full.class(), ErrorClass::External);
+        assert!(full.to_string().contains("No space left"), "{full}");
+        assert_eq!(
+            RunError::StateCorrupt("malformed key".into()).class(),
+            ErrorClass::External
+        );
+        assert_eq!(
+            RunError::State("unknown state handle 3".into()).class(),
+            ErrorClass::Internal
+        );
+        let failing = RunError::CheckpointsFailing {
+            consecutive: 1,
+            tolerable: 0,
+            last: "cannot write: No space left on device".into(),
+            class: ErrorClass::External,
+        };
+        assert_eq!(failing.class(), ErrorClass::External);
+        let gave_up = RunError::GaveUp {
+            reason: "restart strategy `none` gave up".into(),
+            cause: Box::new(RunError::Operator {
+                pipeline: "p".into(),
+                operator: "check".into(),
+                subtask: 0,
+                message: "poison".into(),
+                record: "{}".into(),
+            }),
+        };
+        assert_eq!(gave_up.class(), ErrorClass::User);
+        assert_eq!(gave_up.element(), Some("check"));
+        assert_eq!(failing.element(), None);
+    }
+}

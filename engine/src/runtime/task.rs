@@ -720,8 +720,9 @@ pub enum TaskEvent {
         task: TaskId,
         /// The checkpoint.
         checkpoint: CheckpointId,
-        /// `None`: subsumed by a newer barrier (not a failure); otherwise the error.
-        error: Option<String>,
+        /// `None`: subsumed by a newer barrier (not a failure); otherwise the error's class
+        /// and text.
+        error: Option<(super::error::ErrorClass, String)>,
     },
 }
 
@@ -851,18 +852,18 @@ impl TaskEnv {
                 Err(e) => TaskEvent::Decline {
                     task,
                     checkpoint,
-                    error: Some(e.to_string()),
+                    error: Some((e.class(), e.to_string())),
                 },
             };
             let _ = events.send(event);
         }));
     }
 
-    fn decline(&self, checkpoint: CheckpointId, error: Option<String>) {
+    fn decline(&self, checkpoint: CheckpointId, error: Option<&RunError>) {
         let _ = self.events.send(TaskEvent::Decline {
             task: self.task,
             checkpoint,
-            error,
+            error: error.map(|e| (e.class(), e.to_string())),
         });
     }
 
@@ -909,7 +910,7 @@ async fn checkpoint_task(
         Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
         Err(e) => {
             tracing::warn!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
-            env.decline(barrier.checkpoint, Some(e.to_string()));
+            env.decline(barrier.checkpoint, Some(&e));
         }
     }
     Ok(())

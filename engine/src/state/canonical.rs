@@ -222,7 +222,7 @@ pub fn decode_value(bytes: &[u8]) -> Result<Dynamic> {
 }
 
 fn decode_with_serde(bytes: &[u8]) -> Result<Dynamic> {
-    decode(bytes).map_err(|e| RunError::State(format!("cannot decode state value: {e}")))
+    decode(bytes).map_err(|e| RunError::StateCorrupt(format!("cannot decode state value: {e}")))
 }
 
 /// Nesting beyond which [`Reader::value`] leaves a value to serde (which has its own limit).
@@ -263,7 +263,7 @@ pub fn read_snapshot(
         let kind = u8::try_from(code)
             .ok()
             .and_then(kind_of)
-            .ok_or_else(|| RunError::State(format!("unknown state kind {code}")))?;
+            .ok_or_else(|| RunError::StateCorrupt(format!("unknown state kind {code}")))?;
         let entries = rd.array("entries")?;
         // Checked before the callback sees the count (a backend may reserve room for it).
         rd.fits(entries, MIN_ENTRY_BYTES, "entries")?;
@@ -360,7 +360,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn malformed(&self, what: &str) -> RunError {
-        RunError::State(format!("malformed snapshot: {what} at byte {}", self.pos))
+        RunError::StateCorrupt(format!("malformed snapshot: {what} at byte {}", self.pos))
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {

@@ -203,14 +203,14 @@ impl StateBackend for MemoryBackend {
                         // well-formed snapshot always agrees with.
                         let own = key.key_group(self.max_parallelism);
                         if !self.range.contains(own) {
-                            return Err(RunError::State(format!(
+                            return Err(RunError::StateCorrupt(format!(
                                 "malformed snapshot: an entry filed under key group {kg} \
                                  belongs to key group {own}, outside this backend's range {:?}",
                                 self.range
                             )));
                         }
                         let t = table.ok_or_else(|| {
-                            RunError::State("malformed snapshot: entry before state".into())
+                            RunError::StateCorrupt("malformed snapshot: entry before state".into())
                         })?;
                         let group = &mut self.tables[t].groups[(own - self.range.start) as usize];
                         group.insert(key, decode_value(value)?);

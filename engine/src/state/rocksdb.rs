@@ -218,14 +218,24 @@ fn encode_value(value: &Dynamic) -> Result<Vec<u8>> {
     encode(value).map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
 }
 
+/// A RocksDB error, classed by its kind: I/O trouble (a full disk) is the environment's,
+/// corruption is damaged data, anything else a bug in how Weir drives RocksDB.
 fn db_err(what: &'static str, path: &Path) -> impl FnOnce(::rocksdb::Error) -> RunError {
     let path = path.to_path_buf();
-    move |e| RunError::State(format!("rocksdb: {what} `{}`: {e}", path.display()))
+    move |e| {
+        let message = format!("rocksdb: {what} `{}`: {e}", path.display());
+        match e.kind() {
+            ::rocksdb::ErrorKind::IOError => RunError::StateIo(message),
+            ::rocksdb::ErrorKind::Corruption => RunError::StateCorrupt(message),
+            _ => RunError::State(message),
+        }
+    }
 }
 
+/// A file-system error of the RocksDB backend (its working or checkpoint directories).
 fn fs_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RunError {
     let path = path.to_path_buf();
-    move |e| RunError::State(format!("rocksdb: {what} `{}`: {e}", path.display()))
+    move |e| RunError::StateIo(format!("rocksdb: {what} `{}`: {e}", path.display()))
 }
 
 /// A practically unique id for a database instance: 64 random bits (std's per-process
@@ -714,9 +724,9 @@ impl RocksdbBackend {
         let mut it = db.raw_iterator();
         it.seek(&start);
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let (kg, _, _) = layout
-                .split(k)
-                .ok_or_else(|| RunError::State(format!("malformed key in `{}`", path.display())))?;
+            let (kg, _, _) = layout.split(k).ok_or_else(|| {
+                RunError::StateCorrupt(format!("malformed key in `{}`", path.display()))
+            })?;
             if kg >= range.end {
                 break;
             }
@@ -840,9 +850,9 @@ impl RocksdbBackend {
         Self::scan(&src, &scratch.0, layout, range, |kg, raw, value| {
             let (_, state, key) = layout
                 .split(raw)
-                .ok_or_else(|| RunError::State("malformed key".into()))?;
+                .ok_or_else(|| RunError::StateCorrupt("malformed key".into()))?;
             let id = ids.get(&state).ok_or_else(|| {
-                RunError::State(format!(
+                RunError::StateCorrupt(format!(
                     "checkpoint `{}` holds entries of an unlisted state id {state}",
                     manifest.checkpoint
                 ))
@@ -1006,7 +1016,7 @@ impl StateBackend for RocksdbBackend {
                     break;
                 };
                 out.push(parse_key(rest).ok_or_else(|| {
-                    RunError::State(format!("malformed key in `{}`", self.db_path.display()))
+                    RunError::StateCorrupt(format!("malformed key in `{}`", self.db_path.display()))
                 })?);
                 it.next();
             }
@@ -1022,7 +1032,7 @@ impl StateBackend for RocksdbBackend {
         let range = intersect(range, self.range);
         let mut w = SnapshotWriter::new(self.max_parallelism, self.states.len() as u32);
         let path = &self.db_path;
-        let malformed = || RunError::State(format!("malformed key in `{}`", path.display()));
+        let malformed = || RunError::StateCorrupt(format!("malformed key in `{}`", path.display()));
         let mut it = self.db.raw_iterator();
         for s in &self.states {
             w.begin_state(&s.name, s.kind)?;
@@ -1069,7 +1079,7 @@ impl StateBackend for RocksdbBackend {
                             return Ok(());
                         }
                         let id = state.ok_or_else(|| {
-                            RunError::State("malformed snapshot: entry before state".into())
+                            RunError::StateCorrupt("malformed snapshot: entry before state".into())
                         })?;
                         batch.put(self.db_key(id, &key)?, value);
                         if batch.len() >= BATCH_ENTRIES {
