@@ -1,15 +1,17 @@
-//! A slow sink does not make memory grow: the file sink writes into a FIFO that a reader
-//! drains slowly, so the sink blocks, the bounded channels fill, and the sources wait. Peak
-//! RSS (from /proc) stays far below what buffering the whole stream would need.
+//! A slow sink does not make memory grow: `weir run` writes a large stream through a `stdout`
+//! sink into a pipe that the test drains slowly, so the sink blocks, the bounded channels
+//! fill, and the sources wait. The process's peak RSS (VmHWM, from /proc) stays far below
+//! what buffering the whole stream would need.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::io::Read;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use weir_engine::job::{self, JobOptions};
-
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// The peak resident set of process `pid` in KiB, while it runs.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -17,14 +19,6 @@ fn peak_rss_kib() -> Option<u64> {
 #[test]
 fn slow_sink_backpressures_sources() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    std::fs::create_dir(&out).unwrap();
-    let fifo = out.join("part-0-0.jsonl");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
     let path = dir.path().join("pipeline.yaml");
     let prefix = "p".repeat(300);
     std::fs::write(
@@ -43,34 +37,41 @@ pipelines:
           id: {{ kind: sequence }}
           pad: {{ kind: key, prefix: "{prefix}", cardinality: 1000000 }}
     sinks:
-      - {{ id: out, type: file, input: gen, path: out, parallelism: 1 }}
+      - {{ id: out, type: stdout, input: gen }}
 "#
         ),
     )
     .unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&fifo).unwrap();
-        let mut buf = vec![0u8; 128 * 1024];
-        let mut lines = 0usize;
-        loop {
-            let n = f.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        lines
-    });
-    let plan = weir_engine::validate::validate_file(&path)
-        .plan()
-        .unwrap()
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "--no-progress", "--no-api"])
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
         .unwrap();
-    let summary = job::run(plan, JobOptions::default()).unwrap();
-    assert!(summary.is_ok(), "{:?}", summary.pipelines[0].error);
-    assert_eq!(reader.join().unwrap(), 1_000_000);
+    let pid = child.id();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut lines = 0usize;
+    let mut peak = 0;
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
+        if let Some(kib) = peak_rss_kib(pid) {
+            peak = peak.max(kib);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "weir run: {status}");
+    assert_eq!(lines, 1_000_000);
+    assert!(peak > 0, "the peak RSS was read while the run wrote");
     // The stream is ~320 MB of JSON (more as records in memory); in flight are only the
     // channel capacities.
-    let peak = peak_rss_kib().unwrap();
     assert!(peak < 200 * 1024, "peak RSS {peak} KiB");
 }
