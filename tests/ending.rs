@@ -192,7 +192,7 @@ fn a_pipeline_stopped_while_restarting_over_a_poison_record_is_reported_failed()
 
     // Ctrl-C while it waits to restart.
     let kill = Command::new("kill")
-        .args(["-INT", &run.child.id().to_string()])
+        .args(["-INT", &run.pid().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());

@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::running::{Running, committed_lines, weir, write_by_rename};
+use common::run::committed;
+use common::running::{Running, weir, write_by_rename};
 
 use weir_engine::control::{JobStatus, PipelineReloadPlan, PipelineStatus, ReloadOutcome};
 
@@ -222,7 +223,7 @@ fn straight_run(yaml: &str, pass: &str) -> Vec<String> {
         "the straight run failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    committed_lines(&dir.path().join("out/totals"))
+    committed(&dir.path().join("out/totals"))
 }
 
 /// What the long test knows about the reloads so far.
@@ -518,7 +519,7 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
         );
     }
 
-    let lines = committed_lines(&tmp.path().join("out/totals"));
+    let lines = committed(&tmp.path().join("out/totals"));
     check_running_totals(&lines, COUNT as i64);
     let golden = straight_run(&v8.yaml(), PASS_REFACTORED);
     assert_eq!(golden.len(), COUNT as usize);
@@ -743,7 +744,7 @@ fn an_unchanged_pipeline_keeps_running_while_another_reloads() {
     assert!(run.wait_exit(Duration::from_secs(120)), "{}", run.log());
     // `steady` wrote every record exactly once (a restart would have been visible as a
     // restore; a duplicate as a repeated `n`).
-    let mut ns: Vec<i64> = committed_lines(&tmp.path().join("out/steady"))
+    let mut ns: Vec<i64> = committed(&tmp.path().join("out/steady"))
         .iter()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("JSON");
@@ -753,7 +754,7 @@ fn an_unchanged_pipeline_keeps_running_while_another_reloads() {
         .collect();
     ns.sort_unstable();
     assert_eq!(ns, (0..30_000).collect::<Vec<_>>());
-    check_running_totals(&committed_lines(&tmp.path().join("out/totals")), 30_000);
+    check_running_totals(&committed(&tmp.path().join("out/totals")), 30_000);
     // `steady` started once; `totals` twice (the start and the reload).
     let log = run.log();
     assert_eq!(
@@ -787,7 +788,7 @@ fn counter(id: &str, count: u64, checkpoints: bool) -> String {
 
 /// The `n` of every committed line of `out/<id>`, sorted.
 fn counted(dir: &Path, id: &str) -> Vec<i64> {
-    let mut ns: Vec<i64> = committed_lines(&dir.join("out").join(id))
+    let mut ns: Vec<i64> = committed(&dir.join("out").join(id))
         .iter()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("JSON");
@@ -896,11 +897,7 @@ fn a_file_too_deep_to_load_is_refused_and_the_job_keeps_running() {
     );
     assert!(text.contains("weir::yaml::depth"), "{text}");
     assert!(text.contains("256 levels"), "{text}");
-    assert!(
-        run.child.try_wait().expect("try_wait").is_none(),
-        "`weir run` died:\n{}",
-        run.log()
-    );
+    assert!(run.is_running(), "`weir run` died:\n{}", run.log());
 
     // The watched file itself.
     write_by_rename(&file, &deep);
@@ -917,11 +914,7 @@ fn a_file_too_deep_to_load_is_refused_and_the_job_keeps_running() {
         let p = pipeline(s, "steady");
         p.state == "running" && p.source_records > from
     });
-    assert!(
-        run.child.try_wait().expect("try_wait").is_none(),
-        "`weir run` died:\n{}",
-        run.log()
-    );
+    assert!(run.is_running(), "`weir run` died:\n{}", run.log());
 }
 
 /// A pipeline whose script fails on every record, restarting in a loop: it cannot take a

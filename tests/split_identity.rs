@@ -16,7 +16,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::running::{DEADLINE, Running, committed_lines, write_by_rename};
+use common::run::committed;
+use common::running::{DEADLINE, Running, write_by_rename};
 
 /// Two pipelines: `single` follows one file named relatively, `glob` follows a glob; both tag
 /// records with `v`.
@@ -65,7 +66,7 @@ fn output(dir: &Path, pipeline: &str) -> BTreeMap<u64, Vec<u64>> {
     if !out.is_dir() {
         return by_id;
     }
-    for line in committed_lines(&out) {
+    for line in committed(&out) {
         let v: serde_json::Value = serde_json::from_str(&line).expect("an output line is JSON");
         by_id
             .entry(v["id"].as_u64().expect("an id"))
@@ -110,7 +111,7 @@ fn settle(run: &Running, dir: &Path, single: usize, glob: usize) {
 /// Stops the run with SIGINT (a final checkpoint) and waits for its clean end.
 fn interrupt(mut run: Running) {
     let status = Command::new("kill")
-        .args(["-INT", &run.child.id().to_string()])
+        .args(["-INT", &run.pid().to_string()])
         .status()
         .unwrap();
     assert!(status.success());

@@ -132,6 +132,16 @@ impl Run {
         run
     }
 
+    /// The process id of `weir run`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its exit status, when it has ended.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("poll the child")
+    }
+
     /// Everything the run logged so far.
     pub fn log(&self) -> String {
         self.log
