@@ -1622,8 +1622,20 @@ fn the_api_section_sets_port_and_token_and_flags_win() {
     assert!(!log.contains("Control API listening"), "{log}");
 
     // Flags win: --api-port switches it on, --api-token replaces the file's variable (which
-    // is not even set), and the log says what the flags override.
-    let mut run = Run::start_with(&off, &["--api-port", "0", "--api-token", "flag-token"], &[]);
+    // is not even set), and the log says what the flags override. An endless generator keeps
+    // the run up until the stop (the short job can end between two CLI calls).
+    let endless = write_yaml(
+        dir.path(),
+        &format!(
+            "version: 1\napi: {{enabled: false, port: 7071, token_env: MY_WEIR_TOKEN}}\npipelines:\n{}",
+            BETA.replace("        count: 24000\n", "")
+        ),
+    );
+    let mut run = Run::start_with(
+        &endless,
+        &["--api-port", "0", "--api-token", "flag-token"],
+        &[],
+    );
     let log = run.log();
     assert!(
         log.contains("--api-port switches on the API the file disables"),
