@@ -16,6 +16,7 @@
 //!   and failover strategies) are the fault-tolerance protocol as pure logic, driven by the job.
 
 pub mod api;
+pub mod base;
 pub mod checkpoint;
 pub mod connectors;
 pub mod control;

@@ -8,9 +8,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rhai::Dynamic;
+use weir_engine::base::error::CheckpointError;
 use weir_engine::checkpoint::metadata::{FileRef, is_shared_path};
 use weir_engine::checkpoint::retention::CheckpointFiles;
-use weir_engine::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, LocalStore};
+use weir_engine::checkpoint::{CheckpointId, CheckpointStore, LocalStore};
 use weir_engine::checkpoint::{Result as StoreResult, plan_retention};
 use weir_engine::record::{Key, KeyGroupRange};
 use weir_engine::state::{
@@ -564,7 +565,7 @@ fn corrupt_or_missing_files_fail_the_restore_without_panicking() {
         assert!(
             matches!(
                 err,
-                weir_engine::runtime::error::RunError::Checkpoint(CheckpointError::Corrupt { .. })
+                weir_engine::base::error::RunError::Checkpoint(CheckpointError::Corrupt { .. })
             ),
             "{err}"
         );

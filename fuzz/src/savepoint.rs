@@ -8,6 +8,7 @@
 
 use indexmap::IndexMap;
 use rhai::Dynamic;
+use weir_engine::base::message::BarrierKind;
 use weir_engine::checkpoint::TaskId;
 use weir_engine::checkpoint::metadata::{
     BackendKind, CheckpointMetadata, FileRef, KeyGroups, METADATA_FORMAT_VERSION, NodeType,
@@ -16,7 +17,6 @@ use weir_engine::checkpoint::metadata::{
 use weir_engine::connectors::Source;
 use weir_engine::connectors::generator::GeneratorSource;
 use weir_engine::record::{Key, KeyGroupRange};
-use weir_engine::runtime::BarrierKind;
 use weir_engine::state::StateBackend;
 use weir_engine::state::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
 use weir_engine::state::memory::MemoryBackend;

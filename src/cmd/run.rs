@@ -116,7 +116,7 @@ fn print_summary(s: &JobSummary) {
     for p in &s.pipelines {
         let verdict = match &p.error {
             None => "ok",
-            Some(weir_engine::runtime::error::RunError::StoppedWhileRestarting { .. }) => {
+            Some(weir_engine::base::error::RunError::StoppedWhileRestarting { .. }) => {
                 "FAILED (stopped while restarting)"
             }
             Some(_) => "FAILED",
@@ -198,8 +198,8 @@ fn print_summary(s: &JobSummary) {
 
 /// A miette report for a pipeline that failed for good: the error names the pipeline,
 /// operator, subtask and record; the help says what gave up and what to do.
-fn failure_report(pipeline: &str, e: &weir_engine::runtime::error::RunError) -> miette::Report {
-    use weir_engine::runtime::error::RunError;
+fn failure_report(pipeline: &str, e: &weir_engine::base::error::RunError) -> miette::Report {
+    use weir_engine::base::error::RunError;
     let (cause, reason) = match e {
         RunError::GaveUp { reason, cause } => (cause.as_ref(), Some(reason.as_str())),
         other => (other, None),
@@ -368,7 +368,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Err(weir_engine::runtime::error::RunError::Api(e)) => {
+        Err(weir_engine::base::error::RunError::Api(e)) => {
             // One line: which address, who holds it, what to do.
             let code = miette::Diagnostic::code(&e)
                 .map_or_else(|| "weir::api".to_owned(), |c| c.to_string());

@@ -42,7 +42,7 @@ mod tests;
 
 pub use client::{ApiClient, ClientError};
 pub use render::render_reload;
-pub use server::{ApiConfig, ApiError, ApiServer, serve};
+pub use server::{ApiConfig, ApiServer, serve};
 
 /// The port `weir run` serves the API on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 8642;

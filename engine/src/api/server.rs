@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::base::error::ApiError;
 use crate::control::{
     CheckpointInfo, ControlError, JobControl, JobStatus, ReloadOutcome, ReloadRequest,
     SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
@@ -70,36 +71,6 @@ impl ApiConfig {
             token,
         }
     }
-}
-
-/// Why the API could not start.
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
-pub enum ApiError {
-    /// Another process (often another `weir run`) listens on the address.
-    #[error(
-        "cannot listen on {addr}: address in use by {owner}; stop it, pick another port with \
-         --api-port (or `api.port` in the file), or run without the API with --no-api"
-    )]
-    #[diagnostic(code(weir::api::address_in_use))]
-    AddressInUse {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// Who holds it: `process 1234 (`weir run p.yaml`)`, or how to find out.
-        owner: String,
-    },
-    /// Any other failure to bind (permission, no such interface, ...).
-    #[error(
-        "cannot listen on {addr}: {source}; pick another port with --api-port or switch the \
-         API off with --no-api"
-    )]
-    #[diagnostic(code(weir::api::cannot_listen))]
-    Listen {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// What the operating system said.
-        #[source]
-        source: io::Error,
-    },
 }
 
 impl ApiError {

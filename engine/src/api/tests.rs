@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::client::{ApiClient, ClientError};
-use super::server::{ApiConfig, ApiError, ApiServer, serve};
+use super::server::{ApiConfig, ApiServer, serve};
+use crate::base::error::ApiError;
 use crate::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineReloadPlan,
     PipelineStatus, ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome,

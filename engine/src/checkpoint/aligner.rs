@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use weir_schema::CheckpointMode;
 
 use super::CheckpointId;
-use crate::runtime::{Barrier, BarrierKind};
+use crate::base::message::{Barrier, BarrierKind};
 
 /// Whether inputs are parked during alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,9 +20,10 @@ use super::metadata::{
     BackendKind, CheckpointMetadata, METADATA_FORMAT_VERSION, OperatorInfo, SubtaskState,
     config_hash,
 };
-use super::{CheckpointError, CheckpointId, Result, TaskId};
+use super::{CheckpointId, Result, TaskId};
+use crate::base::error::CheckpointError;
+use crate::base::message::{Barrier, BarrierKind};
 use crate::plan::PipelinePlan;
-use crate::runtime::{Barrier, BarrierKind};
 
 /// The coordinator's timing and failure settings.
 #[derive(Clone, Debug, PartialEq, Eq)]

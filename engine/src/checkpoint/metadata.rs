@@ -15,9 +15,10 @@
 use serde::{Deserialize, Serialize};
 use weir_schema::{PipelineSpec, StateKind};
 
-use super::{CheckpointError, CheckpointId, Result, TaskId};
+use super::{CheckpointId, Result, TaskId};
+use crate::base::error::CheckpointError;
+use crate::base::message::BarrierKind;
 use crate::record::KeyGroupRange;
-use crate::runtime::BarrierKind;
 
 /// The version of the metadata format written by this build. Decoding accepts only this one.
 pub const METADATA_FORMAT_VERSION: u32 = 1;
@@ -398,7 +399,7 @@ fn parse_header(header: &str) -> Option<(u32, u64, u32)> {
 mod kind_serde {
     use serde::{Deserialize, Deserializer, Serializer, de};
 
-    use crate::runtime::BarrierKind;
+    use crate::base::message::BarrierKind;
 
     pub fn serialize<S: Serializer>(kind: &BarrierKind, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(match kind {

@@ -18,11 +18,10 @@
 //! returns. It must not touch operators, state backends or the task loop.
 
 use std::fmt;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::error::ErrorClass;
+use crate::base::error::CheckpointError;
 
 pub mod aligner;
 pub mod coordinator;
@@ -62,57 +61,6 @@ impl TaskId {
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "chain {} subtask {}", self.chain, self.subtask)
-    }
-}
-
-/// Why a checkpoint operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// The storage could not be read or written.
-    #[error("checkpoint storage: {what} `{}`: {source}", path.display())]
-    Io {
-        /// What was being done (`cannot write`, `cannot read`, ...).
-        what: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A file the caller asked for does not exist.
-    #[error("checkpoint storage: `{path}` does not exist")]
-    NotFound {
-        /// The store-relative path.
-        path: String,
-    },
-    /// A store-relative path is empty, absolute or leaves the store (`..`).
-    #[error("checkpoint storage: invalid path `{path}`: {reason}")]
-    InvalidPath {
-        /// The offending path.
-        path: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// A file's content does not match what the metadata recorded.
-    #[error("checkpoint file `{path}` is corrupt: {reason}")]
-    Corrupt {
-        /// The store-relative path.
-        path: String,
-        /// Size or checksum mismatch, truncated or undecodable content.
-        reason: String,
-    },
-    /// The protocol was driven out of order (a bug in the caller).
-    #[error("checkpoint protocol: {0}")]
-    Protocol(String),
-}
-
-impl CheckpointError {
-    /// The error's class, for restart decisions: storage trouble is external, a protocol
-    /// violation is a bug in Weir.
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::External,
-            Self::InvalidPath { .. } | Self::Protocol(_) => ErrorClass::Internal,
-        }
     }
 }
 

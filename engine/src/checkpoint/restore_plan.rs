@@ -1309,7 +1309,7 @@ pipelines:
             format_version: super::super::metadata::METADATA_FORMAT_VERSION,
             pipeline: cp.pipeline.clone(),
             checkpoint: 1,
-            kind: crate::runtime::BarrierKind::Savepoint,
+            kind: crate::base::message::BarrierKind::Savepoint,
             config_hash: cp.config_hash.clone(),
             max_parallelism: cp.max_parallelism,
             backend: cp.backend,

@@ -13,9 +13,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::Result;
 use super::metadata::{CheckpointMetadata, FileRef, is_shared_path};
 use super::storage::{CheckpointStore, LocalStore, read_verified, sync_dir};
-use super::{CheckpointError, Result};
+use crate::base::error::CheckpointError;
 
 /// The metadata file of a savepoint directory.
 pub const SAVEPOINT_METADATA: &str = "_metadata";
@@ -173,9 +174,9 @@ pub fn read_savepoint(path: &Path) -> Result<(CheckpointMetadata, LocalStore)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::message::BarrierKind;
     use crate::checkpoint::metadata::{KeyGroups, OperatorInfo, SubtaskState};
     use crate::checkpoint::storage::{MemoryStore, write_file};
-    use crate::runtime::BarrierKind;
 
     fn meta_with(store: &dyn CheckpointStore) -> CheckpointMetadata {
         let a = write_file(store, "chk-4/sum-0.keyed", b"keyed state").expect("write");

@@ -24,7 +24,8 @@ use super::metadata::{
     self, CheckpointMetadata, FileRef, METADATA_FILE, SHARED_DIR, checkpoint_dir, metadata_path,
     parse_checkpoint_dir,
 };
-use super::{CheckpointError, CheckpointId, Result};
+use super::{CheckpointId, Result};
+use crate::base::error::CheckpointError;
 
 /// Where one pipeline's checkpoints live. Paths are relative to the pipeline's root and
 /// `/`-separated (see the module docs for the layout).

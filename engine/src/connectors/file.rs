@@ -61,8 +61,8 @@ use serde::{Deserialize, Serialize};
 use weir_schema::SourceOnError;
 
 use super::{LineParser, Poll, Source, SourceContext};
-use crate::runtime::BATCH_SIZE;
-use crate::runtime::error::{Result, RunError};
+use crate::base::error::{Result, RunError};
+use crate::base::message::BATCH_SIZE;
 
 pub use super::file_sink::{FileSink, prepare_sink_dir};
 

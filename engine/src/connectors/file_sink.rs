@@ -64,9 +64,9 @@ use serde::{Deserialize, Serialize};
 use weir_schema::{CheckpointMode, CheckpointSpec};
 
 use super::RecordWriter;
+use crate::base::error::{Result, RunError};
+use crate::base::message::Batch;
 use crate::operators::{Operator, OperatorContext};
-use crate::runtime::Batch;
-use crate::runtime::error::{Result, RunError};
 
 /// Whether a file sink in a pipeline with these checkpoint settings commits in two phases:
 /// checkpoints enabled and `mode: exactly_once`.

@@ -25,8 +25,8 @@ use weir_schema::GeneratorFieldSpec;
 use serde::{Deserialize, Serialize};
 
 use super::{Poll, Source, SourceContext};
-use crate::runtime::BATCH_SIZE;
-use crate::runtime::error::{Result, RunError};
+use crate::base::error::{Result, RunError};
+use crate::base::message::BATCH_SIZE;
 
 /// splitmix64's output function over a state.
 pub fn splitmix64(mut z: u64) -> u64 {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rhai::{Dynamic, Map};
 use weir_schema::{CsvOptions, RecordFormat};
 
-use crate::runtime::error::Result;
+use crate::base::error::Result;
 
 pub mod file;
 pub mod file_sink;
@@ -59,7 +59,7 @@ pub trait Source: Send {
         Ok(())
     }
 
-    /// Appends up to about [`crate::runtime::BATCH_SIZE`] records to `out`.
+    /// Appends up to about [`crate::base::message::BATCH_SIZE`] records to `out`.
     ///
     /// # Errors
     /// A read failure, or a malformed input under `on_error: fail`.
@@ -90,7 +90,7 @@ pub trait Source: Send {
     /// # Errors
     /// A source whose position cannot be redistributed.
     fn restore_rescaled(&mut self, snapshots: &[&[u8]], ctx: &SourceContext) -> Result<()> {
-        Err(crate::runtime::error::RunError::Build {
+        Err(crate::base::error::RunError::Build {
             pipeline: ctx.pipeline.clone(),
             element: ctx.source.clone(),
             message: format!(

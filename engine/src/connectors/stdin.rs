@@ -13,8 +13,8 @@ use rhai::Dynamic;
 use weir_schema::SourceOnError;
 
 use super::{LineParser, Poll, Source, SourceContext};
-use crate::runtime::BATCH_SIZE;
-use crate::runtime::error::{Result, RunError};
+use crate::base::error::{Result, RunError};
+use crate::base::message::BATCH_SIZE;
 
 /// The `stdin` source.
 pub struct StdinSource {

@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use super::RecordWriter;
+use crate::base::error::{Result, RunError};
+use crate::base::message::Batch;
 use crate::operators::{Operator, OperatorContext};
-use crate::runtime::Batch;
-use crate::runtime::error::{Result, RunError};
 
 /// The `stdout` sink.
 pub struct StdoutSink {

@@ -21,13 +21,13 @@ use super::pipeline::{
     AfterSavepoint, LiveStatus, Request, SharedStatus, StartWatch, SupervisorLinks,
 };
 use super::{JobOptions, NodeSummary, PipelineSummary, RecoveryOptions, RenderFn, run_pipeline};
+use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineStatus, ReloadOutcome,
     ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
 };
 use crate::plan::{FilePlan, NodeKind, PipelinePlan};
 use crate::runtime::task::{Control, Fault};
-use crate::runtime::{NodeMetrics, NodeReport};
 
 /// One pipeline of the running version.
 struct Slot {
@@ -673,7 +673,7 @@ impl Job {
         self.set_slot(&id, |s| s.reloading = true);
         // The old version's state is handed over to the new one where it fits, and what is
         // left is freed after this reload, not during its pause.
-        let _free_later = crate::runtime::dispose::hold();
+        let _free_later = crate::base::dispose::hold();
         self.handover.expect(&id);
         let result = self
             .replace_inner(new, &old, allow_non_restored_state, messages)

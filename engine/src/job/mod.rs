@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::base::error::{Result, RunError};
+use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::plan::{FilePlan, PipelinePlan};
-use crate::runtime::error::{Result, RunError};
 use crate::runtime::task::{Control, Fault};
-use crate::runtime::{NodeMetrics, NodeReport};
 
 mod confine;
 mod manager;
@@ -200,7 +200,7 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
     let summary = control.block_on(run_async(plan, options, workers));
     drop(control);
     drop(rt);
-    crate::runtime::dispose::wait_disposed();
+    crate::base::dispose::wait_disposed();
     summary
 }
 

@@ -18,6 +18,9 @@ use tokio::task::{AbortHandle, JoinSet};
 use weir_schema::{FailoverSpec, StateSpec};
 
 use super::wiring::{Channels, Topology};
+use crate::base::error::{ErrorClass, Result, RunError};
+use crate::base::message::{BarrierKind, Message};
+use crate::base::metrics::NodeReport;
 use crate::checkpoint::coordinator::{AbortReason, DeclineReason};
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan};
@@ -39,14 +42,12 @@ use crate::plan::{NodeKind, PipelinePlan};
 use crate::record::KeyGroupRange;
 use crate::recovery::failover::{FailoverAction, RestartFrom, all_tasks, failover_scope};
 use crate::recovery::restart::{Decision, Failure, RestartStrategy};
-use crate::runtime::error::{ErrorClass, Result, RunError};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{
     ChainNode, ChainTask, Checkpointing, Control, Fault, HandoverSlot, TaskCommand, TaskEnv,
     TaskEvent, TaskRestore, run_chain, run_source,
 };
-use crate::runtime::{BarrierKind, Message, NodeReport};
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::{MemoryBackend, StateBackend};
 
@@ -1152,7 +1153,7 @@ impl Supervisor {
     }
 
     /// Sends `barrier` to every running source task.
-    fn inject(&mut self, barrier: crate::runtime::Barrier) {
+    fn inject(&mut self, barrier: crate::base::message::Barrier) {
         self.triggered.insert(barrier.checkpoint, Instant::now());
         for (task, r) in &self.running {
             if self.topology.sources.contains(task) {
@@ -2057,7 +2058,7 @@ fn choose_restore(
     for id in store.list_checkpoints()? {
         if matches!(
             read_metadata(store, id),
-            Err(crate::checkpoint::CheckpointError::NotFound { .. })
+            Err(crate::base::error::CheckpointError::NotFound { .. })
         ) {
             let _ = delete_checkpoint(store, id);
         }

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::{self, Sender};
 
+use crate::base::message::{CHANNEL_CAPACITY, Message};
 use crate::checkpoint::TaskId;
 use crate::plan::{NodeKind, Partitioning, PipelinePlan};
 use crate::runtime::input::{InputSet, InputSlot};
-use crate::runtime::{CHANNEL_CAPACITY, Message};
 
 /// One edge leaving one upstream subtask.
 #[derive(Clone, Debug)]

@@ -10,10 +10,10 @@ use rhai::{Array, Dynamic, Map};
 use weir_schema::{AggregateFunction, AggregationSpec, EmitMode, StateKind};
 
 use super::reduce::{ACC, keyed_output, migrate_keyed_state, require_keys};
+use crate::base::error::{Result, RunError};
+use crate::base::message::Batch;
 use crate::operators::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
-use crate::runtime::Batch;
-use crate::runtime::error::{Result, RunError};
 use crate::script::runtime::ScriptFn;
 use crate::state::StateId;
 

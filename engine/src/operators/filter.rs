@@ -1,8 +1,8 @@
 //! `filter`: keeps the records for which Rhai `fn filter(r)` returns `true`.
 
+use crate::base::error::Result;
+use crate::base::message::Batch;
 use crate::operators::{Operator, OperatorContext};
-use crate::runtime::Batch;
-use crate::runtime::error::Result;
 use crate::script::runtime::ScriptFn;
 
 /// The `filter` operator.

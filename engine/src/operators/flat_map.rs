@@ -1,9 +1,9 @@
 //! `flat_map`: Rhai `fn flat_map(r)` returns an array of records (possibly empty), at most
 //! `limits.max_outputs_per_record` of them; a longer array is a record error.
 
+use crate::base::error::Result;
+use crate::base::message::{Batch, Pending};
 use crate::operators::{Operator, OperatorContext};
-use crate::runtime::error::Result;
-use crate::runtime::{Batch, Pending};
 use crate::script::runtime::ScriptFn;
 
 /// The `flat_map` operator.

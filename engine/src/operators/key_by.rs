@@ -1,10 +1,10 @@
 //! `key_by`: attaches a key to every record, from a field path (built in) or Rhai
 //! `fn key(r)`. The hash exchange after it routes each record by the key's key group.
 
+use crate::base::error::Result;
+use crate::base::message::Batch;
 use crate::operators::{Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
-use crate::runtime::Batch;
-use crate::runtime::error::Result;
 use crate::script::runtime::ScriptFn;
 
 /// Where the key comes from.

@@ -1,8 +1,8 @@
 //! `map`: Rhai `fn map(r)` returns the new record.
 
+use crate::base::error::Result;
+use crate::base::message::Batch;
 use crate::operators::{Operator, OperatorContext};
-use crate::runtime::Batch;
-use crate::runtime::error::Result;
 use crate::script::runtime::ScriptFn;
 
 /// The `map` operator.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use rhai::{Dynamic, Map};
 use weir_schema::OnErrorSpec;
 
+use crate::base::error::{Result, RunError};
+use crate::base::message::{Batch, Pending};
 use crate::record::{KeyGroupRange, excerpt};
-use crate::runtime::error::{Result, RunError};
-use crate::runtime::{Batch, Pending};
 use crate::state::StateBackend;
 
 pub mod aggregate;
@@ -110,7 +110,7 @@ pub trait Operator: Send {
         if snapshots.is_empty() {
             return self.restore(None, ctx);
         }
-        Err(crate::runtime::error::RunError::State(format!(
+        Err(crate::base::error::RunError::State(format!(
             "pipeline `{}`, operator `{}`: its state cannot be redistributed over a new \
              parallelism ({} snapshots for subtask {} of {}); restore with the old parallelism",
             ctx.pipeline,

@@ -9,10 +9,10 @@ use rhai::Dynamic;
 use weir_schema::StateKind;
 
 use super::reduce::{migrate_keyed_state, require_keys, unkeyed};
+use crate::base::error::Result;
+use crate::base::message::{Batch, Pending};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::{Key, KeyBuildHasher};
-use crate::runtime::error::Result;
-use crate::runtime::{Batch, Pending};
 use crate::script::runtime::{ScriptFn, discard_emitted, set_key, take_emitted, with_frame};
 use crate::state::StateId;
 

@@ -9,10 +9,10 @@
 use rhai::{Dynamic, Map};
 use weir_schema::{EmitMode, StateKind};
 
+use crate::base::error::{Result, RunError};
+use crate::base::message::Batch;
 use crate::operators::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{Key, excerpt};
-use crate::runtime::Batch;
-use crate::runtime::error::{Result, RunError};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
 use crate::state::{StateBackend, StateId};
 

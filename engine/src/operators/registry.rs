@@ -16,6 +16,7 @@ use super::map::MapOperator;
 use super::process::ProcessOperator;
 use super::reduce::ReduceOperator;
 use super::union::UnionOperator;
+use crate::base::error::{Result, RunError};
 use crate::connectors::file::{FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
@@ -23,7 +24,6 @@ use crate::connectors::stdout::StdoutSink;
 use crate::connectors::{LineParser, Source};
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 use crate::record::FieldPath;
-use crate::runtime::error::{Result, RunError};
 use crate::script::runtime::{CompiledScript, ScriptFn};
 
 /// Makes an operator (or sink) instance for a subtask `(subtask, parallelism)`.

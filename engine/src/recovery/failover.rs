@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use weir_schema::FailoverSpec;
 
+use crate::base::error::ErrorClass;
 use crate::checkpoint::TaskId;
 use crate::plan::{Partitioning, PipelinePlan};
-use crate::runtime::error::ErrorClass;
 
 /// What state the restarted tasks resume from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use weir_schema::RestartSpec;
 
-use crate::runtime::error::{ErrorClass, RunError};
+use crate::base::error::{ErrorClass, RunError};
 
 /// One failure of a pipeline (or of the region that restarts).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 
 use tokio::sync::mpsc::Sender;
 
-use super::error::{Result, RunError};
-use super::{BATCH_SIZE, Barrier, Batch, Message, Pending};
+use crate::base::error::{Result, RunError};
+use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 

@@ -9,7 +9,7 @@ use std::task::Poll;
 
 use tokio::sync::mpsc::Receiver;
 
-use super::Message;
+use crate::base::message::Message;
 
 /// Every input channel of one task.
 #[derive(Debug)]
@@ -136,7 +136,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::runtime::Batch;
+    use crate::base::message::Batch;
 
     #[tokio::test]
     async fn blocked_inputs_are_not_read_and_ends_are_tracked() {

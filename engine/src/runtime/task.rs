@@ -17,10 +17,12 @@ use rhai::Dynamic;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
-use super::error::{Result, RunError};
 use super::exchange::Output;
 use super::input::{InputLease, Received};
-use super::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, NodeMetrics, Pending};
+use crate::base::dispose::dispose;
+use crate::base::error::{Result, RunError};
+use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
+use crate::base::metrics::NodeMetrics;
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::restore_plan::{NodeDecision, RestorePlan};
 use crate::checkpoint::storage::{read_verified, write_file};
@@ -31,7 +33,6 @@ use crate::checkpoint::{
 use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
 use crate::record::KeyGroupRange;
-use crate::runtime::dispose::dispose;
 use crate::script::runtime::running;
 use crate::state::canonical::{StateFilter, filter_snapshot};
 use crate::state::handover::{Handover, HandoverKey};
@@ -722,7 +723,7 @@ pub enum TaskEvent {
         checkpoint: CheckpointId,
         /// `None`: subsumed by a newer barrier (not a failure); otherwise the error's class
         /// and text.
-        error: Option<(super::error::ErrorClass, String)>,
+        error: Option<(crate::base::error::ErrorClass, String)>,
     },
 }
 
@@ -1304,7 +1305,7 @@ mod tests {
         // Two records, each becomes 300 x 500 = 150 000: 300 000 in all.
         let wide = script("fn flat_map(r) { let a = []; a.pad(300, r); a }");
         let wider = script("fn flat_map(r) { let a = []; a.pad(500, r); a }");
-        let (tx, mut rx) = mpsc::channel(crate::runtime::CHANNEL_CAPACITY);
+        let (tx, mut rx) = mpsc::channel(crate::base::message::CHANNEL_CAPACITY);
         let exchange = Output::new(
             crate::plan::Partitioning::Forward,
             vec![Target { sender: tx }],

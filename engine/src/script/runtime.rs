@@ -395,7 +395,7 @@ fn err<T>(msg: String) -> Res<T> {
 /// Runs `f` on the frame's state backend, the current key and the handle of state `name`.
 fn with_state<T>(
     name: &str,
-    f: impl FnOnce(&mut dyn StateBackend, &Key, StateId) -> crate::runtime::error::Result<T>,
+    f: impl FnOnce(&mut dyn StateBackend, &Key, StateId) -> crate::base::error::Result<T>,
 ) -> Res<T> {
     FRAME.with(|fr| {
         let mut fr = fr.borrow_mut();

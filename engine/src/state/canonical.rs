@@ -24,8 +24,8 @@ use rhai::{Dynamic, ImmutableString};
 use weir_schema::StateKind;
 
 use super::SNAPSHOT_VERSION;
+use crate::base::error::{Result, RunError};
 use crate::record::{Key, KeyValue, decode};
-use crate::runtime::error::{Result, RunError};
 
 /// The code of a state kind in snapshots.
 pub fn kind_code(kind: StateKind) -> u8 {

@@ -16,9 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::StateBackend;
+use crate::base::dispose::dispose;
 use crate::checkpoint::CheckpointId;
 use crate::record::KeyGroupRange;
-use crate::runtime::dispose::dispose;
 
 /// Which subtask's state, as of which savepoint.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

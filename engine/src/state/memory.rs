@@ -9,8 +9,8 @@ use weir_schema::StateKind;
 
 use super::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
 use super::{StateBackend, StateId};
+use crate::base::error::{Result, RunError};
 use crate::record::{Key, KeyBuildHasher, KeyGroupRange};
-use crate::runtime::error::{Result, RunError};
 
 type Group = HashMap<Key, Dynamic, KeyBuildHasher>;
 

@@ -10,10 +10,10 @@
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
 
+use crate::base::error::{Result, RunError};
 use crate::checkpoint::storage::{read_verified, write_file};
 use crate::checkpoint::{CheckpointId, CheckpointStore, FileRef};
 use crate::record::{Key, KeyGroupRange};
-use crate::runtime::error::{Result, RunError};
 
 pub mod canonical;
 #[cfg(test)]

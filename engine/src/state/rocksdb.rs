@@ -64,11 +64,12 @@ use super::canonical::{
     SnapshotItem, SnapshotWriter, decode_value, kind_code, kind_of, read_snapshot,
 };
 use super::{CANONICAL_SUFFIX, PendingSnapshot, SnapshotTarget, StateBackend, StateId};
+use crate::base::error::CheckpointError;
+use crate::base::error::{Result, RunError};
 use crate::checkpoint::metadata::{KeyGroups, is_shared_path};
 use crate::checkpoint::storage::{read_verified, read_verified_to_file, write_file};
-use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointStore, FileRef};
+use crate::checkpoint::{CheckpointId, CheckpointStore, FileRef};
 use crate::record::{Key, KeyBuildHasher, KeyGroupRange, KeyValue, encode};
-use crate::runtime::error::{Result, RunError};
 
 /// File-name suffix of the manifest of a native rocksdb checkpoint.
 pub const NATIVE_SUFFIX: &str = ".rocksdb";

@@ -1,6 +1,12 @@
-//! The runtime's error type: every failure a running pipeline can report, each with the
-//! context (pipeline, element, subtask) that locates it and a class for restart decisions.
+//! The engine's one error type: every failure a running pipeline can report
+//! ([`RunError`]), each with the context (pipeline, element, subtask) that locates it and an
+//! [`ErrorClass`] for restart decisions and reports. The two narrower errors it wraps live
+//! here too, so that no layer has to import another to report a failure:
+//! [`CheckpointError`] (checkpoint storage and protocol, the `checkpoint` module's own
+//! `Result`) and [`ApiError`] (the control API could not listen).
 
+use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// The broad cause of a failure; restart strategies look only at this.
@@ -90,7 +96,7 @@ pub enum RunError {
     },
     /// Checkpoint storage or protocol trouble (writing or restoring a checkpoint).
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] CheckpointError),
     /// Checkpoints failed more often in a row than `tolerable_failures` allows; the class is
     /// the last failure's.
     #[error(
@@ -132,7 +138,7 @@ pub enum RunError {
     },
     /// The control API could not listen (its port is taken): the job did not start.
     #[error(transparent)]
-    Api(#[from] crate::api::ApiError),
+    Api(#[from] ApiError),
     /// A bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -177,7 +183,88 @@ impl RunError {
     }
 }
 
-/// The runtime's result type.
+/// Why a checkpoint operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The storage could not be read or written.
+    #[error("checkpoint storage: {what} `{}`: {source}", path.display())]
+    Io {
+        /// What was being done (`cannot write`, `cannot read`, ...).
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file the caller asked for does not exist.
+    #[error("checkpoint storage: `{path}` does not exist")]
+    NotFound {
+        /// The store-relative path.
+        path: String,
+    },
+    /// A store-relative path is empty, absolute or leaves the store (`..`).
+    #[error("checkpoint storage: invalid path `{path}`: {reason}")]
+    InvalidPath {
+        /// The offending path.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A file's content does not match what the metadata recorded.
+    #[error("checkpoint file `{path}` is corrupt: {reason}")]
+    Corrupt {
+        /// The store-relative path.
+        path: String,
+        /// Size or checksum mismatch, truncated or undecodable content.
+        reason: String,
+    },
+    /// The protocol was driven out of order (a bug in the caller).
+    #[error("checkpoint protocol: {0}")]
+    Protocol(String),
+}
+
+impl CheckpointError {
+    /// The error's class, for restart decisions: storage trouble is external, a protocol
+    /// violation is a bug in Weir.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::External,
+            Self::InvalidPath { .. } | Self::Protocol(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+/// Why the API could not start.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ApiError {
+    /// Another process (often another `weir run`) listens on the address.
+    #[error(
+        "cannot listen on {addr}: address in use by {owner}; stop it, pick another port with \
+         --api-port (or `api.port` in the file), or run without the API with --no-api"
+    )]
+    #[diagnostic(code(weir::api::address_in_use))]
+    AddressInUse {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Who holds it: `process 1234 (`weir run p.yaml`)`, or how to find out.
+        owner: String,
+    },
+    /// Any other failure to bind (permission, no such interface, ...).
+    #[error(
+        "cannot listen on {addr}: {source}; pick another port with --api-port or switch the \
+         API off with --no-api"
+    )]
+    #[diagnostic(code(weir::api::cannot_listen))]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The engine's result type.
 pub type Result<T, E = RunError> = std::result::Result<T, E>;
 
 #[cfg(test)]

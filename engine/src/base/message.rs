@@ -1,0 +1,162 @@
+//! What travels between tasks: [`Batch`]es of records (and the [`Pending`] view a task hands
+//! to an operator in steps) and the [`Message`]s of a channel, where data and control share one
+//! stream: records, checkpoint [`Barrier`]s, watermarks and end-of-stream. Also the two sizes
+//! the runtime is tuned by ([`BATCH_SIZE`], [`CHANNEL_CAPACITY`]).
+//!
+//! Plain data: nothing here sends, receives or interprets a record.
+
+use rhai::Dynamic;
+
+use crate::record::Key;
+
+/// Records per batch that sources and exchanges aim for.
+pub const BATCH_SIZE: usize = 1024;
+
+/// Batches a channel holds before its sender waits (the backpressure bound).
+pub const CHANNEL_CAPACITY: usize = 16;
+
+/// A batch of records. After a `key_by`, `keys[i]` is the key of `records[i]`; otherwise
+/// `keys` is empty.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// The records.
+    pub records: Vec<Dynamic>,
+    /// Their keys, when keyed.
+    pub keys: Vec<Key>,
+}
+
+impl Batch {
+    /// An unkeyed batch.
+    pub fn new(records: Vec<Dynamic>) -> Self {
+        Self {
+            records,
+            keys: Vec::new(),
+        }
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether the batch holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Whether the records carry keys.
+    pub fn is_keyed(&self) -> bool {
+        !self.keys.is_empty() && self.keys.len() == self.records.len()
+    }
+
+    /// Appends `other`'s records (and keys) to this batch.
+    pub fn append(&mut self, other: &mut Batch) {
+        self.records.append(&mut other.records);
+        self.keys.append(&mut other.keys);
+    }
+}
+
+/// The records of a batch still to be processed, taken from the front: how the task hands
+/// its input to an operator in steps (see `Operator::process_some`), and
+/// how an oversized batch is cut into [`BATCH_SIZE`] pieces. Taking costs nothing per record
+/// beyond the move.
+#[derive(Debug, Default)]
+pub struct Pending {
+    records: std::vec::IntoIter<Dynamic>,
+    /// Empty when the batch is not keyed.
+    keys: std::vec::IntoIter<Key>,
+}
+
+impl Pending {
+    /// Every record of `batch`, front first.
+    pub fn new(batch: Batch) -> Self {
+        let keys = if batch.is_keyed() {
+            batch.keys
+        } else {
+            Vec::new()
+        };
+        Self {
+            records: batch.records.into_iter(),
+            keys: keys.into_iter(),
+        }
+    }
+
+    /// Records left.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether every record was taken.
+    pub fn is_empty(&self) -> bool {
+        self.records.len() == 0
+    }
+
+    /// Whether the records left carry keys.
+    pub fn is_keyed(&self) -> bool {
+        self.keys.len() > 0 && self.keys.len() == self.records.len()
+    }
+
+    /// The records left, front first.
+    pub fn records(&self) -> &[Dynamic] {
+        self.records.as_slice()
+    }
+
+    /// Takes the next record and its key (`None` when the batch is not keyed).
+    pub fn next_record(&mut self) -> Option<(Dynamic, Option<Key>)> {
+        let r = self.records.next()?;
+        Some((r, self.keys.next()))
+    }
+
+    /// Takes up to `n` records from the front as a batch. Taking all that is left of an
+    /// untouched batch gives its vectors back without copying.
+    pub fn take(&mut self, n: usize) -> Batch {
+        if n >= self.records.len() {
+            return Batch {
+                records: std::mem::take(&mut self.records).collect(),
+                keys: std::mem::take(&mut self.keys).collect(),
+            };
+        }
+        let keyed = self.keys.len() > 0;
+        Batch {
+            records: self.records.by_ref().take(n).collect(),
+            keys: if keyed {
+                self.keys.by_ref().take(n).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// The kind of a checkpoint barrier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierKind {
+    /// A periodic checkpoint.
+    Checkpoint,
+    /// A savepoint; the pipeline goes on.
+    Savepoint,
+    /// A savepoint, then stop.
+    SavepointThenStop,
+}
+
+/// A checkpoint barrier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Barrier {
+    /// The checkpoint id.
+    pub checkpoint: u64,
+    /// What it is for.
+    pub kind: BarrierKind,
+}
+
+/// What travels on a channel: data and control, in order.
+#[derive(Debug)]
+pub enum Message {
+    /// Records.
+    Records(Batch),
+    /// A checkpoint barrier (aligned by the task loop, not by operators).
+    Barrier(Barrier),
+    /// Event-time progress in ms.
+    Watermark(i64),
+    /// The sender will send nothing more.
+    EndOfStream,
+}

@@ -1,0 +1,56 @@
+//! Per-node counters shared by a node's subtasks ([`NodeMetrics`]) and the identity a report
+//! names them by ([`NodeReport`]). Tasks add to them once per batch; the job reads them for
+//! status and the final summary.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one plan node summed over its subtasks, updated once per batch.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    /// Records that entered (for a source: produced).
+    pub records_in: AtomicU64,
+    /// Records that left.
+    pub records_out: AtomicU64,
+    /// Records that failed and were skipped or dead-lettered (for a source: skipped lines).
+    pub errors: AtomicU64,
+}
+
+impl NodeMetrics {
+    /// Adds to the counters.
+    pub fn add(&self, records_in: u64, records_out: u64, errors: u64) {
+        if records_in > 0 {
+            self.records_in.fetch_add(records_in, Ordering::Relaxed);
+        }
+        if records_out > 0 {
+            self.records_out.fetch_add(records_out, Ordering::Relaxed);
+        }
+        if errors > 0 {
+            self.errors.fetch_add(errors, Ordering::Relaxed);
+        }
+    }
+
+    /// A snapshot of the counters `(in, out, errors)`.
+    pub fn read(&self) -> (u64, u64, u64) {
+        (
+            self.records_in.load(Ordering::Relaxed),
+            self.records_out.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Shared metrics of one node, with its identity for reports.
+#[derive(Debug)]
+pub struct NodeReport {
+    /// The element id.
+    pub id: String,
+    /// `source`, `operator` or `sink`.
+    pub role: &'static str,
+    /// The `type:`.
+    pub type_name: &'static str,
+    /// Its parallelism.
+    pub parallelism: u32,
+    /// The counters.
+    pub metrics: Arc<NodeMetrics>,
+}
