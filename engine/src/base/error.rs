@@ -9,14 +9,20 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// The broad cause of a failure; restart strategies look only at this.
+/// The broad cause of a failure: what reports name and what restart strategies may look at
+/// (today every class counts against the same restart budget).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// The user's data or script (a malformed line, a script error or sandbox breach).
-    User,
-    /// Something outside Weir (the disk, a closed pipe).
-    External,
-    /// A bug in Weir.
+    /// The environment: a disk (full, unreadable, damaged data on it), a pipe, permissions, a
+    /// port, a peer task that went away. The message carries the operating system's.
+    Io,
+    /// The user's data or scripts: a malformed record or line, a script that throws or
+    /// breaches its sandbox, under `on_error: fail`.
+    Data,
+    /// The pipeline file or its plan is wrong, or does not fit what it restores (an element
+    /// that cannot be built, stored state of another backend or key-group count).
+    Config,
+    /// A broken invariant: a bug in Weir.
     Internal,
 }
 
@@ -79,6 +85,12 @@ pub enum RunError {
     /// not encode): a bug in Weir.
     #[error("state: {0}")]
     State(String),
+    /// Stored state does not fit the pipeline that restores it (written by another backend,
+    /// for another number of key groups, a state under another kind, or the local state of
+    /// an element that cannot be redistributed over a new parallelism): the configuration or
+    /// the restore is wrong, not Weir.
+    #[error("state: {0}")]
+    StateMismatch(String),
     /// A state backend could not read or write its storage (a full disk, permissions, a
     /// missing directory); the message carries the operating system's.
     #[error("state storage: {0}")]
@@ -148,12 +160,13 @@ impl RunError {
     /// The error's class.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::Operator { .. } | Self::Parse { .. } | Self::Build { .. } => ErrorClass::User,
+            Self::Operator { .. } | Self::Parse { .. } => ErrorClass::Data,
+            Self::Build { .. } | Self::StateMismatch(_) => ErrorClass::Config,
             Self::Io { .. }
             | Self::Disconnected { .. }
             | Self::Api(_)
             | Self::StateIo(_)
-            | Self::StateCorrupt(_) => ErrorClass::External,
+            | Self::StateCorrupt(_) => ErrorClass::Io,
             Self::State(_) | Self::Internal(_) => ErrorClass::Internal,
             Self::CheckpointsFailing { class, .. } | Self::StoppedWhileRestarting { class, .. } => {
                 *class
@@ -224,11 +237,11 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
-    /// The error's class, for restart decisions: storage trouble is external, a protocol
-    /// violation is a bug in Weir.
+    /// The error's class, for restart decisions: storage trouble (a missing or damaged file
+    /// included) is the environment's, a bad path or a protocol violation is a bug in Weir.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::External,
+            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::Io,
             Self::InvalidPath { .. } | Self::Protocol(_) => ErrorClass::Internal,
         }
     }
@@ -274,11 +287,11 @@ mod tests {
     #[test]
     fn the_environment_is_not_a_bug() {
         let full = RunError::StateIo("rocksdb: cannot open `x`: IO error: No space left".into());
-        assert_eq!(full.class(), ErrorClass::External);
+        assert_eq!(full.class(), ErrorClass::Io);
         assert!(full.to_string().contains("No space left"), "{full}");
         assert_eq!(
             RunError::StateCorrupt("malformed key".into()).class(),
-            ErrorClass::External
+            ErrorClass::Io
         );
         assert_eq!(
             RunError::State("unknown state handle 3".into()).class(),
@@ -288,9 +301,9 @@ mod tests {
             consecutive: 1,
             tolerable: 0,
             last: "cannot write: No space left on device".into(),
-            class: ErrorClass::External,
+            class: ErrorClass::Io,
         };
-        assert_eq!(failing.class(), ErrorClass::External);
+        assert_eq!(failing.class(), ErrorClass::Io);
         let gave_up = RunError::GaveUp {
             reason: "restart strategy `none` gave up".into(),
             cause: Box::new(RunError::Operator {
@@ -301,8 +314,39 @@ mod tests {
                 record: "{}".into(),
             }),
         };
-        assert_eq!(gave_up.class(), ErrorClass::User);
+        assert_eq!(gave_up.class(), ErrorClass::Data);
         assert_eq!(gave_up.element(), Some("check"));
         assert_eq!(failing.element(), None);
+    }
+
+    #[test]
+    fn every_class_has_its_causes() {
+        let build = RunError::Build {
+            pipeline: "p".into(),
+            element: "sum".into(),
+            message: "unknown type".into(),
+        };
+        assert_eq!(build.class(), ErrorClass::Config);
+        let moved = RunError::StateMismatch("snapshot has 64 key groups".into());
+        assert_eq!(moved.class(), ErrorClass::Config);
+        assert_eq!(moved.to_string(), "state: snapshot has 64 key groups");
+        let parse = RunError::Parse {
+            pipeline: "p".into(),
+            source_id: "in".into(),
+            location: "in.jsonl:3".into(),
+            message: "expected value".into(),
+        };
+        assert_eq!(parse.class(), ErrorClass::Data);
+        let disk = RunError::Checkpoint(CheckpointError::Io {
+            what: "cannot write",
+            path: "/full/chk-1".into(),
+            source: io::Error::other("No space left on device"),
+        });
+        assert_eq!(disk.class(), ErrorClass::Io);
+        assert!(disk.to_string().contains("No space left"), "{disk}");
+        assert_eq!(
+            RunError::Checkpoint(CheckpointError::Protocol("ack for unknown id".into())).class(),
+            ErrorClass::Internal
+        );
     }
 }

@@ -687,12 +687,12 @@ impl FileSource {
     fn decode_state(&self, bytes: &[u8]) -> Result<FileSourceState> {
         let source = &self.ids.1;
         let state: FileSourceState = crate::record::decode(bytes).map_err(|e| {
-            RunError::State(format!(
+            RunError::StateCorrupt(format!(
                 "source `{source}`: malformed file source snapshot: {e}"
             ))
         })?;
         if state.version == 0 || state.version > FileSourceState::VERSION {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateMismatch(format!(
                 "source `{source}`: file source snapshot version {} is not supported (this \
                  build reads versions 1 to {})",
                 state.version,

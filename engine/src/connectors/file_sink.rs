@@ -464,13 +464,13 @@ impl FileSink {
     /// Decodes and version-checks a snapshot.
     fn decode_state(bytes: &[u8], ctx: &OperatorContext) -> Result<FileSinkState> {
         let state: FileSinkState = crate::record::decode(bytes).map_err(|e| {
-            RunError::State(format!(
+            RunError::StateCorrupt(format!(
                 "sink `{}`: malformed file sink state: {e}",
                 ctx.operator
             ))
         })?;
         if state.version == 0 || state.version > FileSinkState::VERSION {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateMismatch(format!(
                 "sink `{}`: file sink state version {} is not supported (this build reads \
                  versions 1 to {})",
                 ctx.operator,
@@ -655,7 +655,7 @@ impl Operator for FileSink {
         if let Some(taken_by) = state.subtask
             && taken_by != self.subtask
         {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateCorrupt(format!(
                 "pipeline `{}`, sink `{}`: subtask {} was handed the snapshot of subtask \
                  {taken_by}; the checkpoint is inconsistent, restore from another one",
                 ctx.pipeline, ctx.operator, self.subtask
@@ -679,7 +679,7 @@ impl Operator for FileSink {
         for bytes in snapshots {
             let state = Self::decode_state(bytes, ctx)?;
             let Some(old) = state.subtask else {
-                return Err(RunError::State(format!(
+                return Err(RunError::StateMismatch(format!(
                     "pipeline `{}`, sink `{}`: the checkpoint's file sink state predates \
                      rescaling (format version {}, which does not record its subtask), so it \
                      cannot be restored at parallelism {parallelism}; restore it at its old \

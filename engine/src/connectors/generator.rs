@@ -246,14 +246,14 @@ impl Source for GeneratorSource {
                     emitted: 0,
                 },
                 _ => {
-                    return Err(RunError::State(format!(
+                    return Err(RunError::StateCorrupt(format!(
                         "source `{source}`: malformed generator snapshot: {e}"
                     )));
                 }
             },
         };
         if state.version > GeneratorState::VERSION {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateMismatch(format!(
                 "source `{source}`: generator snapshot version {} is newer than this build \
                  supports ({})",
                 state.version,
@@ -319,7 +319,7 @@ impl Source for GeneratorSource {
                 Err(e) => match crate::record::decode::<(u32, u64)>(bytes) {
                     Ok((1, next)) => ("(unrecorded)".to_owned(), None, next),
                     _ => {
-                        return Err(RunError::State(format!(
+                        return Err(RunError::StateCorrupt(format!(
                             "source `{}`: malformed generator snapshot: {e}",
                             self.ids.1
                         )));

@@ -481,7 +481,7 @@ impl Supervisor {
             acks: BTreeMap::new(),
             savepoint_writes: 0,
             fatal: None,
-            checkpoint_failure_class: ErrorClass::External,
+            checkpoint_failure_class: ErrorClass::Io,
             failures: Failures::default(),
             stopped_restarting: false,
             savepoint_dir: default_savepoint_dir(&plan),
@@ -988,7 +988,7 @@ impl Supervisor {
                     last,
                 } => {
                     let class = match last {
-                        AbortReason::Timeout => ErrorClass::External,
+                        AbortReason::Timeout => ErrorClass::Io,
                         _ => self.checkpoint_failure_class,
                     };
                     let e = RunError::CheckpointsFailing {

@@ -110,7 +110,7 @@ pub trait Operator: Send {
         if snapshots.is_empty() {
             return self.restore(None, ctx);
         }
-        Err(crate::base::error::RunError::State(format!(
+        Err(RunError::StateMismatch(format!(
             "pipeline `{}`, operator `{}`: its state cannot be redistributed over a new \
              parallelism ({} snapshots for subtask {} of {}); restore with the old parallelism",
             ctx.pipeline,

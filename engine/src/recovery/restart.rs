@@ -45,8 +45,9 @@ impl From<&RunError> for Failure {
 /// A human name for an error class.
 pub fn class_name(class: ErrorClass) -> &'static str {
     match class {
-        ErrorClass::User => "user script or data error",
-        ErrorClass::External => "external I/O error",
+        ErrorClass::Io => "external I/O error",
+        ErrorClass::Data => "user script or data error",
+        ErrorClass::Config => "configuration error",
         ErrorClass::Internal => "internal error (a bug in Weir)",
     }
 }
@@ -316,7 +317,7 @@ mod tests {
     const SEC: Duration = Duration::from_secs(1);
 
     fn failure() -> Failure {
-        Failure::new(ErrorClass::User, "script threw on record 42")
+        Failure::new(ErrorClass::Data, "script threw on record 42")
     }
 
     fn restart(d: &Decision) -> (Duration, u32) {

@@ -244,13 +244,13 @@ pub fn read_snapshot(
     rd.expect_array(3, "snapshot")?;
     let version = rd.uint("version")?;
     if version != u64::from(SNAPSHOT_VERSION) {
-        return Err(RunError::State(format!(
+        return Err(RunError::StateMismatch(format!(
             "snapshot version {version} is not supported (expected {SNAPSHOT_VERSION})"
         )));
     }
     let groups = rd.uint("max_parallelism")?;
     if groups != u64::from(max_parallelism) {
-        return Err(RunError::State(format!(
+        return Err(RunError::StateMismatch(format!(
             "snapshot has {groups} key groups but the pipeline has {max_parallelism}; max_parallelism cannot change"
         )));
     }

@@ -85,7 +85,7 @@ pub fn read_canonical(store: &dyn CheckpointStore, files: &[FileRef]) -> Result<
         if f.path.ends_with(CANONICAL_SUFFIX) {
             blobs.push(read_verified(store, f)?);
         } else if f.path.ends_with(".rocksdb") {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateMismatch(format!(
                 "checkpoint file `{}` was written by the rocksdb state backend, which this \
                  pipeline no longer uses; restore with `state: {{backend: rocksdb}}`, or start \
                  over with `--fresh` (a savepoint can move state between backends)",

@@ -219,14 +219,19 @@ fn encode_value(value: &Dynamic) -> Result<Vec<u8>> {
     encode(value).map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
 }
 
-/// A RocksDB error, classed by its kind: I/O trouble (a full disk) is the environment's,
-/// corruption is damaged data, anything else a bug in how Weir drives RocksDB.
+/// A RocksDB error, classed by its kind: I/O trouble (a full disk, a file gone missing, a
+/// busy or timed-out file system) is the environment's, corruption is damaged data, anything
+/// else (an invalid argument, an unsupported option) a bug in how Weir drives RocksDB.
 fn db_err(what: &'static str, path: &Path) -> impl FnOnce(::rocksdb::Error) -> RunError {
     let path = path.to_path_buf();
     move |e| {
         let message = format!("rocksdb: {what} `{}`: {e}", path.display());
         match e.kind() {
-            ::rocksdb::ErrorKind::IOError => RunError::StateIo(message),
+            ::rocksdb::ErrorKind::IOError
+            | ::rocksdb::ErrorKind::NotFound
+            | ::rocksdb::ErrorKind::Busy
+            | ::rocksdb::ErrorKind::TimedOut
+            | ::rocksdb::ErrorKind::TryAgain => RunError::StateIo(message),
             ::rocksdb::ErrorKind::Corruption => RunError::StateCorrupt(message),
             _ => RunError::State(message),
         }
@@ -349,7 +354,7 @@ impl Manifest {
             )));
         }
         if m.max_parallelism != max_parallelism {
-            return Err(RunError::State(format!(
+            return Err(RunError::StateMismatch(format!(
                 "checkpoint `{}` has {} key groups but the pipeline has {max_parallelism}; \
                  max_parallelism cannot change",
                 file.path, m.max_parallelism
@@ -748,7 +753,7 @@ impl RocksdbBackend {
                 Some(m) => {
                     let kind = kind_of(m.kind).unwrap_or(s.kind);
                     if kind != s.kind {
-                        return Err(RunError::State(format!(
+                        return Err(RunError::StateMismatch(format!(
                             "state `{}` is registered as {:?}, the checkpoint holds {kind:?}",
                             s.name, s.kind
                         )));
@@ -1187,7 +1192,7 @@ impl PendingSnapshot for NativeSnapshot {
         for entry in fs::read_dir(dir).map_err(fs_err("cannot list", dir))? {
             let entry = entry.map_err(fs_err("cannot list", dir))?;
             let name = entry.file_name().into_string().map_err(|n| {
-                RunError::State(format!("non-UTF-8 file name {n:?} in `{}`", dir.display()))
+                RunError::StateIo(format!("non-UTF-8 file name {n:?} in `{}`", dir.display()))
             })?;
             names.push(name);
         }
