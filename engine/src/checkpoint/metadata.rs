@@ -96,6 +96,15 @@ impl FileRef {
     }
 }
 
+/// File-name suffix of a subtask's operator-local state (`chk-<n>/<op>-<subtask>.op`; see
+/// `state::snapshot_files`, which writes and reads these files).
+pub const LOCAL_SUFFIX: &str = ".op";
+
+/// Whether a store-relative path is a subtask's operator-local state file.
+pub fn is_local_file(path: &str) -> bool {
+    path.ends_with(LOCAL_SUFFIX)
+}
+
 /// Whether a store-relative path is in `shared/`.
 pub fn is_shared_path(path: &str) -> bool {
     path.strip_prefix(SHARED_DIR)

@@ -42,7 +42,9 @@ use std::fmt;
 
 use weir_schema::{OperatorSpec, SinkSpec, SourceSpec, StateKind};
 
-use super::metadata::{BackendKind, CheckpointMetadata, NodeType, OperatorInfo, Section};
+use super::metadata::{
+    BackendKind, CheckpointMetadata, NodeType, OperatorInfo, Section, is_local_file,
+};
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 
 /// What is restored: the rules differ only in what may change (see the module docs).
@@ -161,31 +163,25 @@ impl PipelineShape {
 
     /// The shape a checkpoint's or savepoint's metadata records.
     pub fn of_metadata(meta: &CheckpointMetadata) -> Self {
-        let nodes = meta
-            .operators
-            .iter()
-            .map(|o| NodeShape {
-                id: o.id.clone(),
-                node: o.node.clone(),
-                parallelism: o.parallelism,
-                script_hash: o.script_hash.clone(),
-                keyed: o.keyed_state.clone(),
-                local: o.local_state,
-                local_files: meta.subtasks.iter().any(|s| {
-                    s.operator == o.id
-                        && s.files
-                            .iter()
-                            .any(|f| f.path.ends_with(crate::runtime::task::LOCAL_SUFFIX))
-                }),
-                keyed_files: meta.subtasks.iter().any(|s| {
-                    s.operator == o.id
-                        && s.files
-                            .iter()
-                            .any(|f| !f.path.ends_with(crate::runtime::task::LOCAL_SUFFIX))
-                }),
-                migrate: false,
-            })
-            .collect();
+        let nodes =
+            meta.operators
+                .iter()
+                .map(|o| NodeShape {
+                    id: o.id.clone(),
+                    node: o.node.clone(),
+                    parallelism: o.parallelism,
+                    script_hash: o.script_hash.clone(),
+                    keyed: o.keyed_state.clone(),
+                    local: o.local_state,
+                    local_files: meta.subtasks.iter().any(|s| {
+                        s.operator == o.id && s.files.iter().any(|f| is_local_file(&f.path))
+                    }),
+                    keyed_files: meta.subtasks.iter().any(|s| {
+                        s.operator == o.id && s.files.iter().any(|f| !is_local_file(&f.path))
+                    }),
+                    migrate: false,
+                })
+                .collect();
         Self {
             pipeline: meta.pipeline.clone(),
             max_parallelism: meta.max_parallelism,

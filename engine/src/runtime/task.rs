@@ -8,7 +8,9 @@
 //! reads into a [`BarrierAligner`] and snapshots when the aligner says so. A snapshot has a
 //! synchronous half on the task (each operator's local state, each backend's frozen state)
 //! and an asynchronous half (writing the files) on the blocking pool, after which the task
-//! acknowledges with its file handles. Processing continues meanwhile.
+//! acknowledges with its file handles. Processing continues meanwhile. Where those files go
+//! and how they are read back (also after a change of parallelism) is
+//! [`crate::state::snapshot_files`]'s business, not the loop's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,23 +25,19 @@ use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
 use crate::base::metrics::NodeMetrics;
-use crate::checkpoint::metadata::checkpoint_dir;
-use crate::checkpoint::restore_plan::{NodeDecision, RestorePlan};
-use crate::checkpoint::storage::{read_verified, write_file};
+use crate::checkpoint::restore_plan::RestorePlan;
 use crate::checkpoint::{
     AlignerAction, AlignerStep, AlignmentMode, BarrierAligner, CheckpointId, CheckpointMetadata,
-    CheckpointStore, FileRef, SubtaskState, TaskId,
+    CheckpointStore, SubtaskState, TaskId,
 };
 use crate::connectors::{Poll, Source, SourceContext};
 use crate::operators::{Operator, OperatorContext};
-use crate::record::KeyGroupRange;
 use crate::script::runtime::running;
-use crate::state::canonical::{StateFilter, filter_snapshot};
 use crate::state::handover::{Handover, HandoverKey};
-use crate::state::rocksdb::NATIVE_SUFFIX;
-use crate::state::{
-    CanonicalSnapshot, PendingSnapshot, SnapshotTarget, StateBackend, read_canonical,
+use crate::state::snapshot_files::{
+    KeyedFilter, LocalState, NodeSnapshot, read_local_state, restore_keyed, write_snapshots,
 };
+use crate::state::{CanonicalSnapshot, PendingSnapshot};
 
 /// One node of a chain in one subtask.
 pub struct ChainNode {
@@ -387,7 +385,8 @@ impl ChainTask {
             let op = Arc::clone(&n.ctx.operator);
             let op: &str = &op;
             if !(skip_first && i == 0) {
-                match read_local_state(from, op, n.ctx.subtask, n.ctx.parallelism)? {
+                match read_local_state(store, &from.metadata, op, n.ctx.subtask, n.ctx.parallelism)?
+                {
                     LocalState::Same(local) => n.operator.restore(local.as_deref(), &mut n.ctx)?,
                     LocalState::Rescaled(blobs) => {
                         let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
@@ -403,29 +402,15 @@ impl ChainTask {
                 .filter(|(_, d)| d.filters_keyed_state());
             let max_parallelism = n.ctx.max_parallelism;
             let pipeline = Arc::clone(&n.ctx.pipeline);
+            let range = n.ctx.key_groups;
             if let Some(state) = n.ctx.state.as_mut().filter(|_| !handed_over) {
-                let range = n.ctx.key_groups;
-                let files: Vec<FileRef> = from
-                    .metadata
-                    .subtasks
-                    .iter()
-                    .filter(|st| st.operator == op)
-                    .filter(|st| overlaps(KeyGroupRange::from(st.key_groups), range))
-                    .flat_map(|st| st.files.iter().filter(|f| !is_local_file(&f.path)))
-                    .cloned()
-                    .collect();
-                match decision {
-                    None => state.restore_files(store, &files)?,
-                    Some((plan, d)) => restore_filtered(
-                        &mut **state,
-                        &pipeline,
-                        store,
-                        &files,
-                        max_parallelism,
-                        d,
-                        plan.allow_non_restored_state,
-                    )?,
-                }
+                let filter = decision.map(|(plan, d)| KeyedFilter {
+                    pipeline: &pipeline,
+                    max_parallelism,
+                    decision: d,
+                    allow_non_restored_state: plan.allow_non_restored_state,
+                });
+                restore_keyed(&mut **state, store, &from.metadata, op, range, filter)?;
             }
             if n.ctx.migrate {
                 running(&n.ctx.pipeline, &n.ctx.operator);
@@ -464,63 +449,6 @@ impl ChainTask {
     }
 }
 
-/// Restores keyed state as its restore decision says: only the named states the node
-/// declares, each under its declared kind (a retyped state's values are rewritten by
-/// `migrate` afterwards); every other state of the snapshot is left out, so that it never
-/// comes back under its old name. When the snapshot's metadata did not record the declared
-/// states, a state the node does not declare is refused unless `allow_non_restored_state`.
-///
-/// # Errors
-/// Unreadable or corrupt files; an undeclared state that may not be dropped; native RocksDB
-/// files, which are restored whole (the restore plan refuses such a restore before this; for
-/// unrecorded metadata they are restored whole, with a warning).
-fn restore_filtered(
-    state: &mut dyn StateBackend,
-    pipeline: &str,
-    store: &dyn CheckpointStore,
-    files: &[FileRef],
-    max_parallelism: u32,
-    decision: &NodeDecision,
-    allow_non_restored_state: bool,
-) -> Result<()> {
-    if files.iter().any(|f| f.path.ends_with(NATIVE_SUFFIX)) {
-        if decision.unrecorded {
-            tracing::warn!(operator = %decision.id, "The checkpoint does not record which states this operator declared and holds them in RocksDB's native format: restored as they are.");
-            return state.restore_files(store, files);
-        }
-        return Err(RunError::Internal(format!(
-            "operator `{}`: a native RocksDB checkpoint cannot restore only some of its states \
-             (the restore plan should have refused this)",
-            decision.id
-        )));
-    }
-    let declared = decision.restored_states();
-    let mut filtered = Vec::new();
-    for blob in read_canonical(store, files)? {
-        filtered.push(filter_snapshot(&blob, max_parallelism, |name, _kind| {
-            if let Some(kind) = declared.get(name) {
-                return Ok(StateFilter::Keep(*kind));
-            }
-            if decision.unrecorded && !allow_non_restored_state {
-                return Err(RunError::Build {
-                    pipeline: pipeline.to_owned(),
-                    element: decision.id.clone(),
-                    message: format!(
-                        "the snapshot holds state `{name}`, which operator `{}` does not \
-                         declare any more: its values would be lost. Declare it again, or \
-                         drop it with `--allow-non-restored-state`",
-                        decision.id
-                    ),
-                });
-            }
-            tracing::debug!(operator = %decision.id, state = name, "Not restoring a state the operator no longer declares.");
-            Ok(StateFilter::Drop)
-        })?);
-    }
-    let refs: Vec<&[u8]> = filtered.iter().map(Vec::as_slice).collect();
-    state.restore(&refs)
-}
-
 /// Flags shared by a pipeline's tasks.
 #[derive(Debug, Default)]
 pub struct Control {
@@ -535,128 +463,6 @@ pub struct Control {
 impl Control {
     fn should_stop(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
-    }
-}
-
-/// One node's part of a checkpoint, frozen at the barrier.
-pub struct NodeSnapshot {
-    /// The operator (or source, or sink) id.
-    pub operator: Arc<str>,
-    /// Its subtask.
-    pub subtask: u32,
-    /// Its key groups.
-    pub key_groups: KeyGroupRange,
-    /// Operator-local state (a source's position, a sink's pending files).
-    pub local: Option<Vec<u8>>,
-    /// Keyed state, to be written.
-    pub keyed: Option<Box<dyn PendingSnapshot>>,
-}
-
-/// File-name suffix of operator-local state.
-pub const LOCAL_SUFFIX: &str = ".op";
-
-fn is_local_file(path: &str) -> bool {
-    path.ends_with(LOCAL_SUFFIX)
-}
-
-fn overlaps(a: KeyGroupRange, b: KeyGroupRange) -> bool {
-    a.start < b.end && b.start < a.end
-}
-
-/// Writes one task's snapshots into `chk-<n>/`: `<op>-<subtask>.op` for local state, the
-/// backend's files for keyed state. Returns one [`SubtaskState`] per node (also for nodes
-/// without state, so that a restore knows the operator existed).
-///
-/// # Errors
-/// Storage failures.
-pub fn write_snapshots(
-    store: &dyn CheckpointStore,
-    checkpoint: CheckpointId,
-    snapshots: Vec<NodeSnapshot>,
-) -> Result<Vec<SubtaskState>> {
-    let mut out = Vec::with_capacity(snapshots.len());
-    for s in snapshots {
-        let name = format!("{}-{}", s.operator, s.subtask);
-        let prefix = format!("{}/{name}", checkpoint_dir(checkpoint));
-        let mut files = Vec::new();
-        if let Some(bytes) = s.local {
-            files.push(write_file(
-                store,
-                &format!("{prefix}{LOCAL_SUFFIX}"),
-                &bytes,
-            )?);
-        }
-        if let Some(keyed) = s.keyed {
-            let target = SnapshotTarget {
-                checkpoint,
-                private_prefix: prefix,
-                shared_prefix: format!("shared/{name}"),
-            };
-            files.extend(keyed.write(store, &target)?);
-        }
-        out.push(SubtaskState {
-            operator: s.operator.to_string(),
-            subtask: s.subtask,
-            key_groups: s.key_groups.into(),
-            files,
-        });
-    }
-    Ok(out)
-}
-
-/// Reads one subtask's local-state file from a checkpoint, if it has one.
-///
-/// # Errors
-/// A corrupt or unreadable file.
-pub fn read_local(from: &TaskRestore, operator: &str, subtask: u32) -> Result<Option<Vec<u8>>> {
-    let Some(file) = from
-        .metadata
-        .subtask(operator, subtask)
-        .and_then(|st| st.files.iter().find(|f| is_local_file(&f.path)))
-    else {
-        return Ok(None);
-    };
-    Ok(Some(read_verified(&*from.store, file)?))
-}
-
-/// Operator-local state of one subtask in a checkpoint.
-pub enum LocalState {
-    /// Same parallelism as at the snapshot: this subtask's own snapshot, if any.
-    Same(Option<Vec<u8>>),
-    /// The parallelism changed: the snapshots of the old subtasks `j` with
-    /// `j % parallelism == subtask`, in old-subtask order.
-    Rescaled(Vec<Vec<u8>>),
-}
-
-/// Reads what subtask `subtask` of `parallelism` restores of `operator`'s local state:
-/// its own snapshot, or after a change of parallelism its share of the old subtasks'
-/// snapshots (list state, split evenly, as Flink's operator list state).
-///
-/// # Errors
-/// A corrupt or unreadable file.
-pub fn read_local_state(
-    from: &TaskRestore,
-    operator: &str,
-    subtask: u32,
-    parallelism: u32,
-) -> Result<LocalState> {
-    let old = from
-        .metadata
-        .operators
-        .iter()
-        .find(|o| o.id == operator)
-        .map(|o| o.parallelism);
-    match old {
-        Some(old) if old != parallelism && parallelism > 0 => {
-            let mut blobs = Vec::new();
-            for j in (0..old).filter(|j| j % parallelism == subtask) {
-                if let Some(b) = read_local(from, operator, j)? {
-                    blobs.push(b);
-                }
-            }
-            Ok(LocalState::Rescaled(blobs))
-        }
-        _ => Ok(LocalState::Same(read_local(from, operator, subtask)?)),
     }
 }
 
@@ -934,7 +740,13 @@ pub async fn run_source(
         if let Some(from) = env.restore.clone() {
             let op = chain.nodes.first().map(|n| Arc::clone(&n.ctx.operator));
             if let Some(op) = op {
-                match read_local_state(&from, &op, sctx.subtask, sctx.parallelism)? {
+                match read_local_state(
+                    &*from.store,
+                    &from.metadata,
+                    &op,
+                    sctx.subtask,
+                    sctx.parallelism,
+                )? {
                     LocalState::Same(Some(position)) => source.restore(&position)?,
                     LocalState::Same(None) => {}
                     LocalState::Rescaled(blobs) => {

@@ -5,7 +5,9 @@
 //! encoded (the memory backend keeps live values and encodes only in
 //! [`StateBackend::snapshot`]).
 //!
-//! `conformance` holds the test suite every backend must pass (tests only).
+//! `conformance` holds the test suite every backend must pass (tests only); `snapshot_files`
+//! owns the on-disk layout of a subtask's snapshot files in a checkpoint and their
+//! redistribution on rescale, which the task loop calls.
 
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
@@ -21,6 +23,7 @@ pub(crate) mod conformance;
 pub mod handover;
 pub mod memory;
 pub mod rocksdb;
+pub mod snapshot_files;
 
 pub use self::rocksdb::RocksdbBackend;
 pub use memory::MemoryBackend;
