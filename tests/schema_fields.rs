@@ -63,7 +63,7 @@ const fn e(
 use Use::{Descriptive, Engine, Rejected, Tag, Validation};
 
 const COMPILE: &str = "engine/src/plan/compile.rs";
-const REGISTRY: &str = "engine/src/operators/registry.rs";
+const REGISTRY: &str = "engine/src/registry.rs";
 const PIPELINE: &str = "engine/src/job/pipeline.rs";
 const COORDINATOR: &str = "engine/src/checkpoint/coordinator.rs";
 const RESTART: &str = "engine/src/recovery/restart.rs";

@@ -66,7 +66,7 @@ use weir_schema::{CheckpointMode, CheckpointSpec};
 use super::RecordWriter;
 use crate::base::error::{Result, RunError};
 use crate::base::message::Batch;
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 
 /// Whether a file sink in a pipeline with these checkpoint settings commits in two phases:
 /// checkpoints enabled and `mode: exactly_once`.
@@ -761,7 +761,7 @@ impl Operator for FileSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operators::Harness;
+    use crate::element::Harness;
 
     fn records(range: std::ops::Range<i64>) -> Batch {
         Batch::new(

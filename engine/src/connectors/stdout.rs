@@ -5,7 +5,7 @@ use std::io::Write;
 use super::RecordWriter;
 use crate::base::error::{Result, RunError};
 use crate::base::message::Batch;
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 
 /// The `stdout` sink.
 pub struct StdoutSink {

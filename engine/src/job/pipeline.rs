@@ -35,13 +35,13 @@ use crate::checkpoint::{
 };
 use crate::connectors::SourceContext;
 use crate::control::{CheckpointInfo, ControlError, SavepointInfo, SubtaskCheckpointInfo};
-use crate::operators::registry::{self, BuildContext, NodeBuilder};
+use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::operators::union::UnionOperator;
-use crate::operators::{ErrorPolicy, Operator, OperatorContext};
 use crate::plan::{NodeKind, PipelinePlan};
 use crate::record::KeyGroupRange;
 use crate::recovery::failover::{FailoverAction, RestartFrom, all_tasks, failover_scope};
 use crate::recovery::restart::{Decision, Failure, RestartStrategy};
+use crate::registry::{self, BuildContext, NodeBuilder};
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::input::InputLease;
 use crate::runtime::task::{

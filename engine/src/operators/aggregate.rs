@@ -12,7 +12,7 @@ use weir_schema::{AggregateFunction, AggregationSpec, EmitMode, StateKind};
 use super::reduce::{ACC, keyed_output, migrate_keyed_state, require_keys};
 use crate::base::error::{Result, RunError};
 use crate::base::message::Batch;
-use crate::operators::{ErrorPolicy, Operator, OperatorContext};
+use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::script::runtime::ScriptFn;
 use crate::state::StateId;

@@ -3,7 +3,7 @@
 
 use crate::base::error::Result;
 use crate::base::message::{Batch, Pending};
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 use crate::script::runtime::ScriptFn;
 
 /// The `flat_map` operator.
@@ -76,8 +76,8 @@ mod tests {
     use rhai::Dynamic;
 
     use super::*;
+    use crate::element::{ErrorPolicy, Harness};
     use crate::operators::reduce::tests::script;
-    use crate::operators::{ErrorPolicy, Harness};
 
     fn harness(max_outputs: usize, on_error: ErrorPolicy) -> Harness {
         let op = FlatMapOperator::new(

@@ -3,7 +3,7 @@
 
 use crate::base::error::Result;
 use crate::base::message::Batch;
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::script::runtime::ScriptFn;
 

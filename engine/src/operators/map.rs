@@ -2,7 +2,7 @@
 
 use crate::base::error::Result;
 use crate::base::message::Batch;
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 use crate::script::runtime::ScriptFn;
 
 /// The `map` operator.

@@ -11,7 +11,7 @@ use weir_schema::StateKind;
 use super::reduce::{migrate_keyed_state, require_keys, unkeyed};
 use crate::base::error::Result;
 use crate::base::message::{Batch, Pending};
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 use crate::record::{Key, KeyBuildHasher};
 use crate::script::runtime::{ScriptFn, discard_emitted, set_key, take_emitted, with_frame};
 use crate::state::StateId;
@@ -150,7 +150,7 @@ impl Operator for ProcessOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operators::Harness;
+    use crate::element::Harness;
     use crate::operators::reduce::tests::{key, keyed_ctx, script};
     use crate::record::{KeyGroupRange, excerpt};
 
@@ -266,7 +266,7 @@ mod tests {
             3,
         );
         let mut ctx = keyed_ctx();
-        ctx.on_error = crate::operators::ErrorPolicy::DeadLetter;
+        ctx.on_error = crate::element::ErrorPolicy::DeadLetter;
         Harness::new(Box::new(op), ctx).expect("opens")
     }
 

@@ -11,7 +11,7 @@ use weir_schema::{EmitMode, StateKind};
 
 use crate::base::error::{Result, RunError};
 use crate::base::message::Batch;
-use crate::operators::{ErrorPolicy, Operator, OperatorContext};
+use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{Key, excerpt};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
 use crate::state::{StateBackend, StateId};
@@ -273,7 +273,7 @@ pub(crate) mod tests {
     use weir_schema::ScriptLimitsSpec;
 
     use super::*;
-    use crate::operators::Harness;
+    use crate::element::Harness;
     use crate::record::KeyGroupRange;
     use crate::script::runtime::CompiledScript;
     use crate::state::MemoryBackend;

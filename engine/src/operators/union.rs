@@ -3,7 +3,7 @@
 
 use crate::base::error::Result;
 use crate::base::message::Batch;
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 
 /// The `union` operator (also the pass-through at the head of a source's chain).
 #[derive(Default)]

@@ -31,7 +31,7 @@ use crate::checkpoint::{
     CheckpointStore, SubtaskState, TaskId,
 };
 use crate::connectors::{Poll, Source, SourceContext};
-use crate::operators::{Operator, OperatorContext};
+use crate::element::{Operator, OperatorContext};
 use crate::script::runtime::running;
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::snapshot_files::{

@@ -1,27 +1,31 @@
 //! The registry: every built-in `type:` (sources, operators, sinks) and its builder. A builder
 //! runs once per plan node (compiling its script once) and returns a factory that makes one
 //! instance per subtask. Construction returns `Result` and never panics.
+//!
+//! It sits above both `operators` and `connectors` because it is the one place that knows all
+//! of them: so neither imports the other, and both depend only on the interface they
+//! implement (`element`). The job builds a pipeline's elements through it.
 
 use std::sync::Arc;
 
 use rhai::Engine;
 use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
 
-use super::Operator;
-use super::aggregate::{AggregateOperator, Aggregation};
-use super::filter::FilterOperator;
-use super::flat_map::FlatMapOperator;
-use super::key_by::{KeyByOperator, KeySelector};
-use super::map::MapOperator;
-use super::process::ProcessOperator;
-use super::reduce::ReduceOperator;
-use super::union::UnionOperator;
 use crate::base::error::{Result, RunError};
 use crate::connectors::file::{FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
 use crate::connectors::{LineParser, Source};
+use crate::element::Operator;
+use crate::operators::aggregate::{AggregateOperator, Aggregation};
+use crate::operators::filter::FilterOperator;
+use crate::operators::flat_map::FlatMapOperator;
+use crate::operators::key_by::{KeyByOperator, KeySelector};
+use crate::operators::map::MapOperator;
+use crate::operators::process::ProcessOperator;
+use crate::operators::reduce::ReduceOperator;
+use crate::operators::union::UnionOperator;
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 use crate::record::FieldPath;
 use crate::script::runtime::{CompiledScript, ScriptFn};
