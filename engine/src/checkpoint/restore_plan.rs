@@ -45,6 +45,7 @@ use weir_schema::{OperatorSpec, SinkSpec, SourceSpec, StateKind};
 use super::metadata::{
     BackendKind, CheckpointMetadata, NodeType, OperatorInfo, Section, is_local_file,
 };
+pub use crate::plan::declared::keyed_state_of;
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 
 /// What is restored: the rules differ only in what may change (see the module docs).
@@ -207,7 +208,7 @@ pub fn operator_info(plan: &PipelinePlan, node: &PlanNode) -> OperatorInfo {
         NodeKind::Sink(SinkSpec::File(_)) => (
             Section::Sink,
             BTreeMap::new(),
-            crate::connectors::file_sink::uses_two_phase_commit(&plan.spec.checkpoints),
+            crate::plan::guarantee::file_sink_commits_in_two_phases(&plan.spec.checkpoints),
         ),
         NodeKind::Sink(SinkSpec::Stdout(_)) => (Section::Sink, BTreeMap::new(), false),
     };
@@ -221,18 +222,6 @@ pub fn operator_info(plan: &PipelinePlan, node: &PlanNode) -> OperatorInfo {
         }),
         keyed_state: Some(keyed),
         local_state: Some(local),
-    }
-}
-
-/// The named keyed states an operator declares: `acc: value` for the keyed `reduce` and
-/// `aggregate` (see `operators::reduce::ACC`), the `state:` map of a `process`.
-pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
-    match op {
-        OperatorSpec::Reduce(_) | OperatorSpec::Aggregate(_) => {
-            BTreeMap::from([(crate::operators::reduce::ACC.to_owned(), StateKind::Value)])
-        }
-        OperatorSpec::Process(p) => p.state.clone(),
-        _ => BTreeMap::new(),
     }
 }
 

@@ -61,18 +61,15 @@ use std::path::{Path, PathBuf};
 
 use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
-use weir_schema::{CheckpointMode, CheckpointSpec};
 
 use super::RecordWriter;
 use crate::base::error::{Result, RunError};
 use crate::base::message::Batch;
 use crate::element::{Operator, OperatorContext};
 
-/// Whether a file sink in a pipeline with these checkpoint settings commits in two phases:
-/// checkpoints enabled and `mode: exactly_once`.
-pub fn uses_two_phase_commit(checkpoints: &CheckpointSpec) -> bool {
-    checkpoints.enabled && checkpoints.mode == CheckpointMode::ExactlyOnce
-}
+/// Whether a file sink in a pipeline with these checkpoint settings commits in two phases
+/// (decided by the plan, which the restore reads too).
+pub use crate::plan::guarantee::file_sink_commits_in_two_phases as uses_two_phase_commit;
 
 /// Creates a sink directory.
 ///

@@ -159,9 +159,8 @@ pub(crate) fn unkeyed(ctx: &OperatorContext) -> RunError {
     }
 }
 
-/// The name of the accumulator state of `reduce` (and `aggregate`), as `migrate(name, old)`
-/// sees it.
-pub const ACC: &str = "acc";
+/// The name of the accumulator state of `reduce` (and `aggregate`): declared by the plan.
+pub use crate::plan::declared::ACC;
 
 /// The `reduce` operator.
 pub struct ReduceOperator {

@@ -11,7 +11,9 @@
 
 use std::fmt;
 
-use weir_schema::{CheckpointMode, FailoverSpec, PipelineSpec, RestartSpec, StateSpec};
+use weir_schema::{
+    CheckpointMode, CheckpointSpec, FailoverSpec, PipelineSpec, RestartSpec, StateSpec,
+};
 
 /// A delivery guarantee, from strongest to weakest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,6 +61,12 @@ impl fmt::Display for Guarantee {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.level, self.reasons.join("; "))
     }
+}
+
+/// Whether a file sink in a pipeline with these checkpoint settings commits in two phases:
+/// checkpoints enabled and `mode: exactly_once`.
+pub fn file_sink_commits_in_two_phases(checkpoints: &CheckpointSpec) -> bool {
+    checkpoints.enabled && checkpoints.mode == CheckpointMode::ExactlyOnce
 }
 
 /// The guarantee `spec` gives (see the module docs).

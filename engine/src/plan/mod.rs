@@ -12,6 +12,7 @@ use std::sync::Arc;
 use weir_schema::{FileSpec, OperatorSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 pub mod compile;
+pub mod declared;
 pub mod guarantee;
 pub mod render;
 

@@ -1,0 +1,23 @@
+//! What keyed state each node of a plan declares, by name and kind: the fact a restore
+//! compares against a checkpoint's metadata, and the names the operators register. It lives
+//! in the plan so that the checkpoint layer can read it without importing the operators.
+
+use std::collections::BTreeMap;
+
+use weir_schema::{OperatorSpec, StateKind};
+
+/// The name of the accumulator state of `reduce` (and `aggregate`), as `migrate(name, old)`
+/// sees it.
+pub const ACC: &str = "acc";
+
+/// The named keyed states an operator declares: `acc: value` for the keyed `reduce` and
+/// `aggregate`, the `state:` map of a `process`.
+pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
+    match op {
+        OperatorSpec::Reduce(_) | OperatorSpec::Aggregate(_) => {
+            BTreeMap::from([(ACC.to_owned(), StateKind::Value)])
+        }
+        OperatorSpec::Process(p) => p.state.clone(),
+        _ => BTreeMap::new(),
+    }
+}
