@@ -13,7 +13,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::run::{Run, committed};
+use common::output::committed;
+use common::run::Run;
 use weir_engine::api::ApiClient;
 use weir_engine::control::SavepointRequest;
 

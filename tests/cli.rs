@@ -1,13 +1,16 @@
 //! The `weir` binary end to end: exit codes, text and JSON diagnostics, `schema` and `graph`.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+use common::binary::plain;
 
 fn weir(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weir"))
+    plain()
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
         .output()
         .expect("run weir")
 }

@@ -13,7 +13,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::running::{DEADLINE, Running};
+use common::binary::signal;
+use common::run::DEADLINE;
+use common::running::Running;
 
 /// A small tmpfs mounted for the test (unmounted when dropped), filled to the last byte.
 struct FullDisk {
@@ -180,7 +182,7 @@ fn a_pipeline_stopped_while_restarting_over_a_poison_record_is_reported_failed()
     );
     assert!(p.restarts >= 1, "{p:#?}");
     // The table says it too.
-    let out = common::running::weir()
+    let out = common::binary::weir()
         .args(["status", "--api", &run.api])
         .output()
         .unwrap();
@@ -191,11 +193,7 @@ fn a_pipeline_stopped_while_restarting_over_a_poison_record_is_reported_failed()
     );
 
     // Ctrl-C while it waits to restart.
-    let kill = Command::new("kill")
-        .args(["-INT", &run.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    assert!(signal(run.pid(), "INT"));
     let ok = run.wait_exit(DEADLINE);
     let log = run.log();
     assert!(

@@ -16,8 +16,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::run::committed;
-use common::running::{Running, weir, write_by_rename};
+use common::binary::weir;
+use common::files::write_by_rename;
+use common::output::{canonical_lines, committed};
+use common::running::Running;
 
 use weir_engine::control::{JobStatus, PipelineReloadPlan, PipelineStatus, ReloadOutcome};
 
@@ -524,8 +526,8 @@ fn a_long_run_survives_many_edits_and_ends_with_the_output_of_its_final_version(
     let golden = straight_run(&v8.yaml(), PASS_REFACTORED);
     assert_eq!(golden.len(), COUNT as usize);
     let (got, want) = (
-        common::canonical_lines(&lines.join("\n")),
-        common::canonical_lines(&golden.join("\n")),
+        canonical_lines(&lines.join("\n")),
+        canonical_lines(&golden.join("\n")),
     );
     if got != want {
         let extra = got.iter().filter(|l| !want.contains(l)).take(5);

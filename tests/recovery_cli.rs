@@ -10,13 +10,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-fn weir() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-    c.env("NO_COLOR", "1").env("RUST_LOG", "info");
-    c
-}
+use common::binary::{signal, weir};
+use common::output::{assert_exactly_once, committed, part_files};
+use common::run::{beside, kill_when, run_to_end};
 
 /// A generator at a bounded rate: long enough to be killed after a few checkpoints.
 fn job(dir: &Path, rate: u64) -> std::path::PathBuf {
@@ -64,57 +62,22 @@ pipelines:
 
 /// Runs until `checkpoints` checkpoints completed, then SIGKILLs the process.
 fn run_and_kill(yaml: &Path, checkpoints: usize) -> String {
-    let mut child = weir()
-        .args(["run", "--no-progress", "--no-api"])
-        .arg(yaml)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut log = String::new();
     let mut seen = 0;
-    let stderr = child.stderr.take().unwrap();
-    for line in BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if line.contains("Checkpoint completed.") {
-            seen += 1;
-        }
-        log.push_str(&line);
-        log.push('\n');
-        if seen >= checkpoints {
-            child.kill().unwrap();
-            break;
-        }
-    }
-    let _ = child.wait();
+    let (killed, log) = kill_when(beside(yaml), yaml, &[], |line| {
+        seen += usize::from(line.contains("Checkpoint completed."));
+        seen >= checkpoints
+    });
     assert!(
-        seen >= checkpoints,
+        killed,
         "the run ended before {checkpoints} checkpoints:\n{log}"
     );
     log
 }
 
-fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
-    let out = weir()
-        .args(["run", "--no-progress", "--no-api"])
-        .args(extra)
-        .arg(yaml)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `user -> (n, s)` from the committed part files.
 fn totals(dir: &Path) -> BTreeMap<String, (i64, i64)> {
     let mut m = BTreeMap::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().unwrap().to_string_lossy().starts_with('.') {
-            continue;
-        }
+    for p in part_files(dir) {
         for line in std::fs::read_to_string(&p).unwrap().lines() {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             let key = v["key"].as_str().unwrap().to_owned();
@@ -143,7 +106,7 @@ fn a_killed_run_resumes_and_skips_a_damaged_checkpoint() {
     // The failure-free totals.
     let clean = tempfile::tempdir().unwrap();
     let yaml = job(clean.path(), 1_000_000);
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{log}");
     let expected = totals(&clean.path().join("out"));
     assert_eq!(expected.len(), 50);
@@ -165,7 +128,7 @@ fn a_killed_run_resumes_and_skips_a_damaged_checkpoint() {
     let bytes = std::fs::read(&victim).unwrap();
     std::fs::write(&victim, &bytes[..bytes.len() / 2]).unwrap();
 
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{log}");
     assert!(
         log.contains("Skipping a checkpoint that cannot be restored") && log.contains("corrupt"),
@@ -178,7 +141,7 @@ fn a_killed_run_resumes_and_skips_a_damaged_checkpoint() {
     assert_eq!(totals(&tmp.path().join("out")), expected);
 
     // The run finished: the next one starts fresh (and gives the same result).
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{log}");
     assert!(log.contains("previous run finished"), "{log}");
     assert!(!log.contains("resumed from checkpoint"), "{log}");
@@ -189,7 +152,7 @@ fn a_killed_run_resumes_and_skips_a_damaged_checkpoint() {
 fn fresh_and_from_checkpoint_choose_where_to_start() {
     let clean = tempfile::tempdir().unwrap();
     let yaml = job(clean.path(), 1_000_000);
-    assert!(run_to_end(&yaml, &[]).0);
+    assert!(run_to_end(beside(&yaml), &yaml, &[]).0);
     let expected = totals(&clean.path().join("out"));
 
     let tmp = tempfile::tempdir().unwrap();
@@ -202,7 +165,11 @@ fn fresh_and_from_checkpoint_choose_where_to_start() {
 
     // --from-checkpoint picks an older one than the latest.
     let chk = tmp.path().join(format!("ck/counts/chk-{first}"));
-    let (ok, log) = run_to_end(&yaml, &["--from-checkpoint", chk.to_str().unwrap()]);
+    let (ok, log) = run_to_end(
+        beside(&yaml),
+        &yaml,
+        &["--from-checkpoint", chk.to_str().unwrap()],
+    );
     assert!(ok, "{log}");
     assert!(
         log.contains(&format!("resumed from checkpoint {first}")),
@@ -212,7 +179,7 @@ fn fresh_and_from_checkpoint_choose_where_to_start() {
 
     // --fresh ignores (and deletes) what is there.
     run_and_kill(&yaml, 2);
-    let (ok, log) = run_to_end(&yaml, &["--fresh"]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--fresh"]);
     assert!(ok, "{log}");
     assert!(log.contains("--fresh"), "{log}");
     assert!(!log.contains("resumed from checkpoint"), "{log}");
@@ -231,7 +198,7 @@ fn sigterm_takes_a_final_checkpoint_and_the_next_run_resumes_from_it() {
 fn sigterm_then_resume(backend: &str) {
     let clean = tempfile::tempdir().unwrap();
     let yaml = job(clean.path(), 1_000_000);
-    assert!(run_to_end(&yaml, &[]).0);
+    assert!(run_to_end(beside(&yaml), &yaml, &[]).0);
     let expected = totals(&clean.path().join("out"));
 
     let tmp = tempfile::tempdir().unwrap();
@@ -256,12 +223,7 @@ fn sigterm_then_resume(backend: &str) {
             break;
         }
     }
-    // The shell's built-in `kill` (no dependency on procps).
-    let status = Command::new("sh")
-        .args(["-c", &format!("kill -TERM {}", child.id())])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    assert!(signal(child.id(), "TERM"));
     for line in lines {
         log.push_str(&line.unwrap());
         log.push('\n');
@@ -272,7 +234,7 @@ fn sigterm_then_resume(backend: &str) {
         log.contains("Final checkpoint complete"),
         "{backend}: {log}"
     );
-    let (ok, log2) = run_to_end(&yaml, &[]);
+    let (ok, log2) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{backend}: {log2}");
     assert!(
         log2.contains("resumed from checkpoint"),
@@ -309,7 +271,7 @@ pipelines:
 "#,
     )
     .unwrap();
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(!ok, "the run must fail:\n{log}");
     for needle in [
         "weir::run::pipeline_failed",
@@ -418,20 +380,20 @@ fn no_silent_fresh_start(backend: &str) {
         .unwrap()
         .replace("rate: 4000", "rate: 1000000");
     std::fs::write(&yaml, unlimited).unwrap();
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{log}");
-    let expected = common::canonical_lines(&read_all(&clean.path().join("out")));
+    let expected = committed(&clean.path().join("out"));
 
     let tmp = tempfile::tempdir().unwrap();
     let yaml = updates_job(tmp.path(), backend);
     run_and_kill(&yaml, 6);
     let ids = checkpoints_on_disk(tmp.path());
     assert!(!ids.is_empty());
-    let committed = snapshot_dir(&tmp.path().join("out"));
+    let parts = snapshot_dir(&tmp.path().join("out"));
     assert!(
-        committed.keys().any(|n| !n.starts_with('.')),
+        parts.keys().any(|n| !n.starts_with('.')),
         "the killed run committed nothing: {:?}",
-        committed.keys()
+        parts.keys()
     );
 
     // Damage every retained checkpoint: one byte of a file each references, a shared
@@ -460,7 +422,7 @@ fn no_silent_fresh_start(backend: &str) {
         flip_a_byte(&tmp.path().join("ck/counts").join(v));
     }
 
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(!ok, "the run must refuse to start:\n{log}");
     assert!(
         log.contains("none of the") && log.contains("can be restored"),
@@ -480,7 +442,7 @@ fn no_silent_fresh_start(backend: &str) {
     }
     assert_eq!(
         snapshot_dir(&tmp.path().join("out")),
-        committed,
+        parts,
         "the refused start changed the committed output"
     );
     assert_eq!(
@@ -490,25 +452,13 @@ fn no_silent_fresh_start(backend: &str) {
     );
 
     // --fresh starts over: the failure-free output.
-    let (ok, log) = run_to_end(&yaml, &["--fresh"]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--fresh"]);
     assert!(ok, "{log}");
-    common::run::assert_exactly_once(
-        &common::canonical_lines(&read_all(&tmp.path().join("out"))),
+    assert_exactly_once(
+        &committed(&tmp.path().join("out")),
         &expected,
         "after --fresh",
     );
-}
-
-/// The committed part files of a sink directory, concatenated.
-fn read_all(dir: &Path) -> String {
-    let mut text = String::new();
-    for (name, bytes) in snapshot_dir(dir) {
-        if !name.starts_with('.') {
-            text.push_str(&String::from_utf8(bytes).unwrap());
-            text.push('\n');
-        }
-    }
-    text
 }
 
 #[test]

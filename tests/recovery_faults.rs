@@ -8,7 +8,10 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
-use common::{canonical_lines, copy_dir};
+use common::in_process::{
+    assert_ok, copy_reference_pipelines, file_sinks, golden, plan_of, reference_files,
+};
+use common::output::committed;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,32 +22,7 @@ use weir_engine::job::{self, JobOptions, JobSummary};
 use weir_engine::plan::{FilePlan, NodeKind};
 use weir_engine::runtime::task::{Fault, FaultKind};
 use weir_schema::units::DurationSpec;
-use weir_schema::{
-    CheckpointMode, CheckpointSpec, FixedDelaySpec, RestartSpec, SinkSpec, StateSpec,
-};
-
-/// The committed (visible) output of a sink directory.
-fn read_sink(dir: &Path) -> Vec<String> {
-    let mut text = String::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries {
-            let p = e.unwrap().path();
-            if p.file_name()
-                .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
-            {
-                text.push_str(&std::fs::read_to_string(p).unwrap());
-            }
-        }
-    }
-    canonical_lines(&text)
-}
-
-fn plan_of(yaml: &Path) -> FilePlan {
-    let v = weir_engine::validate::validate_file(yaml);
-    v.plan()
-        .unwrap_or_else(|| panic!("{} does not validate", yaml.display()))
-        .unwrap()
-}
+use weir_schema::{CheckpointMode, CheckpointSpec, FixedDelaySpec, RestartSpec, StateSpec};
 
 /// Checkpoints every `interval` ms in `mode`, restarts without delay, on `state`.
 fn with_checkpoints(plan: &mut FilePlan, state: &StateSpec, interval: u64, storage: &Path) {
@@ -61,31 +39,6 @@ fn with_checkpoints(plan: &mut FilePlan, state: &StateSpec, interval: u64, stora
             attempts: 3,
             delay: DurationSpec::from_millis(0),
         }));
-    }
-}
-
-fn sinks_of(plan: &FilePlan) -> Vec<(String, String, PathBuf)> {
-    plan.pipelines
-        .iter()
-        .flat_map(|p| {
-            p.nodes.iter().filter_map(move |n| match &n.kind {
-                NodeKind::Sink(SinkSpec::File(f)) => {
-                    Some((p.id.clone(), n.id.clone(), p.resolve_path(&f.path)))
-                }
-                _ => None,
-            })
-        })
-        .collect()
-}
-
-fn assert_ok(summary: &JobSummary, what: &str) {
-    for p in &summary.pipelines {
-        assert!(
-            p.error.is_none(),
-            "{what}/{}: {}",
-            p.id,
-            p.error.as_ref().unwrap()
-        );
     }
 }
 
@@ -108,32 +61,9 @@ fn fault_targets(plan: &FilePlan, summary: &JobSummary) -> Vec<(String, String, 
     out
 }
 
-fn reference_files(root: &Path) -> Vec<PathBuf> {
-    let mut yamls: Vec<PathBuf> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    yamls.sort();
-    yamls
-}
-
-fn golden(root: &Path, name: &str, pipeline: &str, sink: &str) -> Option<Vec<String>> {
-    let path = root
-        .join("expected")
-        .join(name)
-        .join(pipeline)
-        .join(format!("{sink}.jsonl"));
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|t| canonical_lines(&t))
-}
-
 fn reference_pipelines_recover_from(kind: FaultKind, state: StateSpec) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("pipelines");
-    copy_dir(&src, &root);
+    let root = copy_reference_pipelines(tmp.path());
     let mut compared = 0;
     for yaml in reference_files(&root) {
         let name = yaml.file_stem().unwrap().to_string_lossy().into_owned();
@@ -147,7 +77,7 @@ fn reference_pipelines_recover_from(kind: FaultKind, state: StateSpec) {
 
         let mut plan = plan_of(&yaml);
         with_checkpoints(&mut plan, &state, 5, &tmp.path().join(format!("ck-{name}")));
-        let sinks = sinks_of(&plan);
+        let sinks = file_sinks(&plan);
         let faults: Vec<(String, String, Arc<Fault>)> = targets
             .iter()
             .map(|(p, op, k)| (p.clone(), op.clone(), Arc::new(Fault::new(*k, kind))))
@@ -168,7 +98,7 @@ fn reference_pipelines_recover_from(kind: FaultKind, state: StateSpec) {
                 continue;
             };
             assert_eq!(
-                read_sink(&dir),
+                committed(&dir),
                 expected,
                 "{name}/{pipeline}/{sink} after {kind:?}"
             );
@@ -283,7 +213,7 @@ fn keyed_job_resumes_mid_stream_from_a_checkpoint() {
             source_in < 2 * 200_000,
             "{state}: the source re-read everything ({source_in} records)"
         );
-        let got: BTreeMap<String, (i64, i64)> = read_sink(&tmp.path().join("out"))
+        let got: BTreeMap<String, (i64, i64)> = committed(&tmp.path().join("out"))
             .iter()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).unwrap();
@@ -360,7 +290,7 @@ pipelines:
     assert_eq!(region.pipelines[0].restarts, 1);
     assert_eq!(count(&region, "b_in"), 20_000, "region: b kept running");
     assert!(count(&region, "a_in") > 20_000, "region: a restarted");
-    assert_eq!(read_sink(&tmp.path().join("out-region/a")).len(), 20_000);
+    assert_eq!(committed(&tmp.path().join("out-region/a")).len(), 20_000);
 
     let full = run("full");
     assert_ok(&full, "full");
@@ -369,8 +299,8 @@ pipelines:
         count(&full, "b_in") >= 20_000,
         "full: b restarted too (it may have finished first)"
     );
-    assert_eq!(read_sink(&tmp.path().join("out-full/a")).len(), 20_000);
-    assert_eq!(read_sink(&tmp.path().join("out-full/b")).len(), 20_000);
+    assert_eq!(committed(&tmp.path().join("out-full/a")).len(), 20_000);
+    assert_eq!(committed(&tmp.path().join("out-full/b")).len(), 20_000);
 
     let individual = run("individual");
     assert_ok(&individual, "individual");
@@ -385,7 +315,7 @@ pipelines:
     assert_ok(&noop, "noop");
     assert_eq!(noop.pipelines[0].restarts, 0, "noop restarts nothing");
     assert_eq!(noop.pipelines[0].degraded, 1, "noop: one task down");
-    assert_eq!(read_sink(&tmp.path().join("out-noop/b")).len(), 20_000);
+    assert_eq!(committed(&tmp.path().join("out-noop/b")).len(), 20_000);
 }
 
 /// `restart: none` gives up at the first failure: the pipeline fails with the operator,

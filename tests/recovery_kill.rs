@@ -13,19 +13,22 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
-use common::copy_dir;
+use common::binary::{plain, signal, wait_child, weir};
+use common::in_process::{copy_reference_pipelines, golden_path, reference_files};
+use common::output::{
+    OutputDiff, canonical_lines_marking_torn, committed_marking_torn, describe_counted,
+    hidden_files, part_files,
+};
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 /// Longest a run that is not killed may take before the test calls it a hang.
 const HANG: Duration = Duration::from_secs(600);
@@ -90,89 +93,6 @@ impl Drop for Scratch {
             eprintln!("kept the test directory {}", dir.keep().display());
         }
     }
-}
-
-/// One canonical JSON line per record (keys sorted, no spaces); a line that is not JSON is
-/// kept, marked, so that it shows up in a comparison instead of aborting it.
-fn canonical_lines(text: &str, into: &mut Vec<String>) {
-    for l in text.lines().filter(|l| !l.trim().is_empty()) {
-        into.push(match serde_json::from_str::<Value>(l) {
-            Ok(v) => v.to_string(),
-            Err(_) => format!("NOT JSON: {l}"),
-        });
-    }
-}
-
-/// The committed output of a file sink: every non-hidden file of its directory, as sorted
-/// canonical lines.
-fn read_sink(dir: &Path) -> Vec<String> {
-    let mut lines = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return lines;
-    };
-    for e in entries {
-        let p = e.unwrap().path();
-        if p.file_name()
-            .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
-        {
-            canonical_lines(&std::fs::read_to_string(&p).unwrap(), &mut lines);
-        }
-    }
-    lines.sort();
-    lines
-}
-
-/// Hidden files (in-progress or pending parts) left in a sink directory.
-fn hidden_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
-            .count()
-    })
-}
-
-/// Multiset difference: `(missing, extra)` as `(line, times)`, each sorted by line.
-type Diff = (Vec<(String, usize)>, Vec<(String, usize)>);
-
-fn multiset_diff(expected: &[String], got: &[String]) -> Diff {
-    let mut count: BTreeMap<&str, i64> = BTreeMap::new();
-    for l in expected {
-        *count.entry(l).or_default() += 1;
-    }
-    for l in got {
-        *count.entry(l).or_default() -= 1;
-    }
-    let mut missing = Vec::new();
-    let mut extra = Vec::new();
-    for (l, c) in count {
-        if c > 0 {
-            missing.push((l.to_owned(), c as usize));
-        } else if c < 0 {
-            extra.push((l.to_owned(), (-c) as usize));
-        }
-    }
-    (missing, extra)
-}
-
-fn describe_diff(missing: &[(String, usize)], extra: &[(String, usize)]) -> String {
-    let total = |v: &[(String, usize)]| v.iter().map(|(_, c)| c).sum::<usize>();
-    let mut s = format!(
-        "{} records missing ({} distinct), {} records too many ({} distinct)\n",
-        total(missing),
-        missing.len(),
-        total(extra),
-        extra.len()
-    );
-    for (what, v) in [("missing", missing), ("too many", extra)] {
-        for (l, c) in v.iter().take(12) {
-            let _ = writeln!(s, "  {what} ×{c}: {l}");
-        }
-        if v.len() > 12 {
-            let _ = writeln!(s, "  ... and {} more {what}", v.len() - 12);
-        }
-    }
-    s
 }
 
 fn read_log(path: &Path) -> String {
@@ -257,12 +177,7 @@ fn with_recovery(yaml: &Path, r: &Recovery<'_>) -> PathBuf {
     }
     let out = yaml.with_file_name(format!("{stem}.{}-{}.json", r.mode, r.backend.name()));
     std::fs::write(&out, serde_json::to_string_pretty(&file).unwrap()).unwrap();
-    let v = Command::new(WEIR)
-        .arg("validate")
-        .arg(&out)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
+    let v = plain().arg("validate").arg(&out).output().unwrap();
     assert!(
         v.status.success(),
         "{} does not validate:\n{}{}",
@@ -332,14 +247,12 @@ impl Runner {
         let out = std::fs::File::create(base.with_extension("out")).unwrap();
         let err_path = base.with_extension("err");
         let err = std::fs::File::create(&err_path).unwrap();
-        let child = Command::new(WEIR)
+        let child = weir()
             .arg("run")
             .arg("--no-progress")
             .arg("--no-api")
             .args(extra)
             .arg(&self.file)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -365,21 +278,7 @@ impl Runner {
 }
 
 fn wait_bounded(child: &mut Child, limit: Duration, log: &Path) -> ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`weir run` did not finish within {limit:?}\n{}",
-                log_excerpt(log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_child(child, limit, || log_excerpt(log))
 }
 
 /// What the kill loops did, for the report.
@@ -596,8 +495,8 @@ fn assert_exactly(
         let Some(want) = expected.get(&s.label()) else {
             continue;
         };
-        let got = read_sink(&s.dir);
-        let (missing, extra) = multiset_diff(want, &got);
+        let got = committed_marking_torn(&s.dir);
+        let (missing, extra) = OutputDiff::of(&got, want).counted();
         if !missing.is_empty() || !extra.is_empty() {
             let _ = write!(
                 failures,
@@ -605,7 +504,7 @@ fn assert_exactly(
                 s.label(),
                 want.len(),
                 got.len(),
-                describe_diff(&missing, &extra)
+                describe_counted(&missing, &extra)
             );
         }
     }
@@ -617,17 +516,10 @@ fn assert_exactly(
 
 fn reference_pipelines_survive_sigkill(backend: Backend, seed: u64) {
     let started = Instant::now();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
     let scratch = Scratch::new();
     let tmp = scratch.path();
-    let root = tmp.join("pipelines");
-    copy_dir(&src, &root);
-    let mut yamls: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    yamls.sort();
+    let root = copy_reference_pipelines(tmp);
+    let yamls = reference_files(&root);
     assert!(yamls.len() >= 5, "reference pipelines: {yamls:?}");
     let kills_per_file = 40_usize.div_ceil(yamls.len()).max(4);
     let mut rng = Rng::new(seed);
@@ -653,17 +545,11 @@ fn reference_pipelines_survive_sigkill(backend: Backend, seed: u64) {
         let mut expected = BTreeMap::new();
         let mut golden = 0;
         for s in &sinks {
-            let path = root
-                .join("expected")
-                .join(&stem)
-                .join(&s.pipeline)
-                .join(format!("{}.jsonl", s.id));
-            let got = read_sink(&s.dir);
+            let path = golden_path(&root, &stem, &s.pipeline, &s.id);
+            let got = committed_marking_torn(&s.dir);
             match std::fs::read_to_string(&path) {
                 Ok(text) => {
-                    let mut want = Vec::new();
-                    canonical_lines(&text, &mut want);
-                    want.sort();
+                    let want = canonical_lines_marking_torn(&text);
                     assert_eq!(
                         got,
                         want,
@@ -860,14 +746,14 @@ fn long_job_survives_sigkill(backend: Backend, seed: u64) {
         .count();
     let mut expected = BTreeMap::new();
     for s in file_sinks(&clean_file) {
-        let got = read_sink(&s.dir);
+        let got = committed_marking_torn(&s.dir);
         let want = &reference[&s.label()];
-        let (missing, extra) = multiset_diff(want, &got);
+        let (missing, extra) = OutputDiff::of(&got, want).counted();
         assert!(
             missing.is_empty() && extra.is_empty(),
             "failure-free {} vs the sequential reference: {}",
             s.label(),
-            describe_diff(&missing, &extra)
+            describe_counted(&missing, &extra)
         );
         expected.insert(s.label(), got);
     }
@@ -1016,15 +902,15 @@ fn at_least_once_keeps_every_record() {
         stats.restored.extend(restores_in(&read_log(&log)));
         walls.push(wall);
         let sinks = file_sinks(&file);
-        outputs.push(read_sink(&sinks[0].dir));
+        outputs.push(committed_marking_torn(&sinks[0].dir));
     }
-    let (clean_missing, clean_extra) = multiset_diff(&reference, &outputs[0]);
+    let (clean_missing, clean_extra) = OutputDiff::of(&outputs[0], &reference).counted();
     assert!(
         clean_missing.is_empty() && clean_extra.is_empty(),
         "failure-free run vs the sequential reference: {}",
-        describe_diff(&clean_missing, &clean_extra)
+        describe_counted(&clean_missing, &clean_extra)
     );
-    let (missing, extra) = multiset_diff(&reference, &outputs[1]);
+    let (missing, extra) = OutputDiff::of(&outputs[1], &reference).counted();
     // Extra copies of expected records are the duplicates at-least-once allows; any other
     // extra line (a torn or foreign record) is corrupt output.
     let known: std::collections::BTreeSet<&str> = reference.iter().map(String::as_str).collect();
@@ -1049,7 +935,7 @@ fn at_least_once_keeps_every_record() {
         "at-least-once output after {} SIGKILLs at {:?} ms lost or corrupted records: {}",
         stats.kills,
         stats.moments,
-        describe_diff(&missing, &foreign)
+        describe_counted(&missing, &foreign)
     );
 }
 
@@ -1060,15 +946,8 @@ fn at_least_once_keeps_every_record() {
 #[cfg(target_os = "linux")]
 fn torn_lines(dir: &Path) -> Vec<String> {
     let mut torn = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return torn;
-    };
-    for e in entries {
-        let p = e.unwrap().path();
+    for p in part_files(dir) {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
         let text = std::fs::read_to_string(&p).unwrap();
         if !text.is_empty() && !text.ends_with('\n') {
             torn.push(format!("{name}: no newline at the end"));
@@ -1092,8 +971,7 @@ fn tear_and_kill(child: &mut Child, out: &Path, log: &Path) -> (ExitStatus, usiz
         return (s, 0);
     }
     let pid = child.id().to_string();
-    let stopped = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-    assert!(stopped.success(), "cannot stop `weir run` {pid}");
+    assert!(signal(child.id(), "STOP"), "cannot stop `weir run` {pid}");
     let out = std::fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
     let mut torn = 0;
     if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
@@ -1178,11 +1056,11 @@ fn sink_parts_stay_whole_across_sigkills() {
         let out = dir.join("out");
         let mut runner = Runner::new(&file, &tmp.join("logs"), mode);
         let (wall, _) = runner.run_to_end();
-        let (missing, extra) = multiset_diff(&reference, &read_sink(&out));
+        let (missing, extra) = OutputDiff::of(&committed_marking_torn(&out), &reference).counted();
         assert!(
             missing.is_empty() && extra.is_empty(),
             "{mode}: the failure-free run differs from the sequential reference: {}",
-            describe_diff(&missing, &extra)
+            describe_counted(&missing, &extra)
         );
         let mut kills = 0;
         let mut tears = 0;
@@ -1217,8 +1095,8 @@ fn sink_parts_stay_whole_across_sigkills() {
             "{mode}: only {tears} kills caught a part being written"
         );
         let (_, log) = runner.run_to_end();
-        let output = read_sink(&out);
-        let (missing, extra) = multiset_diff(&reference, &output);
+        let output = committed_marking_torn(&out);
+        let (missing, extra) = OutputDiff::of(&output, &reference).counted();
         let known: std::collections::BTreeSet<&str> =
             reference.iter().map(String::as_str).collect();
         let foreign: Vec<_> = extra
@@ -1228,14 +1106,14 @@ fn sink_parts_stay_whole_across_sigkills() {
         assert!(
             missing.is_empty() && foreign.is_empty(),
             "{mode} after SIGKILLs at {moments:?} ms lost or corrupted records: {}\n{}",
-            describe_diff(&missing, &extra),
+            describe_counted(&missing, &extra),
             log_excerpt(&log)
         );
         if mode != "at_least_once" {
             assert!(
                 extra.is_empty(),
                 "{mode}: exactly-once, or without checkpoints the last run starts over: {}",
-                describe_diff(&missing, &extra)
+                describe_counted(&missing, &extra)
             );
         }
         assert_eq!(

@@ -35,11 +35,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::run::{OutputDiff, Run, committed, run_to_end};
+use common::files::{append, write_by_rename};
+use common::output::{OutputDiff, committed};
+use common::run::{Run, run_to_end};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
@@ -284,16 +285,6 @@ fn versions(edit: Edit, dir: &Path) -> (Version, Version) {
     (old, new)
 }
 
-fn append(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-}
-
 fn jsonl(prefix: &str, range: std::ops::Range<usize>) -> String {
     range
         .map(|i| format!("{{\"id\":\"{prefix}{i}\",\"k\":\"k{}\"}}\n", i % 17))
@@ -359,13 +350,6 @@ fn golden() -> &'static BTreeMap<(Source, &'static str), Vec<String>> {
     })
 }
 
-/// Writes `text` over `path` as editors do (a temporary file renamed over it).
-fn save(path: &Path, text: &str) {
-    let tmp = path.with_file_name(".p.yaml.swp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn ids() -> Vec<&'static str> {
     SOURCES.iter().map(|s| s.id()).collect()
 }
@@ -406,7 +390,7 @@ fn cell(edit: Edit, way: Way) {
 
     let mut run = match way {
         Way::Watch => {
-            save(&file, &new.file());
+            write_by_rename(&file, &new.file());
             let status = run.wait_for("the reload", |s| {
                 s["last_reload"]["result"]
                     .as_str()
@@ -422,7 +406,7 @@ fn cell(edit: Edit, way: Way) {
             run
         }
         Way::Reload => {
-            save(&file, &new.file());
+            write_by_rename(&file, &new.file());
             let mut args = vec!["reload"];
             if allow {
                 args.push("--allow-non-restored-state");
@@ -452,7 +436,7 @@ fn cell(edit: Edit, way: Way) {
             if allow {
                 next_args.push("--allow-non-restored-state".into());
             }
-            save(&file, &new.file());
+            write_by_rename(&file, &new.file());
             let (cwd, name) = if edit == Edit::OtherWorkingDir {
                 (std::env::temp_dir(), file.clone())
             } else {
@@ -566,7 +550,7 @@ pipelines:
     std::fs::write(&file, text(2)).unwrap();
     let mut run = Run::start(dir, Path::new("p.yaml"), &[]);
     run.wait_checkpoints(&["gen"], 1);
-    save(&file, &text(3));
+    write_by_rename(&file, &text(3));
     let out = run.cli(&["reload"]);
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(!out.status.success(), "{said}");
@@ -575,10 +559,10 @@ pipelines:
             && said.contains("a generator cannot change its parallelism"),
         "{said}"
     );
-    save(&file, &text(2));
+    write_by_rename(&file, &text(2));
     let sp = run.stop_with_savepoint("gen");
     run.finish_ok();
-    save(&file, &text(3));
+    write_by_rename(&file, &text(3));
     let (ok, log) = run_to_end(
         dir,
         Path::new("p.yaml"),

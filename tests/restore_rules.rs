@@ -12,7 +12,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::run::{Run, committed, run_to_end};
+use common::files::write_by_rename;
+use common::output::committed;
+use common::run::{Run, run_to_end};
 use serde_json::Value;
 
 /// Version 1 of the counter: a running count per key in the value state `cnt`.
@@ -148,9 +150,7 @@ fn v1() -> String {
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
+    write_by_rename(&path, text);
     path
 }
 

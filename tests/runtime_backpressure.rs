@@ -5,16 +5,14 @@
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-/// The peak resident set of process `pid` in KiB, while it runs.
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
+use common::binary::plain;
+use common::memory::peak_rss_kib;
 
 #[test]
 fn slow_sink_backpressures_sources() {
@@ -42,10 +40,9 @@ pipelines:
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = plain()
         .args(["run", "--no-progress", "--no-api"])
         .arg(&path)
-        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -4,13 +4,11 @@
 //! exact. (Alone in its test binary, so the peak is this run's.)
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use weir_engine::job::{self, JobOptions};
+mod common;
 
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
+use common::in_process::plan_of;
+use common::memory::own_peak_rss_kib;
+use weir_engine::job::{self, JobOptions};
 
 #[test]
 fn chained_flat_maps_expand_in_bounded_memory_with_exact_output() {
@@ -50,11 +48,7 @@ pipelines:
 "#,
     )
     .unwrap();
-    let plan = weir_engine::validate::validate_file(&path)
-        .plan()
-        .unwrap()
-        .unwrap();
-    let summary = job::run(plan, JobOptions::default()).unwrap();
+    let summary = job::run(plan_of(&path), JobOptions::default()).unwrap();
     assert!(summary.is_ok(), "{:?}", summary.pipelines[0].error);
     let mut counts = Vec::new();
     for e in std::fs::read_dir(dir.path().join("out")).unwrap() {
@@ -65,7 +59,7 @@ pipelines:
     }
     counts.sort_unstable();
     assert_eq!(counts, (0..4).map(|id| (id, 2_000_000)).collect::<Vec<_>>());
-    let peak = peak_rss_kib().unwrap();
+    let peak = own_peak_rss_kib().unwrap();
     // 8 M records held at once take well over 1 GiB (a map per record); batch-sized pieces
     // keep the run near its baseline.
     assert!(peak < 256 * 1024, "peak RSS {peak} KiB");

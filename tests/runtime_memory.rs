@@ -3,13 +3,11 @@
 //! not by the input size.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use weir_engine::job::{self, JobOptions};
+mod common;
 
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
+use common::in_process::plan_of;
+use common::memory::own_peak_rss_kib;
+use weir_engine::job::{self, JobOptions};
 
 #[test]
 fn five_million_records_run_in_bounded_memory() {
@@ -42,11 +40,7 @@ pipelines:
 "#,
     )
     .unwrap();
-    let plan = weir_engine::validate::validate_file(&path)
-        .plan()
-        .unwrap()
-        .unwrap();
-    let summary = job::run(plan, JobOptions::default()).unwrap();
+    let summary = job::run(plan_of(&path), JobOptions::default()).unwrap();
     assert!(summary.is_ok(), "{:?}", summary.pipelines[0].error);
     let mut total = 0;
     let mut keys = 0;
@@ -59,7 +53,7 @@ pipelines:
     }
     assert_eq!(total, 5_000_000);
     assert_eq!(keys, 1000);
-    let peak = peak_rss_kib().unwrap();
+    let peak = own_peak_rss_kib().unwrap();
     // Buffering the input would take several GiB; bounded channels keep it near the baseline.
     assert!(peak < 512 * 1024, "peak RSS {peak} KiB");
 }

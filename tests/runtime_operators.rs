@@ -3,8 +3,12 @@
 //! breaches.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
+
+use common::in_process::assert_ok;
 
 use serde_json::{Value, json};
 use weir_engine::job::{self, JobOptions, JobSummary};
@@ -31,17 +35,6 @@ fn run_yaml(dir: &Path, yaml: &str) -> JobSummary {
         },
     )
     .unwrap()
-}
-
-fn ok(s: &JobSummary) {
-    for p in &s.pipelines {
-        assert!(
-            p.error.is_none(),
-            "pipeline {} failed: {}",
-            p.id,
-            p.error.as_ref().unwrap()
-        );
-    }
 }
 
 /// Every record of every part file in `dir`, sorted by their JSON text.
@@ -125,7 +118,7 @@ pipelines:
       - {{ id: out, type: file, input: split, path: out }}
 "#
         );
-        ok(&run_yaml(dir.path(), &yaml));
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
         let mut expected = Vec::new();
         for r in &recs {
             let amount = r["amount"].as_i64().unwrap() * 2;
@@ -183,7 +176,7 @@ pipelines:
       - {{ id: out, type: file, input: counts, path: out }}
 "#
         );
-        ok(&run_yaml(dir.path(), &yaml));
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
         let mut reference: BTreeMap<&str, i64> = BTreeMap::new();
         for l in &lines {
             for w in l.split(' ') {
@@ -239,7 +232,7 @@ pipelines:
       - {{ id: out2, type: file, input: red, path: out2 }}
 "#
         );
-        ok(&run_yaml(dir.path(), &yaml));
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
         let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         let mut first: BTreeMap<String, Value> = BTreeMap::new();
         for r in &recs {
@@ -307,7 +300,7 @@ pipelines:
     sinks:
       - { id: out, type: file, input: running, path: out, parallelism: 2 }
 "#;
-    ok(&run_yaml(dir.path(), yaml));
+    assert_ok(&run_yaml(dir.path(), yaml), "pipeline");
     let got = read_output(&dir.path().join("out"));
     assert_eq!(got.len(), recs.len(), "one update per record");
     let mut max: BTreeMap<String, i64> = BTreeMap::new();
@@ -362,7 +355,7 @@ pipelines:
       - {{ id: out, type: file, input: track, path: out }}
 "#
         );
-        ok(&run_yaml(dir.path(), &yaml));
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
         let mut expected = Vec::new();
         let mut per: BTreeMap<String, (i64, i64, i64)> = BTreeMap::new();
         for r in &recs {
@@ -421,7 +414,7 @@ pipelines:
       - { id: out, type: file, input: spread, path: out, parallelism: 3 }
       - { id: out_b, type: file, input: everywhere, path: out_b, parallelism: 2 }
 "#;
-    ok(&run_yaml(dir.path(), yaml));
+    assert_ok(&run_yaml(dir.path(), yaml), "pipeline");
     let mut expected: Vec<Value> = recs.iter().map(|r| json!({"id": r["id"]})).collect();
     expected.extend((0..500).map(|i| json!({"id": 100_000 + i})));
     assert_eq!(read_output(&dir.path().join("out")), sorted(expected));
@@ -465,7 +458,7 @@ pipelines:
       - { id: dead, type: file, path: dead }
 "#;
     let s = run_yaml(dir.path(), yaml);
-    ok(&s);
+    assert_ok(&s, "pipeline");
     let out = read_output(&dir.path().join("out"));
     assert_eq!(
         out.len(),
@@ -570,7 +563,7 @@ pipelines:
     let e = s.pipelines[0].error.as_ref().unwrap().to_string();
     assert!(e.contains("in.jsonl:3"), "{e}");
     let s = run_yaml(dir.path(), &yaml("skip"));
-    ok(&s);
+    assert_ok(&s, "pipeline");
     assert_eq!(read_output(&dir.path().join("out")).len(), 3);
     assert_eq!(s.pipelines[0].nodes[0].errors, 1);
 }
@@ -599,7 +592,7 @@ pipelines:
     sinks:
       - { id: out, type: file, input: total, path: out, format: csv, parallelism: 1 }
 "#;
-    ok(&run_yaml(dir.path(), yaml));
+    assert_ok(&run_yaml(dir.path(), yaml), "pipeline");
     let mut lines: Vec<String> = Vec::new();
     for e in std::fs::read_dir(dir.path().join("out")).unwrap() {
         let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
@@ -635,7 +628,7 @@ pipelines:
       - {{ id: out, type: file, input: g, path: out }}
 "#
         );
-        ok(&run_yaml(dir.path(), &yaml));
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
         outs.push(read_output(&dir.path().join("out")));
     }
     assert_eq!(outs[0].len(), 5000);

@@ -17,26 +17,20 @@
 //! and the final total per key compared instead.
 //!
 //! No assertion is about time: generators are rate-limited and bounded inputs large, so
-//! that a stop lands mid-run (which is asserted), and every wait polls
-//! `weir status --json` against a generous deadline.
+//! that a stop lands mid-run (which is asserted), and every wait polls the job's status
+//! against a generous deadline (the running harness in `common::run`).
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use common::{canonical_lines, copy_dir};
+use common::files::{append, copy_dir};
+use common::output::{assert_exactly_once, committed};
+use common::run::{Run, beside, kill_when, pipeline_of, run_to_end, run_to_end_with};
 use serde_json::Value;
-
-/// How long anything that should happen soon may take on a loaded machine.
-const DEADLINE: Duration = Duration::from_secs(60);
-/// How long a whole `weir run` may take.
-const RUN_DEADLINE: Duration = Duration::from_secs(240);
 
 /// The keyed pipeline most scenarios use: 30 000 generated records at 6 000/s, per-user
 /// running count and total by a Rhai reduce at parallelism 2, an exactly-once file sink,
@@ -90,15 +84,6 @@ const STOP_AFTER: u64 = 3_000;
 // Driving the binary
 // ---------------------------------------------------------------------------------------
 
-fn weir() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-    c.env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("WEIR_API_TOKEN")
-        .env_remove("WEIR_API");
-    c
-}
-
 /// Replaces `from` by `to` in `text`, which must contain it.
 fn edit(text: &str, from: &str, to: &str) -> String {
     assert!(
@@ -122,332 +107,9 @@ fn write_yaml(dir: &Path, text: &str) -> PathBuf {
     yaml
 }
 
-/// Waits for `child` with a deadline; kills it (and fails) when the deadline passes.
-fn wait_child(child: &mut Child, deadline: Duration, log: impl Fn() -> String) -> ExitStatus {
-    let until = Instant::now() + deadline;
-    loop {
-        if let Some(status) = child.try_wait().expect("poll the child") {
-            return status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`weir` did not end within {deadline:?}; its log:\n{}",
-                log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `weir run --no-api EXTRA FILE` to its end: `(success, stderr)`.
-fn run_to_end(yaml: &Path, extra: &[&str]) -> (bool, String) {
-    let mut args = vec!["--no-api"];
-    args.extend_from_slice(extra);
-    let (status, log) = run_to_end_with(yaml, &args, &[]);
-    (status.success(), log)
-}
-
-/// `weir run ARGS FILE` with extra environment variables, to its end: `(status, stderr)`.
-fn run_to_end_with(yaml: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let dir = yaml.parent().expect("the pipeline file is in a directory");
-    let log_path = dir.join(format!(
-        "run-{}.log",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let log_file = std::fs::File::create(&log_path).expect("create the log file");
-    let mut command = weir();
-    command
-        .args(["run", "--no-progress"])
-        .args(args)
-        .arg(yaml)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file);
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().expect("start weir run");
-    let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let status = wait_child(&mut child, RUN_DEADLINE, read);
-    (status, read())
-}
-
-/// A `weir run --api-port 0` in the background, its stderr collected.
-struct Run {
-    child: Child,
-    api: String,
-    log: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Run {
-    /// Starts `weir run --api-port 0 EXTRA FILE` and waits until its control API listens.
-    fn start(yaml: &Path, extra: &[&str]) -> Self {
-        let mut args = vec!["--api-port", "0"];
-        args.extend_from_slice(extra);
-        Self::start_with(yaml, &args, &[])
-    }
-
-    /// Starts `weir run ARGS FILE` with extra environment variables (the API settings come
-    /// from `args` and the file) and waits until its control API listens.
-    fn start_with(yaml: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = weir();
-        command
-            .args(["run", "--no-progress"])
-            .args(args)
-            .arg(yaml)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().expect("start weir run");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let reader = {
-            let log = Arc::clone(&log);
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(addr) = line.strip_prefix("control API on http://") {
-                        let _ = tx.send(addr.trim().to_owned());
-                    }
-                    let mut log = log
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            })
-        };
-        let api = rx.recv_timeout(DEADLINE);
-        let mut run = Self {
-            child,
-            api: String::new(),
-            log,
-            reader: Some(reader),
-        };
-        match api {
-            Ok(api) => run.api = api,
-            Err(_) => {
-                let _ = run.child.kill();
-                let _ = run.child.wait();
-                if let Some(r) = run.reader.take() {
-                    let _ = r.join();
-                }
-                panic!(
-                    "`weir run` never said where its control API listens:\n{}",
-                    run.log()
-                );
-            }
-        }
-        run
-    }
-
-    fn log(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Runs a CLI verb against this run's API (`--api` appended).
-    fn cli(&self, args: &[&str]) -> Output {
-        self.cli_env(args, &[])
-    }
-
-    /// As [`cli`](Self::cli), with extra environment variables. A verb that does not answer
-    /// within the deadline is killed and fails the test.
-    fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        use std::io::{Read, Seek};
-        let mut stdout = tempfile::tempfile().expect("a temporary file");
-        let mut stderr = tempfile::tempfile().expect("a temporary file");
-        let mut c = weir();
-        c.args(args)
-            .args(["--api", &self.api])
-            .stdin(Stdio::null())
-            .stdout(stdout.try_clone().expect("clone a file handle"))
-            .stderr(stderr.try_clone().expect("clone a file handle"));
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("run a weir verb");
-        let status = wait_child(&mut child, DEADLINE * 2, || {
-            format!("(`weir {}`)\n{}", args.join(" "), self.log())
-        });
-        let read = |f: &mut std::fs::File| {
-            let mut v = Vec::new();
-            f.rewind().expect("rewind");
-            f.read_to_end(&mut v).expect("read the output");
-            v
-        };
-        Output {
-            status,
-            stdout: read(&mut stdout),
-            stderr: read(&mut stderr),
-        }
-    }
-
-    /// `weir status --json`, once; `None` when it fails (e.g. the run just ended).
-    fn status(&self) -> Option<Value> {
-        let out = self.cli(&["status", "--json"]);
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    /// The status of one pipeline.
-    fn pipeline(&self, id: &str) -> Value {
-        let status = self
-            .status()
-            .unwrap_or_else(|| panic!("`weir status` failed; the log:\n{}", self.log()));
-        pipeline_of(&status, id)
-    }
-
-    /// Polls the status until `ready` holds, and returns that status.
-    fn wait_for(&mut self, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
-        let until = Instant::now() + DEADLINE;
-        loop {
-            if let Some(exit) = self.child.try_wait().expect("poll the child") {
-                panic!(
-                    "`weir run` ended ({exit}) while waiting for {what}; its log:\n{}",
-                    self.log()
-                );
-            }
-            if let Some(status) = self.status()
-                && ready(&status)
-            {
-                return status;
-            }
-            assert!(
-                Instant::now() < until,
-                "{what} did not happen within {DEADLINE:?}; the log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits until `pipeline` completed a checkpoint and its source produced `records`.
-    fn wait_mid_run(&mut self, pipeline: &str, records: u64) {
-        self.wait_for(&format!("`{pipeline}` to be mid-run"), |s| {
-            let p = pipeline_of(s, pipeline);
-            p["checkpoints"].as_u64().unwrap_or(0) >= 1
-                && p["source_records"].as_u64().unwrap_or(0) >= records
-        });
-    }
-
-    /// Lets `pipeline` complete `more` checkpoints beyond its count now, then stops it with
-    /// `weir stop` (no savepoint) and waits for a successful end.
-    fn stop_after_checkpoints(&mut self, pipeline: &str, more: u64, what: &str) {
-        let at = self.pipeline(pipeline)["checkpoints"].as_u64().unwrap_or(0);
-        self.wait_for(what, |s| {
-            pipeline_of(s, pipeline)["checkpoints"]
-                .as_u64()
-                .unwrap_or(0)
-                >= at + more
-        });
-        let out = self.cli(&["stop", pipeline]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.finish_ok();
-    }
-
-    /// `weir stop PIPELINE --savepoint`: the savepoint's directory.
-    fn stop_with_savepoint(&self, pipeline: &str) -> PathBuf {
-        let out = self.cli(&["stop", pipeline, "--savepoint"]);
-        self.savepoint_path(&out, "weir stop --savepoint")
-    }
-
-    /// The path a successful `weir savepoint` / `weir stop --savepoint` printed.
-    fn savepoint_path(&self, out: &Output, what: &str) -> PathBuf {
-        assert!(
-            out.status.success(),
-            "{what} failed: {}\nthe run's log:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
-        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        assert!(
-            path.join("_metadata").is_file(),
-            "{what} printed `{}`, which is not a savepoint directory",
-            path.display()
-        );
-        path
-    }
-
-    /// Waits for the process to end: `(status, whole log)`.
-    fn finish(&mut self) -> (ExitStatus, String) {
-        let log = Arc::clone(&self.log);
-        let status = wait_child(&mut self.child, RUN_DEADLINE, move || {
-            log.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone()
-        });
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        (status, self.log())
-    }
-
-    /// Waits for a successful end and returns the log.
-    fn finish_ok(&mut self) -> String {
-        let (status, log) = self.finish();
-        assert!(status.success(), "`weir run` failed ({status}):\n{log}");
-        log
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        // A failed test never leaves a `weir run` behind.
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn pipeline_of(status: &Value, id: &str) -> Value {
-    status["pipelines"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["id"] == id))
-        .cloned()
-        .unwrap_or_else(|| panic!("no pipeline `{id}` in the status: {status}"))
-}
-
 // ---------------------------------------------------------------------------------------
 // Outputs
 // ---------------------------------------------------------------------------------------
-
-/// The committed output of a file sink directory (hidden in-progress and pending parts left
-/// out), as sorted canonical JSON lines.
-fn committed(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut text = String::new();
-    for e in entries {
-        let e = e.expect("list the sink directory");
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        text.push_str(&std::fs::read_to_string(e.path()).expect("read a part file"));
-        text.push('\n');
-    }
-    canonical_lines(&text)
-}
 
 fn parse(line: &str) -> Value {
     serde_json::from_str(line).expect("a canonical JSON line")
@@ -508,40 +170,6 @@ fn assert_clean_prefix(lines: &[String]) -> usize {
     n
 }
 
-/// Compares two outputs with a readable failure.
-fn assert_same_output(got: &[String], want: &[String], what: &str) {
-    if got == want {
-        return;
-    }
-    let missing = minus_lossy(want, got);
-    let extra = minus_lossy(got, want);
-    panic!(
-        "{what}: {} lines, expected {}; {} missing (first: {:?}), {} unexpected (first: {:?})",
-        got.len(),
-        want.len(),
-        missing.len(),
-        missing.iter().take(3).collect::<Vec<_>>(),
-        extra.len(),
-        extra.iter().take(3).collect::<Vec<_>>()
-    );
-}
-
-/// `a` minus `b` as multisets, ignoring lines of `b` that `a` lacks.
-fn minus_lossy(a: &[String], b: &[String]) -> Vec<String> {
-    let mut counts: HashMap<&str, i64> = HashMap::new();
-    for l in b {
-        *counts.entry(l).or_default() += 1;
-    }
-    a.iter()
-        .filter(|l| {
-            let c = counts.entry(l).or_default();
-            *c -= 1;
-            *c < 0
-        })
-        .cloned()
-        .collect()
-}
-
 /// The committed output of every sink directory in `sinks` after a straight, failure-free
 /// run of `text` in a directory of its own (with `setup` preparing its input first).
 /// Cached by pipeline text: several scenarios share a final pipeline.
@@ -564,7 +192,7 @@ fn straight_with(
         let dir = tempfile::tempdir().expect("tempdir");
         setup(dir.path());
         let yaml = write_yaml(dir.path(), text);
-        let (ok, log) = run_to_end(&yaml, &[]);
+        let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
         assert!(ok, "the straight run failed:\n{log}");
         sinks
             .iter()
@@ -595,7 +223,7 @@ fn keyed(backend: &str) -> String {
 /// number of records whose updates were committed (a clean prefix, checked).
 fn run_and_stop_with_savepoint(dir: &Path, text: &str) -> (PathBuf, usize) {
     let yaml = write_yaml(dir, text);
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("totals", STOP_AFTER);
     let savepoint = run.stop_with_savepoint("totals");
     let log = run.finish_ok();
@@ -634,13 +262,14 @@ fn a_savepoint_restores_into_every_other_backend() {
             let dir = tempfile::tempdir().expect("tempdir");
             let (savepoint, _) = run_and_stop_with_savepoint(dir.path(), &keyed(from));
             let yaml = write_yaml(dir.path(), &unlimited(&keyed(to)));
-            let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+            let (ok, log) =
+                run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
             assert!(ok, "{from} -> {to}: the restore failed:\n{log}");
             assert!(
                 log.contains("Restoring from a savepoint"),
                 "{from} -> {to}:\n{log}"
             );
-            assert_same_output(
+            assert_exactly_once(
                 &committed(&dir.path().join("out")),
                 &straight(&unlimited(&keyed(to))),
                 &format!("{from} -> {to}"),
@@ -689,7 +318,6 @@ pipelines:
 
 /// Appends lines `from..to` of input file `name` (content depends only on name and line).
 fn append_lines(dir: &Path, name: &str, from: usize, to: usize) {
-    use std::io::Write;
     let seed: usize = name.bytes().map(usize::from).sum();
     let mut text = String::new();
     for i in from..to {
@@ -699,15 +327,7 @@ fn append_lines(dir: &Path, name: &str, from: usize, to: usize) {
             (i * 37 + seed * 11) % 101
         ));
     }
-    let path = dir.join("in").join(format!("{name}.jsonl"));
-    std::fs::create_dir_all(dir.join("in")).expect("create the input directory");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .expect("open an input file");
-    f.write_all(text.as_bytes())
-        .expect("append to an input file");
+    append(&dir.join("in").join(format!("{name}.jsonl")), &text);
 }
 
 /// Starts `parallelism` (from `savepoint` when given), waits until `target` records reached
@@ -723,7 +343,7 @@ fn files_step(
         Some(sp) => vec!["--from-savepoint", arg(sp)],
         None => Vec::new(),
     };
-    let mut run = Run::start(&yaml, &extra);
+    let mut run = Run::start(beside(&yaml), &yaml, &extra);
     run.wait_for(&format!("step at parallelism {parallelism}"), |s| {
         let p = pipeline_of(s, "files");
         let sunk = p["sink_records"].as_u64().unwrap_or(0);
@@ -785,7 +405,7 @@ fn rescaling_1_to_3_to_2_with_a_split_file_source_equals_the_straight_run() {
     files_step(s, 2, None, Some(total(&lines) as u64));
     let want = committed(&s.join("out"));
     assert_eq!(want.len(), total(&lines));
-    assert_same_output(&got, &want, "rescaled 1 -> 3 -> 2");
+    assert_exactly_once(&got, &want, "rescaled 1 -> 3 -> 2");
 }
 
 /// The same pipeline over a bounded input: the split plan (files dealt out to readers, and
@@ -842,7 +462,7 @@ fn rescaling_a_bounded_split_file_source_3_to_2_to_1_equals_the_straight_run() {
             Some(sp) => vec!["--from-savepoint", arg(sp)],
             None => Vec::new(),
         };
-        let mut run = Run::start(&yaml, &extra);
+        let mut run = Run::start(beside(&yaml), &yaml, &extra);
         // Stopped as soon as output flows: far from the end of the input.
         run.wait_for(&format!("output at parallelism {parallelism}"), |s| {
             pipeline_of(s, "files")["sink_records"]
@@ -862,7 +482,7 @@ fn rescaling_a_bounded_split_file_source_3_to_2_to_1_equals_the_straight_run() {
     let sp3 = step(3, None);
     let sp2 = step(2, Some(&sp3));
     let yaml = write_yaml(d, &bounded_files_job(1));
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&sp2)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&sp2)]);
     assert!(ok, "{log}");
     let got = committed(&d.join("out"));
     assert_eq!(got.len(), total, "one update per input line, each once");
@@ -908,7 +528,7 @@ fn state_of_a_removed_operator_is_refused_unless_allowed() {
     let final_text = unlimited(&without_reduce());
     let yaml = write_yaml(dir.path(), &final_text);
 
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
     assert!(
         !ok,
         "restoring state of a removed operator must fail:\n{log}"
@@ -923,6 +543,7 @@ fn state_of_a_removed_operator_is_refused_unless_allowed() {
     );
 
     let (ok, log) = run_to_end(
+        beside(&yaml),
         &yaml,
         &[
             "--from-savepoint",
@@ -939,7 +560,7 @@ fn state_of_a_removed_operator_is_refused_unless_allowed() {
     let new = minus(&committed(&dir.path().join("out")), &before);
     let want = filter(&straight(&final_text), |l| last(l) >= n as i64);
     assert_eq!(want.len(), COUNT - n);
-    assert_same_output(&new, &want, "after dropping the reduce's state");
+    assert_exactly_once(&new, &want, "after dropping the reduce's state");
 }
 
 #[test]
@@ -951,7 +572,7 @@ fn a_changed_max_parallelism_is_refused() {
         dir.path(),
         &edit(KEYED, "max_parallelism: 128", "max_parallelism: 256"),
     );
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
     assert!(!ok, "a changed max_parallelism must be refused:\n{log}");
     for needle in ["max_parallelism 128", "now has 256", "key groups"] {
         assert!(log.contains(needle), "missing `{needle}` in:\n{log}");
@@ -968,7 +589,7 @@ fn a_changed_max_parallelism_is_refused() {
             "type: generator\n        parallelism: 2",
         ),
     );
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
     assert!(!ok, "a rescaled generator must be refused:\n{log}");
     assert!(
         log.contains("a generator cannot change its parallelism"),
@@ -1021,12 +642,12 @@ fn a_new_keyed_operator_starts_empty_and_the_old_one_keeps_its_state() {
 "#,
     ));
     let yaml = write_yaml(dir.path(), &final_text);
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
     assert!(ok, "{log}");
 
     let want = straight_with(&final_text, &["out", "counts_out"], |_| {});
     // The old reduce kept its state: its output is the straight run's.
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out")),
         &want["out"],
         "the old reduce",
@@ -1044,7 +665,7 @@ fn a_new_keyed_operator_starts_empty_and_the_old_one_keeps_its_state() {
         expected.push(serde_json::json!({"key": key, "n": a.0, "s": a.1}).to_string());
     }
     expected.sort();
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("counts_out")),
         &expected,
         "the new aggregate",
@@ -1075,7 +696,7 @@ fn migrate_rewrites_restored_state_once_when_the_script_changed() {
 
     // The new script: every restored accumulator goes through `migrate`.
     let yaml = write_yaml(dir.path(), &migrated());
-    let mut run = Run::start(&yaml, &["--from-savepoint", arg(&sp1)]);
+    let mut run = Run::start(beside(&yaml), &yaml, &["--from-savepoint", arg(&sp1)]);
     run.wait_for("the migrated run to process", |s| {
         let p = pipeline_of(s, "totals");
         p["checkpoints"].as_u64().unwrap_or(0) >= 1
@@ -1089,7 +710,7 @@ fn migrate_rewrites_restored_state_once_when_the_script_changed() {
     );
 
     // The same script again: no second migration (it would turn `sum` into `()` and fail).
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&sp2)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&sp2)]);
     assert!(ok, "{log}");
     assert!(
         !log.contains("Migrated restored state"),
@@ -1100,7 +721,7 @@ fn migrate_rewrites_restored_state_once_when_the_script_changed() {
     // continuing from the migrated totals.
     let old = filter(&straight(&unlimited(KEYED)), |l| last(l) < n as i64);
     let new = filter(&straight(&unlimited(&migrated())), |l| last(l) >= n as i64);
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out")),
         &union(&old, &new),
         "migrated",
@@ -1146,7 +767,7 @@ fn stopping_one_pipeline_with_a_savepoint_leaves_the_other_running() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = write_yaml(dir.path(), &text);
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("alpha", STOP_AFTER);
     let savepoint = run.stop_with_savepoint("alpha");
     assert!(
@@ -1180,14 +801,14 @@ fn stopping_one_pipeline_with_a_savepoint_leaves_the_other_running() {
     );
     let want = straight_with(&unlimited(&text), &["out_alpha", "out_beta"], |_| {});
     assert_eq!(want["out_beta"].len(), 24_000);
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out_beta")),
         &want["out_beta"],
         "beta, which ran to its end",
     );
     let alpha = committed(&dir.path().join("out_alpha"));
     let n = assert_clean_prefix(&alpha);
-    assert_same_output(
+    assert_exactly_once(
         &alpha,
         &filter(&want["out_alpha"], |l| last(l) < n as i64),
         "alpha, stopped at its savepoint",
@@ -1196,14 +817,14 @@ fn stopping_one_pipeline_with_a_savepoint_leaves_the_other_running() {
     // The whole file again with alpha's savepoint (matched to alpha by its metadata):
     // alpha resumes where it stopped, beta starts over; both outputs are the straight ones.
     let yaml = write_yaml(dir.path(), &unlimited(&text));
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&savepoint)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&savepoint)]);
     assert!(ok, "{log}");
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out_alpha")),
         &want["out_alpha"],
         "alpha, resumed",
     );
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out_beta")),
         &want["out_beta"],
         "beta, run again",
@@ -1250,7 +871,7 @@ pipelines:
 fn stop_with_drain_flushes_final_results_into_the_committed_output() {
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = write_yaml(dir.path(), FINAL_AGGREGATE);
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("agg", STOP_AFTER);
     assert!(
         committed(&dir.path().join("out")).is_empty(),
@@ -1286,7 +907,7 @@ fn stop_with_drain_flushes_final_results_into_the_committed_output() {
         "count: 30000",
         &format!("count: {n}"),
     )));
-    assert_same_output(&got, &want, "drained final results");
+    assert_exactly_once(&got, &want, "drained final results");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1306,7 +927,7 @@ fn assert_unauthorized(out: &Output, what: &str) {
 fn mutating_calls_need_the_api_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = write_yaml(dir.path(), KEYED);
-    let mut run = Run::start(&yaml, &["--api-token", "secret"]);
+    let mut run = Run::start(beside(&yaml), &yaml, &["--api-token", "secret"]);
     run.wait_mid_run("totals", STOP_AFTER);
 
     assert_unauthorized(
@@ -1354,9 +975,13 @@ fn mutating_calls_need_the_api_token() {
     run.finish_ok();
     assert_clean_prefix(&committed(&dir.path().join("out")));
 
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&stopped_at)]);
+    let (ok, log) = run_to_end(
+        beside(&yaml),
+        &yaml,
+        &["--from-savepoint", arg(&stopped_at)],
+    );
     assert!(ok, "{log}");
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out")),
         &straight(&unlimited(KEYED)),
         "after the token-guarded stop",
@@ -1375,7 +1000,7 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
     // A savepoint mid-run, then the run goes on (committing more output) and is stopped
     // without one: restoring the savepoint rolls the output back to it.
     // A directory outside the savepoint root needs --allow-any-savepoint-dir.
-    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
+    let mut run = Run::start(beside(&yaml), &yaml, &["--allow-any-savepoint-dir"]);
     run.wait_mid_run("totals", STOP_AFTER);
     let custom = d.join("custom");
     let out = run.cli(&["savepoint", "totals", "--dir", arg(&custom)]);
@@ -1414,7 +1039,7 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
         .expect("a file name")
         .to_string_lossy()
         .into_owned();
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&damaged)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&damaged)]);
     assert!(!ok, "a damaged savepoint must be refused:\n{log}");
     assert!(log.contains(&name), "the message names `{name}`:\n{log}");
 
@@ -1423,7 +1048,7 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
     copy_dir(&moved, &truncated);
     let meta = std::fs::read(truncated.join("_metadata")).expect("read _metadata");
     std::fs::write(truncated.join("_metadata"), &meta[..meta.len() / 2]).expect("truncate");
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&truncated)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&truncated)]);
     assert!(!ok, "a truncated savepoint must be refused:\n{log}");
     assert!(
         log.contains("_metadata"),
@@ -1435,9 +1060,9 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
         "refusals touch no output"
     );
 
-    let (ok, log) = run_to_end(&yaml, &["--from-savepoint", arg(&moved)]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &["--from-savepoint", arg(&moved)]);
     assert!(ok, "{log}");
-    assert_same_output(
+    assert_exactly_once(
         &committed(&d.join("out")),
         &straight(&unlimited(KEYED)),
         "restored from the moved savepoint",
@@ -1458,7 +1083,7 @@ fn an_unwritable_savepoint_dir_is_refused_before_anything_stops() {
     // Under a regular file: no directory can be created there.
     std::fs::write(dir.path().join("a-file"), b"x").expect("write a file");
     let bad = dir.path().join("a-file").join("savepoints");
-    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
+    let mut run = Run::start(beside(&yaml), &yaml, &["--allow-any-savepoint-dir"]);
     run.wait_mid_run("totals", STOP_AFTER);
     for args in [
         vec!["stop", "totals", "--savepoint", "--dir", arg(&bad)],
@@ -1479,7 +1104,7 @@ fn an_unwritable_savepoint_dir_is_refused_before_anything_stops() {
         );
     }
     run.finish_ok();
-    assert_same_output(
+    assert_exactly_once(
         &committed(&dir.path().join("out")),
         &straight(&unlimited(&text)),
         "after the refused savepoints",
@@ -1488,29 +1113,7 @@ fn an_unwritable_savepoint_dir_is_refused_before_anything_stops() {
 
 /// Starts `weir run --no-api EXTRA FILE` and SIGKILLs it as soon as its log has `needle`.
 fn run_and_kill_at(yaml: &Path, extra: &[&str], needle: &str) -> String {
-    let mut child = weir()
-        .args(["run", "--no-progress", "--no-api"])
-        .args(extra)
-        .arg(yaml)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start weir run");
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let mut log = String::new();
-    let mut seen = false;
-    for line in BufReader::new(stderr).lines() {
-        let Ok(line) = line else { break };
-        log.push_str(&line);
-        log.push('\n');
-        if line.contains(needle) {
-            seen = true;
-            let _ = child.kill();
-            break;
-        }
-    }
-    let _ = wait_child(&mut child, DEADLINE, String::new);
+    let (seen, log) = kill_when(beside(yaml), yaml, extra, |line| line.contains(needle));
     assert!(seen, "`{needle}` never appeared:\n{log}");
     log
 }
@@ -1524,7 +1127,7 @@ fn a_restore_that_dies_before_its_first_checkpoint_is_restored_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let yaml = write_yaml(d, KEYED);
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("totals", STOP_AFTER);
     let out = run.cli(&["savepoint", "totals"]);
     let savepoint = run.savepoint_path(&out, "weir savepoint");
@@ -1535,13 +1138,13 @@ fn a_restore_that_dies_before_its_first_checkpoint_is_restored_again() {
         &["--from-savepoint", arg(&savepoint)],
         "Pipeline started.",
     );
-    let (ok, log) = run_to_end(&yaml, &[]);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
     assert!(ok, "{log}");
     assert!(
         log.contains(&format!("{}", savepoint.display())),
         "the plain run restores the savepoint again:\n{log}"
     );
-    assert_same_output(
+    assert_exactly_once(
         &committed(&d.join("out")),
         &straight(&unlimited(KEYED)),
         "a plain run after a restore that died early",
@@ -1591,7 +1194,7 @@ fn the_api_section_sets_port_and_token_and_flags_win() {
     // from MY_WEIR_TOKEN; no API flag on the command line.
     let api = "api: {enabled: true, port: 0, token_env: MY_WEIR_TOKEN}\n";
     let yaml = write_yaml(dir.path(), &format!("{KEYED}{BETA}{api}"));
-    let mut run = Run::start_with(&yaml, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
+    let mut run = Run::start_with(beside(&yaml), &yaml, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
     assert!(run.log().contains("MY_WEIR_TOKEN"), "{}", run.log());
     assert_unauthorized(&run.cli(&["stop", "beta"]), "stop without the file's token");
     assert_eq!(run.pipeline("beta")["state"], "running");
@@ -1616,7 +1219,7 @@ fn the_api_section_sets_port_and_token_and_flags_win() {
         dir.path(),
         &short_job("api: {enabled: false, port: 7071, token_env: MY_WEIR_TOKEN}\n"),
     );
-    let (status, log) = run_to_end_with(&off, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
+    let (status, log) = run_to_end_with(beside(&off), &off, &[], &[("MY_WEIR_TOKEN", "s3cret")]);
     assert!(status.success(), "{log}");
     assert!(!log.contains("control API on"), "the API is off:\n{log}");
     assert!(!log.contains("Control API listening"), "{log}");
@@ -1632,6 +1235,7 @@ fn the_api_section_sets_port_and_token_and_flags_win() {
         ),
     );
     let mut run = Run::start_with(
+        beside(&endless),
         &endless,
         &["--api-port", "0", "--api-token", "flag-token"],
         &[],
@@ -1670,7 +1274,7 @@ fn empty_or_missing_tokens_stop_weir_run_before_anything_runs() {
         (&["--api-token", "two words"], &[], "weir::api::bad_token"),
     ];
     for (args, env, code) in cases {
-        let (status, log) = run_to_end_with(&plain, args, env);
+        let (status, log) = run_to_end_with(beside(&plain), &plain, args, env);
         assert_eq!(status.code(), Some(1), "{args:?} {env:?}: {log}");
         assert!(log.contains(code), "{args:?} {env:?}: {log}");
         assert!(!dir.path().join("out_beta").exists(), "nothing ran: {log}");
@@ -1679,11 +1283,11 @@ fn empty_or_missing_tokens_stop_weir_run_before_anything_runs() {
         dir.path(),
         &short_job("api: {port: 0, token_env: MY_WEIR_TOKEN}\n"),
     );
-    let (status, log) = run_to_end_with(&file, &[], &[]);
+    let (status, log) = run_to_end_with(beside(&file), &file, &[], &[]);
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(log.contains("weir::api::token_env_unset"), "{log}");
     assert!(log.contains("`MY_WEIR_TOKEN`, which is not set"), "{log}");
-    let (status, log) = run_to_end_with(&file, &[], &[("MY_WEIR_TOKEN", "")]);
+    let (status, log) = run_to_end_with(beside(&file), &file, &[], &[("MY_WEIR_TOKEN", "")]);
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(log.contains("weir::api::empty_token"), "{log}");
     assert!(!dir.path().join("out_beta").exists(), "nothing ran: {log}");
@@ -1700,7 +1304,7 @@ fn api_savepoint_dirs_are_confined_to_the_savepoint_root() {
     std::fs::create_dir_all(&outside).expect("mkdir outside");
     #[cfg(unix)]
     std::os::unix::fs::symlink(&outside, root.join("escape")).expect("symlink");
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("totals", STOP_AFTER);
 
     let mut refused = vec![
@@ -1785,7 +1389,7 @@ fn api_savepoint_dirs_are_confined_to_the_savepoint_root() {
     run.stop_after_checkpoints("totals", 1, "a checkpoint after the refused calls");
 
     // With --allow-any-savepoint-dir, any directory goes.
-    let mut run = Run::start(&yaml, &["--allow-any-savepoint-dir"]);
+    let mut run = Run::start(beside(&yaml), &yaml, &["--allow-any-savepoint-dir"]);
     run.wait_mid_run("totals", STOP_AFTER);
     let out = run.cli(&["stop", "totals", "--savepoint", "--dir", arg(&outside)]);
     let savepoint = run.savepoint_path(&out, "stop --savepoint --dir outside the root");
@@ -1802,7 +1406,7 @@ fn reload_reads_only_the_running_file_or_yaml_beside_it() {
     let next = d.join("next.yaml");
     std::fs::write(&next, format!("{KEYED}api: {{port: 7071}}\n")).expect("write next.yaml");
     std::fs::write(d.join("secret.txt"), "root:x:0:0:secret\n").expect("write a secret");
-    let mut run = Run::start(&yaml, &[]);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
     run.wait_mid_run("totals", STOP_AFTER);
 
     for file in [
@@ -1872,7 +1476,7 @@ fn a_taken_port_stops_weir_run_naming_the_process() {
         (&by_flag, vec!["--api-port", port.as_str()]),
         (&by_file, vec![]),
     ] {
-        let (status, log) = run_to_end_with(yaml, &args, &[]);
+        let (status, log) = run_to_end_with(beside(yaml), yaml, &args, &[]);
         assert_eq!(status.code(), Some(1), "{log}");
         let lines: Vec<&str> = log
             .lines()
@@ -1892,7 +1496,7 @@ fn a_taken_port_stops_weir_run_naming_the_process() {
         );
     }
     // With --no-api the same file runs.
-    let (ok, log) = run_to_end(&by_file, &[]);
+    let (ok, log) = run_to_end(beside(&by_file), &by_file, &[]);
     assert!(ok, "{log}");
     drop(taken);
 }

@@ -5,19 +5,22 @@
 //! records; `flat_map` and `emit` are held to `limits.max_outputs_per_record`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+use common::binary::plain;
 
 use weir_schema::ScriptLimitsSpec;
 use weir_schema::model::{MAX_CALL_LEVELS_CEILING, MAX_EXPR_DEPTH_CEILING, SCRIPT_DEPTH_BUDGET};
 
 /// Runs `weir ARGS` in `dir` with `stdin` as its input.
 fn weir(dir: &Path, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = plain()
         .args(args)
         .current_dir(dir)
-        .env("NO_COLOR", "1")
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

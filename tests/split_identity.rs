@@ -13,11 +13,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::run::committed;
-use common::running::{DEADLINE, Running, write_by_rename};
+use common::binary::signal;
+use common::files::write_by_rename;
+use common::output::committed;
+use common::run::DEADLINE;
+use common::running::Running;
 
 /// Two pipelines: `single` follows one file named relatively, `glob` follows a glob; both tag
 /// records with `v`.
@@ -110,11 +112,7 @@ fn settle(run: &Running, dir: &Path, single: usize, glob: usize) {
 
 /// Stops the run with SIGINT (a final checkpoint) and waits for its clean end.
 fn interrupt(mut run: Running) {
-    let status = Command::new("kill")
-        .args(["-INT", &run.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    assert!(signal(run.pid(), "INT"));
     assert!(run.wait_exit(DEADLINE), "the run failed:\n{}", run.log());
 }
 

@@ -1,43 +1,20 @@
-//! Helpers shared by the scenario tests: copying the reference pipelines into a temporary
-//! folder and comparing outputs as multisets of canonical JSON lines; [`run`] drives the
-//! `weir` binary (a background run with its API, runs to the end, committed sink output and
-//! its exactly-once comparison with a failure-free run).
+//! The scenario tests' kit, one module per concern: [`binary`] (the `weir` binary and its
+//! environments), [`run`] (the running harness: a background `weir run` with its API and
+//! log, runs to the end, runs killed at a log line), [`running`] (a typed view of a run for
+//! reload scenarios), [`output`] (committed sink output, canonical lines, exactly-once
+//! comparison), [`files`] (copying pipelines, saving like an editor, growing inputs),
+//! [`in_process`] (plans, file sinks and failures of runs in this process; the reference
+//! pipelines and their golden output), [`control`] (a recording fake
+//! `JobControl` behind the real API server) and [`memory`] (peak RSS from `/proc`).
+//!
+//! Each test binary compiles the whole kit and uses part of it, hence `dead_code`.
 #![allow(clippy::unwrap_used, dead_code)]
 
+pub mod binary;
+pub mod control;
+pub mod files;
+pub mod in_process;
+pub mod memory;
+pub mod output;
 pub mod run;
-
-use std::path::Path;
-
 pub mod running;
-
-/// Copies a folder recursively, leaving out run output (`out/`, `.weir/`).
-pub fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        if name == "out" || name == ".weir" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(&name));
-        } else {
-            std::fs::copy(e.path(), to.join(&name)).unwrap();
-        }
-    }
-}
-
-/// The non-blank lines of `text` as canonical JSON (keys sorted), sorted.
-pub fn canonical_lines(text: &str) -> Vec<String> {
-    let mut v: Vec<String> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    v.sort();
-    v
-}

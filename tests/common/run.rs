@@ -1,70 +1,100 @@
-//! Driving the real `weir` binary from scenario tests: a `weir run` in the background with
-//! its control API and its log ([`Run`]), a run to its end ([`run_to_end`]), the CLI verbs
-//! against a running job, and the committed output of a file sink compared with a
-//! failure-free run's ([`committed`], [`assert_exactly_once`]).
+//! The running harness: `weir run` in the background with its control API and its log
+//! ([`Run`]: status, waits, the CLI verbs against it, stop, savepoint, SIGTERM, SIGKILL), a
+//! run to its end ([`run_to_end`], [`run_to_end_with`]) and a run killed at a log line
+//! ([`kill_when`]). Reading its output is `output`'s business.
 //!
 //! Every wait polls against a generous deadline; nothing asserts on time.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::binary::{signal, wait_child, weir};
+
 /// How long anything that should happen soon may take on a loaded machine.
 pub const DEADLINE: Duration = Duration::from_secs(90);
 /// How long a whole `weir run` may take.
 pub const RUN_DEADLINE: Duration = Duration::from_secs(240);
 
-/// The `weir` binary, with a plain log and no API settings from the environment.
-pub fn weir() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-    c.env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("WEIR_API_TOKEN")
-        .env_remove("WEIR_API");
-    c
-}
-
-/// Waits for `child` with a deadline; kills it (and fails) when the deadline passes.
-pub fn wait_child(child: &mut Child, deadline: Duration, log: impl Fn() -> String) -> ExitStatus {
-    let until = Instant::now() + deadline;
-    loop {
-        if let Some(status) = child.try_wait().expect("poll the child") {
-            return status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`weir` did not end within {deadline:?}; its log:\n{}",
-                log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// The directory of a pipeline file: where a run of it starts when the scenario has no
+/// other reason to choose.
+pub fn beside(file: &Path) -> &Path {
+    file.parent().expect("the pipeline file is in a directory")
 }
 
 /// `weir run --no-progress --no-api EXTRA FILE` in `cwd` to its end: `(success, log)`.
 pub fn run_to_end(cwd: &Path, file: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["--no-api"];
+    args.extend_from_slice(extra);
+    let (status, log) = run_to_end_with(cwd, file, &args, &[]);
+    (status.success(), log)
+}
+
+/// `weir run --no-progress ARGS FILE` in `cwd` with extra environment variables, to its end
+/// (the API settings come from `args`, `env` and the file): `(status, log)`.
+pub fn run_to_end_with(
+    cwd: &Path,
+    file: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (ExitStatus, String) {
     let log = tempfile::NamedTempFile::new().expect("a temporary file");
-    let mut child = weir()
-        .current_dir(cwd)
-        .args(["run", "--no-progress", "--no-api"])
-        .args(extra)
-        .arg(file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.reopen().expect("reopen the log file"))
-        .spawn()
-        .expect("start weir run");
+    let stderr = log.reopen().expect("reopen the log file");
+    let mut child = spawn_run(cwd, file, args, env, stderr.into());
     let read = || std::fs::read_to_string(log.path()).unwrap_or_default();
     let status = wait_child(&mut child, RUN_DEADLINE, read);
-    (status.success(), read())
+    (status, read())
+}
+
+/// `weir run --no-progress --no-api EXTRA FILE` in `cwd`, SIGKILLed at the first log line for
+/// which `hit` holds: `(whether one did, the log up to there)`. A run that ends first is
+/// waited for.
+pub fn kill_when(
+    cwd: &Path,
+    file: &Path,
+    extra: &[&str],
+    mut hit: impl FnMut(&str) -> bool,
+) -> (bool, String) {
+    let mut args = vec!["--no-api"];
+    args.extend_from_slice(extra);
+    let mut child = spawn_run(cwd, file, &args, &[], Stdio::piped());
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut log = String::new();
+    let mut seen = false;
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        log.push_str(&line);
+        log.push('\n');
+        if hit(&line) {
+            seen = true;
+            let _ = child.kill();
+            break;
+        }
+    }
+    let _ = wait_child(&mut child, DEADLINE, String::new);
+    (seen, log)
+}
+
+/// Starts `weir run --no-progress ARGS FILE` in `cwd` with extra environment variables, no
+/// input, its stdout discarded and its log to `stderr`.
+fn spawn_run(cwd: &Path, file: &Path, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Child {
+    weir()
+        .current_dir(cwd)
+        .args(["run", "--no-progress"])
+        .args(args)
+        .arg(file)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start weir run")
 }
 
 /// A `weir run --api-port 0` in the background, its stderr collected.
@@ -77,18 +107,18 @@ pub struct Run {
 }
 
 impl Run {
-    /// Starts `weir run EXTRA FILE` in `cwd` and waits until its control API listens.
+    /// Starts `weir run --api-port 0 EXTRA FILE` in `cwd` and waits until its control API
+    /// listens.
     pub fn start(cwd: &Path, file: &Path, extra: &[&str]) -> Self {
-        let mut child = weir()
-            .current_dir(cwd)
-            .args(["run", "--no-progress", "--api-port", "0"])
-            .args(extra)
-            .arg(file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start weir run");
+        let mut args = vec!["--api-port", "0"];
+        args.extend_from_slice(extra);
+        Self::start_with(cwd, file, &args, &[])
+    }
+
+    /// Starts `weir run ARGS FILE` in `cwd` with extra environment variables (the API
+    /// settings come from `args`, `env` and the file) and waits until its control API listens.
+    pub fn start_with(cwd: &Path, file: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = spawn_run(cwd, file, args, env, Stdio::piped());
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
@@ -150,14 +180,20 @@ impl Run {
             .clone()
     }
 
-    /// Runs a CLI verb against this run's API (`--api` appended). A verb that does not answer
-    /// within the deadline is killed and fails the test.
+    /// Runs a CLI verb against this run's API (`--api` appended).
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_env(args, &[])
+    }
+
+    /// As [`cli`](Self::cli), with extra environment variables. A verb that does not answer
+    /// within the deadline is killed and fails the test.
+    pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut stdout = tempfile::tempfile().expect("a temporary file");
         let mut stderr = tempfile::tempfile().expect("a temporary file");
         let mut child = weir()
             .args(args)
             .args(["--api", &self.api])
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(stdout.try_clone().expect("clone a file handle"))
             .stderr(stderr.try_clone().expect("clone a file handle"))
@@ -242,19 +278,57 @@ impl Run {
         });
     }
 
+    /// The status of one pipeline (`null` when the job does not list it); fails when
+    /// `weir status` does.
+    pub fn pipeline(&self, id: &str) -> Value {
+        let status = self
+            .status()
+            .unwrap_or_else(|| panic!("`weir status` failed; the log:\n{}", self.log()));
+        pipeline_of(&status, id)
+    }
+
+    /// Waits until `pipeline` completed a checkpoint and its source produced `records`.
+    pub fn wait_mid_run(&mut self, pipeline: &str, records: u64) {
+        self.wait_for(&format!("`{pipeline}` to be mid-run"), |s| {
+            let p = pipeline_of(s, pipeline);
+            p["checkpoints"].as_u64().unwrap_or(0) >= 1
+                && p["source_records"].as_u64().unwrap_or(0) >= records
+        });
+    }
+
+    /// Lets `pipeline` complete `more` checkpoints beyond its count now, then stops it with
+    /// `weir stop` (no savepoint) and waits for a successful end.
+    pub fn stop_after_checkpoints(&mut self, pipeline: &str, more: u64, what: &str) {
+        let at = self.pipeline(pipeline)["checkpoints"].as_u64().unwrap_or(0);
+        self.wait_for(what, |s| checkpoints_of(s, pipeline) >= at + more);
+        let out = self.cli(&["stop", pipeline]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.finish_ok();
+    }
+
     /// `weir stop PIPELINE --savepoint`: the savepoint's directory.
     pub fn stop_with_savepoint(&self, pipeline: &str) -> PathBuf {
         let out = self.cli(&["stop", pipeline, "--savepoint"]);
+        self.savepoint_path(&out, "weir stop --savepoint")
+    }
+
+    /// The path a successful `weir savepoint` / `weir stop --savepoint` printed (`what`
+    /// names the verb in a failure).
+    pub fn savepoint_path(&self, out: &Output, what: &str) -> PathBuf {
         assert!(
             out.status.success(),
-            "weir stop --savepoint failed: {}\nthe run's log:\n{}",
+            "{what} failed: {}\nthe run's log:\n{}",
             String::from_utf8_lossy(&out.stderr),
             self.log()
         );
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(
             path.join("_metadata").is_file(),
-            "`weir stop --savepoint` printed `{}`, which is not a savepoint directory",
+            "{what} printed `{}`, which is not a savepoint directory",
             path.display()
         );
         path
@@ -270,9 +344,7 @@ impl Run {
     /// SIGTERM (if the process still runs), then waits for the end: `(status, whole log)`.
     pub fn terminate_and_wait(&mut self) -> (ExitStatus, String) {
         if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
-                .status();
+            signal(self.child.id(), "TERM");
         }
         self.finish()
     }
@@ -331,86 +403,4 @@ pub fn pipeline_of(status: &Value, id: &str) -> Value {
 /// Completed checkpoints of pipeline `id` in a status answer (0 when unknown).
 pub fn checkpoints_of(status: &Value, id: &str) -> u64 {
     pipeline_of(status, id)["checkpoints"].as_u64().unwrap_or(0)
-}
-
-/// The committed output of a file sink directory (hidden in-progress and pending parts left
-/// out), as sorted canonical JSON lines. A missing directory has none.
-pub fn committed(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut text = String::new();
-    for e in entries {
-        let e = e.expect("list the sink directory");
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        text.push_str(&std::fs::read_to_string(e.path()).expect("read a part file"));
-        text.push('\n');
-    }
-    super::canonical_lines(&text)
-}
-
-/// Lines of `a` not matched by a line of `b` (multisets).
-fn minus(a: &[String], b: &[String]) -> Vec<String> {
-    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
-    for l in b {
-        *counts.entry(l).or_default() += 1;
-    }
-    a.iter()
-        .filter(|l| {
-            let c = counts.entry(l).or_default();
-            *c -= 1;
-            *c < 0
-        })
-        .cloned()
-        .collect()
-}
-
-/// How a run's output differs from the failure-free run's: records lost and duplicated (or
-/// otherwise unexpected), as multisets.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct OutputDiff {
-    /// In the failure-free output, not (or not as often) in this one.
-    pub lost: Vec<String>,
-    /// In this output, not (or not as often) in the failure-free one.
-    pub extra: Vec<String>,
-}
-
-impl OutputDiff {
-    /// Compares two outputs (sorted canonical lines or not).
-    pub fn of(got: &[String], want: &[String]) -> Self {
-        Self {
-            lost: minus(want, got),
-            extra: minus(got, want),
-        }
-    }
-
-    /// Whether they are equal.
-    pub fn is_empty(&self) -> bool {
-        self.lost.is_empty() && self.extra.is_empty()
-    }
-
-    /// `N lost (first: ...), M duplicated or unexpected (first: ...)`.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} lost (first: {:?}), {} duplicated or unexpected (first: {:?})",
-            self.lost.len(),
-            self.lost.iter().take(3).collect::<Vec<_>>(),
-            self.extra.len(),
-            self.extra.iter().take(3).collect::<Vec<_>>()
-        )
-    }
-}
-
-/// Asserts that `got` equals the failure-free `want`: 0 lost, 0 duplicated.
-pub fn assert_exactly_once(got: &[String], want: &[String], what: &str) {
-    let diff = OutputDiff::of(got, want);
-    assert!(
-        diff.is_empty(),
-        "{what}: {} lines, the failure-free run has {}; {}",
-        got.len(),
-        want.len(),
-        diff.describe()
-    );
 }

@@ -1,15 +1,13 @@
 //! A typed view of a background `weir run` ([`super::run::Run`]) for scenario tests that read
-//! `weir status` as a [`JobStatus`] and wait for reload outcomes; editing a pipeline file the
-//! way editors save.
-#![allow(clippy::unwrap_used, dead_code)]
+//! `weir status` as a [`JobStatus`] and wait for reload outcomes.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use weir_engine::control::{JobStatus, ReloadOutcome};
 
-use super::run::Run;
-pub use super::run::{DEADLINE, weir};
+use super::binary::weir;
+use super::run::{DEADLINE, Run};
 
 /// A `weir run --api-port 0` in the background (see [`Run`]), its status read typed.
 pub struct Running {
@@ -120,14 +118,4 @@ impl Running {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-}
-
-/// Replaces `path` the way most editors save: write a temporary file, rename it over.
-pub fn write_by_rename(path: &Path, text: &str) {
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.swp"));
-    std::fs::write(&tmp, text).expect("write the temporary file");
-    std::fs::rename(&tmp, path).expect("rename over the pipeline file");
 }
