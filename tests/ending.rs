@@ -182,10 +182,7 @@ fn a_pipeline_stopped_while_restarting_over_a_poison_record_is_reported_failed()
     );
     assert!(p.restarts >= 1, "{p:#?}");
     // The table says it too.
-    let out = common::binary::weir()
-        .args(["status", "--api", &run.api])
-        .output()
-        .unwrap();
+    let out = run.cli(&["status"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table.contains("failures in a row; the last, in `check`"),

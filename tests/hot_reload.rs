@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::binary::weir;
 use common::files::write_by_rename;
 use common::output::{canonical_lines, committed};
+use common::run::run_to_end;
 use common::running::Running;
 
 use weir_engine::control::{JobStatus, PipelineReloadPlan, PipelineStatus, ReloadOutcome};
@@ -215,16 +215,8 @@ fn straight_run(yaml: &str, pass: &str) -> Vec<String> {
     write_pass_script(dir.path(), pass);
     let file = dir.path().join("p.yaml");
     std::fs::write(&file, yaml).expect("write the pipeline");
-    let out = weir()
-        .args(["run", "--no-progress", "--no-api"])
-        .arg(&file)
-        .output()
-        .expect("weir run runs");
-    assert!(
-        out.status.success(),
-        "the straight run failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, log) = run_to_end(dir.path(), &file, &[]);
+    assert!(ok, "the straight run failed:\n{log}");
     committed(&dir.path().join("out/totals"))
 }
 
@@ -566,12 +558,10 @@ fn reload_plan_prints_the_plan_and_applies_nothing() {
 
     write_pass_script(tmp.path(), PASS);
     let plan = |candidate: Option<&Path>| {
-        let mut c = weir();
-        c.args(["reload", "--api", &run.api, "--plan"]);
-        if let Some(f) = candidate {
-            c.arg(f);
-        }
-        let out = c.output().expect("weir reload runs");
+        let mut args = vec!["reload", "--plan"];
+        let candidate = candidate.map(|f| f.to_str().expect("a UTF-8 path"));
+        args.extend(candidate);
+        let out = run.cli(&args);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -881,11 +871,11 @@ fn a_file_too_deep_to_load_is_refused_and_the_job_keeps_running() {
     // A plan against a deep candidate file.
     let candidate = tmp.path().join("deep.yaml");
     std::fs::write(&candidate, &deep).expect("write the candidate");
-    let out = weir()
-        .args(["reload", "--api", &run.api, "--plan"])
-        .arg(&candidate)
-        .output()
-        .expect("weir reload runs");
+    let out = run.cli(&[
+        "reload",
+        "--plan",
+        candidate.to_str().expect("a UTF-8 path"),
+    ]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -979,10 +969,7 @@ pipelines:
         .expect("write the pipeline");
     let mut run = Running::start(tmp.path(), Path::new("p.yaml"), &[]);
     run.wait_until("a restart back-off", |s| pipeline(s, "loop").restarts >= 1);
-    let out = weir()
-        .args(["stop", "loop", "--api", &run.api])
-        .output()
-        .expect("weir stop runs");
+    let out = run.cli(&["stop", "loop"]);
     assert!(
         out.status.success(),
         "weir stop failed: {}\n{}",

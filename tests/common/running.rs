@@ -2,11 +2,11 @@
 //! `weir status` as a [`JobStatus`] and wait for reload outcomes.
 
 use std::path::Path;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use weir_engine::control::{JobStatus, ReloadOutcome};
 
-use super::binary::weir;
 use super::run::{DEADLINE, Run};
 
 /// A `weir run --api-port 0` in the background (see [`Run`]), its status read typed.
@@ -42,12 +42,14 @@ impl Running {
         self.run.log()
     }
 
+    /// Runs a CLI verb against this run's API (see [`Run::cli`]).
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.run.cli(args)
+    }
+
     /// `weir status --json`, parsed.
     pub fn status(&self) -> JobStatus {
-        let out = weir()
-            .args(["status", "--json", "--api", &self.api])
-            .output()
-            .expect("weir status runs");
+        let out = self.cli(&["status", "--json"]);
         assert!(
             out.status.success(),
             "weir status failed: {}\nrun log:\n{}",
