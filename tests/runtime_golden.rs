@@ -20,16 +20,18 @@ fn reference_pipelines_match_their_golden_output() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let root = copy_reference_pipelines(tmp.path());
+    // The copy of `pipelines/`: every file's `pipelines` run, each sink checked.
+    let pipelines = copy_reference_pipelines(tmp.path());
     let mut compared = 0;
-    for yaml in reference_files(&root) {
+    for yaml in reference_files(&pipelines) {
         let name = yaml.file_stem().unwrap().to_string_lossy().into_owned();
         let plan = plan_of(&yaml);
         let sinks = file_sinks(&plan);
         let summary = job::run(plan, JobOptions::default()).unwrap();
         assert_ok(&summary, &name);
         for (pipeline, sink, dir) in sinks {
-            let Ok(text) = std::fs::read_to_string(golden_path(&root, &name, &pipeline, &sink))
+            let Ok(text) =
+                std::fs::read_to_string(golden_path(&pipelines, &name, &pipeline, &sink))
             else {
                 continue;
             };
