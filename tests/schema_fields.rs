@@ -64,7 +64,9 @@ use Use::{Descriptive, Engine, Rejected, Tag, Validation};
 
 const COMPILE: &str = "engine/src/plan/compile.rs";
 const REGISTRY: &str = "engine/src/registry.rs";
-const PIPELINE: &str = "engine/src/job/pipeline.rs";
+const SUPERVISOR: &str = "engine/src/job/pipeline/supervisor.rs";
+const SPAWN: &str = "engine/src/job/pipeline/spawn.rs";
+const STORAGE: &str = "engine/src/job/pipeline/storage.rs";
 const COORDINATOR: &str = "engine/src/checkpoint/coordinator.rs";
 const RESTART: &str = "engine/src/recovery/restart.rs";
 const SCRIPT: &str = "engine/src/script/mod.rs";
@@ -91,27 +93,27 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].description", Descriptive, &[("engine/src/plan/render.rs", "plan.spec.description")], &["engine/src/plan/render.rs::text_lists_nodes_edges_chains_and_exchanges"]),
     e(".pipelines[].parallelism", Engine, &[(COMPILE, "spec.parallelism")], &["tests/runtime_operators.rs::word_count_is_the_same_at_parallelism_1_and_4"]),
     e(".pipelines[].max_parallelism", Engine, &[(COMPILE, "spec.effective_max_parallelism()")], &["tests/savepoints.rs::a_changed_max_parallelism_is_refused"]),
-    e(".pipelines[].state", Engine, &[(PIPELINE, "plan.spec.state")], &["engine/src/reload/plan.rs::a_state_backend_change_is_fine"]),
-    e(".pipelines[].state[backend=*].backend", Tag, &[(PIPELINE, "match &plan.spec.state")], &[]),
-    e(".pipelines[].state[backend=rocksdb].path", Engine, &[(PIPELINE, "spec.path")], &[]),
+    e(".pipelines[].state", Engine, &[(SPAWN, "plan.spec.state")], &["engine/src/reload/plan.rs::a_state_backend_change_is_fine"]),
+    e(".pipelines[].state[backend=*].backend", Tag, &[(SPAWN, "match &plan.spec.state")], &[]),
+    e(".pipelines[].state[backend=rocksdb].path", Engine, &[(STORAGE, "spec.path")], &[]),
     e(".pipelines[].state[backend=rocksdb].incremental", Engine, &[(ROCKSDB, "spec.incremental")], &["engine/src/state/rocksdb.rs::incremental_false_passes_checkpoint_files_restore_rescale"]),
     e(".pipelines[].state[backend=rocksdb].block_cache_size", Engine, &[(ROCKSDB, "spec.block_cache_size")], &[]),
     e(".pipelines[].state[backend=rocksdb].write_buffer_size", Engine, &[(ROCKSDB, "spec.write_buffer_size")], &[]),
-    e(".pipelines[].checkpoints", Engine, &[(PIPELINE, "plan.spec.checkpoints")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
-    e(".pipelines[].checkpoints.enabled", Engine, &[(COORDINATOR, "spec.enabled"), (PIPELINE, "spec.enabled")], &[]),
+    e(".pipelines[].checkpoints", Engine, &[(STORAGE, "plan.spec.checkpoints")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
+    e(".pipelines[].checkpoints.enabled", Engine, &[(COORDINATOR, "spec.enabled"), (STORAGE, "spec.enabled")], &[]),
     e(".pipelines[].checkpoints.interval", Engine, &[(COORDINATOR, "spec.interval")], &["engine/src/checkpoint/coordinator.rs::checkpoint_plan_from_a_compiled_pipeline"]),
-    e(".pipelines[].checkpoints.mode", Engine, &[(PIPELINE, "spec.mode")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
-    e(".pipelines[].checkpoints.storage", Engine, &[(PIPELINE, "spec.storage")], &["tests/hot_reload.rs::a_crash_looping_pipeline_is_fixed_by_an_edit_and_stops_during_back_off"]),
+    e(".pipelines[].checkpoints.mode", Engine, &[(STORAGE, "spec.mode")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
+    e(".pipelines[].checkpoints.storage", Engine, &[(STORAGE, "spec.storage")], &["tests/hot_reload.rs::a_crash_looping_pipeline_is_fixed_by_an_edit_and_stops_during_back_off"]),
     e(".pipelines[].checkpoints.timeout", Engine, &[(COORDINATOR, "spec.timeout")], &["engine/src/checkpoint/coordinator.rs::timeouts_and_declines_count_against_tolerable_failures"]),
     e(".pipelines[].checkpoints.min_pause", Engine, &[(COORDINATOR, "spec.min_pause")], &["engine/src/checkpoint/coordinator.rs::max_concurrent_and_min_pause_gate_triggers"]),
     e(".pipelines[].checkpoints.max_concurrent", Engine, &[(COORDINATOR, "spec.max_concurrent")], &["engine/src/checkpoint/coordinator.rs::max_concurrent_and_min_pause_gate_triggers"]),
     e(".pipelines[].checkpoints.tolerable_failures", Engine, &[(COORDINATOR, "spec.tolerable_failures")], &["engine/src/checkpoint/coordinator.rs::timeouts_and_declines_count_against_tolerable_failures"]),
-    e(".pipelines[].checkpoints.retain", Engine, &[(PIPELINE, "spec.retain")], &["tests/recovery_cli.rs::a_killed_run_resumes_and_skips_a_damaged_checkpoint"]),
+    e(".pipelines[].checkpoints.retain", Engine, &[(STORAGE, "spec.retain")], &["tests/recovery_cli.rs::a_killed_run_resumes_and_skips_a_damaged_checkpoint"]),
     e(".pipelines[].checkpoints.unaligned", Rejected, &[(VALIDATE, "c.unaligned")], &["tests/invalid/unaligned_not_supported.yaml"]),
     e(".pipelines[].checkpoints.aligned_timeout", Rejected, &[(VALIDATE, "base.join(\"aligned_timeout\")")], &["tests/invalid/aligned_timeout_not_supported.yaml"]),
-    e(".pipelines[].savepoints", Engine, &[(PIPELINE, "plan.spec.savepoints.dir")], &["engine/src/job/pipeline.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage"]),
-    e(".pipelines[].savepoints.dir", Engine, &[(PIPELINE, "plan.spec.savepoints.dir"), ("engine/src/job/confine.rs", "plan.spec.savepoints.dir")], &["engine/src/job/pipeline.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage", "tests/savepoints.rs::api_savepoint_dirs_are_confined_to_the_savepoint_root"]),
-    e(".pipelines[].restart", Engine, &[(PIPELINE, "plan.spec.effective_restart()")], &["tests/recovery_faults.rs::restart_none_fails_the_pipeline_with_the_record"]),
+    e(".pipelines[].savepoints", Engine, &[(STORAGE, "plan.spec.savepoints.dir")], &["engine/src/job/pipeline/storage.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage"]),
+    e(".pipelines[].savepoints.dir", Engine, &[(STORAGE, "plan.spec.savepoints.dir"), ("engine/src/job/confine.rs", "plan.spec.savepoints.dir")], &["engine/src/job/pipeline/storage.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage", "tests/savepoints.rs::api_savepoint_dirs_are_confined_to_the_savepoint_root"]),
+    e(".pipelines[].restart", Engine, &[(SUPERVISOR, "plan.spec.effective_restart()")], &["tests/recovery_faults.rs::restart_none_fails_the_pipeline_with_the_record"]),
     e(".pipelines[].restart[strategy=*].strategy", Tag, &[(RESTART, "RestartSpec::FixedDelay(s)")], &[]),
     e(".pipelines[].restart[strategy=fixed_delay].attempts", Engine, &[(RESTART, "s.attempts")], &["engine/src/recovery/restart.rs::fixed_delay_restarts_attempts_times_with_the_same_delay"]),
     e(".pipelines[].restart[strategy=fixed_delay].delay", Engine, &[(RESTART, "s.delay")], &["engine/src/recovery/restart.rs::fixed_delay_restarts_attempts_times_with_the_same_delay"]),
@@ -124,8 +126,8 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].restart[strategy=exponential_delay].reset_after", Engine, &[(RESTART, "s.reset_after")], &["engine/src/recovery/restart.rs::exponential_delay_resets_after_reset_after_without_failure"]),
     e(".pipelines[].restart[strategy=exponential_delay].jitter", Engine, &[(RESTART, "s.jitter")], &["engine/src/recovery/restart.rs::exponential_delay_jitter_stays_within_its_bounds"]),
     e(".pipelines[].restart[strategy=exponential_delay].attempts", Engine, &[(RESTART, "s.attempts")], &["engine/src/recovery/restart.rs::exponential_delay_grows_by_the_multiplier_up_to_max"]),
-    e(".pipelines[].failover", Engine, &[(PIPELINE, "plan.spec.failover")], &["tests/recovery_faults.rs::failover_strategies_restart_their_scope"]),
-    e(".pipelines[].limits", Engine, &[(PIPELINE, "plan.spec.limits")], &["engine/src/script/runtime.rs::the_operation_budget_is_per_invocation"]),
+    e(".pipelines[].failover", Engine, &[(SUPERVISOR, "plan.spec.failover")], &["tests/recovery_faults.rs::failover_strategies_restart_their_scope"]),
+    e(".pipelines[].limits", Engine, &[(SUPERVISOR, "plan.spec.limits")], &["engine/src/script/runtime.rs::the_operation_budget_is_per_invocation"]),
     e(".pipelines[].limits.max_operations", Engine, &[(SCRIPT, "limits.max_operations")], &["engine/src/script/runtime.rs::the_operation_budget_is_per_invocation"]),
     e(".pipelines[].limits.max_call_levels", Engine, &[(SCRIPT, "limits.max_call_levels")], &["tests/script_sandbox.rs::recursion_as_deep_as_the_limits_allow_runs_on_the_real_runtime"]),
     e(".pipelines[].limits.max_expr_depth", Engine, &[(SCRIPT, "limits.max_expr_depth")], &["tests/script_sandbox.rs::recursion_as_deep_as_the_limits_allow_runs_on_the_real_runtime"]),
@@ -169,7 +171,7 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].operators[][type=*].inputs", Engine, &[(COMPILE, ".wiring()")], &["tests/runtime_operators.rs::union_rebalance_and_broadcast"]),
     e(".pipelines[].operators[][type=*].parallelism", Engine, &[(COMPILE, "operator.parallelism()")], &["tests/runtime_operators.rs::word_count_is_the_same_at_parallelism_1_and_4"]),
     e(".pipelines[].operators[][type=*].partitioning", Engine, &[(COMPILE, "operator.partitioning()")], &["engine/src/plan/compile.rs::declared_broadcast_and_rebalance_are_kept", "tests/invalid/partitioning_after_key_by.yaml"]),
-    e(".pipelines[].operators[][type=*].on_error", Engine, &[(COMPILE, "operator.on_error()"), (PIPELINE, "o.on_error()")], &["tests/runtime_operators.rs::on_error_skip_and_dead_letter"]),
+    e(".pipelines[].operators[][type=*].on_error", Engine, &[(COMPILE, "operator.on_error()"), (SPAWN, "o.on_error()")], &["tests/runtime_operators.rs::on_error_skip_and_dead_letter"]),
     e(".pipelines[].operators[][type=*].on_error.dead_letter", Engine, &[(COMPILE, "OnErrorSpec::DeadLetter")], &["tests/runtime_operators.rs::on_error_skip_and_dead_letter"]),
     e(".pipelines[].operators[][type=union].on_error", Rejected, &[(VALIDATE, "u.on_error != OnErrorSpec::Fail")], &["tests/invalid/union_on_error.yaml"]),
     e(".pipelines[].operators[][type=union].on_error.dead_letter", Rejected, &[(VALIDATE, "OnErrorSpec::DeadLetter(_) => path.join(\"on_error\").join(\"dead_letter\")")], &["tests/invalid/union_dead_letter.yaml"]),

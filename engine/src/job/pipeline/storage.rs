@@ -1,0 +1,165 @@
+//! Where a pipeline's checkpoints, savepoints and local state live: opening checkpoint
+//! storage (memory or a local directory), the default savepoint directory, and RocksDB's
+//! local working directories (and clearing what a killed process left there). Nothing here
+//! decides what to restore (`restore`) or when to write (`completion`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use weir_schema::StateSpec;
+
+use crate::base::error::{Result, RunError};
+use crate::checkpoint::retention::CheckpointFiles;
+use crate::checkpoint::{
+    AlignmentMode, CheckpointId, CheckpointMetadata, CheckpointStore, LocalStore, MemoryStore,
+};
+use crate::plan::PipelinePlan;
+use crate::runtime::task::TaskRestore;
+
+/// Marker written when a pipeline with durable checkpoints ran to the end: the next run
+/// starts fresh instead of resuming.
+pub(super) const FINISHED_MARKER: &str = "_finished";
+
+/// A pipeline's checkpoint storage and what the supervisor tracks of it.
+pub(super) struct CheckpointSetup {
+    pub store: Arc<dyn CheckpointStore>,
+    /// Whether checkpoints outlive the process (a directory, not memory).
+    pub durable: bool,
+    pub mode: AlignmentMode,
+    pub retain: u32,
+    /// Completed checkpoints still retained, oldest first.
+    pub completed: Vec<CheckpointFiles>,
+    /// Metadata of checkpoints whose write is in flight or done, until retention.
+    pub metadata: BTreeMap<CheckpointId, CheckpointMetadata>,
+    /// The latest completed checkpoint (restored or taken) and the store holding it.
+    pub latest: Option<TaskRestore>,
+}
+
+/// A failure to set up `plan`'s checkpoints or restore.
+pub(super) fn build_error(plan: &PipelinePlan, message: impl Into<String>) -> RunError {
+    RunError::Build {
+        pipeline: plan.id.clone(),
+        element: "checkpoints".into(),
+        message: message.into(),
+    }
+}
+
+/// Opens `plan`'s checkpoint storage, or `None` when it takes no checkpoints.
+pub(super) fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<CheckpointSetup>> {
+    let spec = &plan.spec.checkpoints;
+    if !spec.enabled {
+        return Ok(None);
+    }
+    let (store, durable): (Arc<dyn CheckpointStore>, bool) = match plan.spec.state {
+        StateSpec::Memory => (Arc::new(MemoryStore::new()), false),
+        StateSpec::Fs | StateSpec::Rocksdb(_) => {
+            let root = plan.resolve_path(&spec.storage);
+            let store =
+                LocalStore::new(&root, &plan.id).map_err(|e| build_error(plan, e.to_string()))?;
+            (Arc::new(store), true)
+        }
+    };
+    Ok(Some(CheckpointSetup {
+        store,
+        durable,
+        mode: spec.mode.into(),
+        retain: spec.retain.max(1),
+        completed: Vec::new(),
+        metadata: BTreeMap::new(),
+        latest: None,
+    }))
+}
+
+/// Where savepoints go when a request names no directory: the pipeline's `savepoints.dir`
+/// (default `.weir/savepoints` next to the file), absolute.
+pub(super) fn default_savepoint_dir(plan: &PipelinePlan) -> PathBuf {
+    let d = plan.resolve_path(&plan.spec.savepoints.dir);
+    std::path::absolute(&d).unwrap_or(d)
+}
+
+/// The local working directory of a pipeline's RocksDB instances:
+/// `<path>/<pipeline>/<operator>-<subtask>/db-<instance>/`.
+pub(super) fn rocksdb_dir(plan: &PipelinePlan, spec: &weir_schema::RocksdbSpec) -> PathBuf {
+    let base = match &spec.path {
+        Some(p) => plan.resolve_path(p),
+        None => plan.resolve_path(".weir/rocksdb"),
+    };
+    base.join(&plan.id)
+}
+
+/// Removes RocksDB instances left behind by a killed process: local state is only a working
+/// copy (every restore downloads it again from checkpoint storage). Only directories the
+/// backend itself creates (`db-<hex>` under `<operator>-<subtask>/`) are touched, never
+/// anything else the directory may hold.
+pub(super) fn clear_local_state(plan: &PipelinePlan) {
+    let StateSpec::Rocksdb(spec) = &plan.spec.state else {
+        return;
+    };
+    let dir = rocksdb_dir(plan, spec);
+    let Ok(subtasks) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for sub in subtasks.flatten() {
+        let Ok(instances) = std::fs::read_dir(sub.path()) else {
+            continue;
+        };
+        for inst in instances.flatten() {
+            let name = inst.file_name().to_string_lossy().into_owned();
+            let ours = name
+                .strip_prefix("db-")
+                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if ours
+                && inst.path().is_dir()
+                && let Err(e) = std::fs::remove_dir_all(inst.path())
+            {
+                tracing::warn!(pipeline = %plan.id, dir = %inst.path().display(), error = %e, "Cannot remove a stale RocksDB instance.");
+            }
+        }
+    }
+}
+
+/// Whether savepoints can be written into `dir`: creates it, then a probe file in it.
+pub(super) fn check_writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".weir-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn plan(yaml: &str) -> PipelinePlan {
+        crate::plan::plan_test_yaml(yaml, Path::new("/jobs"))
+    }
+
+    const JOB: &str = r#"version: 1
+pipelines:
+  - id: p
+    checkpoints: { interval: 1s, storage: ck }
+    sources:
+      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
+    sinks:
+      - { id: out, type: stdout, input: gen }
+"#;
+
+    #[test]
+    fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
+        assert_eq!(
+            default_savepoint_dir(&plan(JOB)),
+            Path::new("/jobs/.weir/savepoints")
+        );
+        let configured = JOB.replace(
+            "    sources:",
+            "    savepoints: { dir: backups/sp }\n    sources:",
+        );
+        assert_eq!(
+            default_savepoint_dir(&plan(&configured)),
+            Path::new("/jobs/backups/sp")
+        );
+    }
+}
