@@ -499,6 +499,9 @@ pub enum TaskCommand {
     /// Sources paused after a stop-with-savepoint barrier whose savepoint failed: go on
     /// producing (the stop is called off).
     Resume,
+    /// Sources: send [`TaskEvent::Produced`] once the next records are produced (a
+    /// probation waits for them); other tasks ignore it.
+    NotifyProduced,
 }
 
 /// What a task tells the pipeline's supervisor.
@@ -518,6 +521,11 @@ pub enum TaskEvent {
     },
     /// The task opened its operators and restored its state; it is about to process.
     Started {
+        /// The task.
+        task: TaskId,
+    },
+    /// A source produced records after a [`TaskCommand::NotifyProduced`].
+    Produced {
         /// The task.
         task: TaskId,
     },
@@ -569,6 +577,9 @@ pub struct TaskEnv {
     alignment: std::time::Duration,
     /// The job's hand-over of keyed state between versions, when it has one.
     pub handover: Option<HandoverSlot>,
+    /// A source tells the supervisor when it next produces records
+    /// ([`TaskCommand::NotifyProduced`]).
+    notify_produced: bool,
 }
 
 /// A task's link to its job's [`Handover`].
@@ -622,6 +633,7 @@ impl TaskEnv {
             aligning_since: None,
             alignment: std::time::Duration::ZERO,
             handover: None,
+            notify_produced: false,
         }
     }
 
@@ -636,6 +648,13 @@ impl TaskEnv {
     /// Tells the supervisor the task is open and restored.
     fn started(&self) {
         let _ = self.events.send(TaskEvent::Started { task: self.task });
+    }
+
+    /// A source produced records: tells the supervisor when it asked to be told.
+    fn produced(&mut self) {
+        if std::mem::take(&mut self.notify_produced) {
+            let _ = self.events.send(TaskEvent::Produced { task: self.task });
+        }
     }
 
     /// Starts writing a snapshot off the task; the ack (or decline) follows when it is done.
@@ -795,6 +814,7 @@ pub async fn run_source(
             }
             if !out.is_empty() {
                 chain.push(0, Batch::new(out)).await?;
+                env.produced();
             }
             match poll {
                 // Yield after every batch, not only when tokio's budget runs out: the task
@@ -872,6 +892,10 @@ async fn source_command(
             *paused = false;
             Ok(SourceFlow::Continue)
         }
+        TaskCommand::NotifyProduced => {
+            env.notify_produced = true;
+            Ok(SourceFlow::Continue)
+        }
     }
 }
 
@@ -913,7 +937,10 @@ pub async fn run_chain(
                             env.settle().await;
                             return Ok(());
                         }
-                        TaskCommand::Trigger(_) | TaskCommand::Drain | TaskCommand::Resume => {}
+                        TaskCommand::Trigger(_)
+                        | TaskCommand::Drain
+                        | TaskCommand::Resume
+                        | TaskCommand::NotifyProduced => {}
                     }
                     continue;
                 }

@@ -90,16 +90,6 @@ impl Phase {
         }
     }
 
-    /// Whether a probation waits for the sources' first records.
-    pub(super) fn probation_armed(&self) -> bool {
-        let p = match self {
-            Phase::Probation(p) => Some(p),
-            Phase::Stopping(s) => s.probation.as_ref(),
-            _ => None,
-        };
-        p.is_some_and(|p| matches!(p.step, ProbationStep::Armed { .. }))
-    }
-
     /// Takes the probation out of the phase (it ended).
     pub(super) fn take_probation(&mut self) -> Option<Probation> {
         match self {
@@ -229,7 +219,7 @@ impl Probation {
     /// When the wait for the sources' first records is over.
     pub(super) fn deadline(&self) -> Option<Instant> {
         match self.step {
-            ProbationStep::Armed { since, .. } => Some(since + Self::IDLE_WAIT),
+            ProbationStep::Armed { since } => Some(since + Self::IDLE_WAIT),
             _ => None,
         }
     }
@@ -240,13 +230,11 @@ impl Probation {
 pub(super) enum ProbationStep {
     /// Tasks are opening and restoring.
     Starting,
-    /// Every task started: the probation checkpoint waits for the sources' first records
-    /// (more than `baseline`), or [`Probation::IDLE_WAIT`] after `since`.
+    /// Every task started: the probation checkpoint waits for a source to produce records
+    /// (it was asked to tell), or until [`Probation::IDLE_WAIT`] after `since`.
     Armed {
         /// When every task had started.
         since: Instant,
-        /// Records the sources had produced then.
-        baseline: u64,
     },
     /// The probation checkpoint is in flight (or none is, after one was aborted and the next
     /// could not be triggered yet).
@@ -297,7 +285,7 @@ mod tests {
         let since = Instant::now();
         let mut p = Probation::new(tx);
         assert_eq!(p.deadline(), None);
-        p.step = ProbationStep::Armed { since, baseline: 0 };
+        p.step = ProbationStep::Armed { since };
         let mut stop = Stopping::new(None, StopCause::Signal);
         stop.probation = Some(p);
         let mut phase = Phase::Stopping(stop);

@@ -1,7 +1,7 @@
 //! Probation: a reload's new version proves itself before the job lets the old one go. Once
-//! every task started, the supervisor takes a checkpoint as soon as the sources produced
-//! something (or after a second, for an idle input), so that its barrier follows records: its
-//! completion proves every task processes them. A failure before that ends the pipeline at
+//! every task started, the supervisor takes a checkpoint as soon as a source tells it that it
+//! produced records (or a second later, for an idle input: a deadline, not a poll), so that
+//! its barrier follows records: its completion proves every task processes them. A failure before that ends the pipeline at
 //! once (the job brings the previous version back) instead of restarting it.
 
 use std::time::Instant;
@@ -11,41 +11,45 @@ use super::supervisor::Supervisor;
 use crate::base::message::BarrierKind;
 use crate::checkpoint::CheckpointId;
 use crate::checkpoint::coordinator::AbortReason;
+use crate::runtime::task::TaskCommand;
 
 impl Supervisor {
-    /// Every task of the first attempt started: arm the probation checkpoint.
+    /// Every task of the first attempt started: arm the probation checkpoint, and ask the
+    /// sources to tell when they next produce records.
     pub(super) fn arm_probation(&mut self) {
-        let baseline = self.source_records();
-        if let Some(p) = self.phase.probation_mut() {
-            p.step = ProbationStep::Armed {
-                since: Instant::now(),
-                baseline,
-            };
+        let Some(p) = self.phase.probation_mut() else {
+            return;
+        };
+        p.step = ProbationStep::Armed {
+            since: Instant::now(),
+        };
+        self.tasks.send_sources(TaskCommand::NotifyProduced);
+    }
+
+    /// A source produced records: an armed probation takes its checkpoint now, so that its
+    /// barrier follows them.
+    pub(super) fn on_produced(&mut self) {
+        if self.probation_armed() {
+            self.trigger_probation();
         }
     }
 
-    /// Takes the probation checkpoint when the sources produced records since the probation
-    /// was armed, or when the idle wait is over.
+    /// An armed probation whose idle wait is over takes its checkpoint (nothing was produced:
+    /// an idle input).
     pub(super) fn probation_due(&mut self) {
-        let records = self.source_records();
-        let due = self.phase.probation_mut().is_some_and(|p| match p.step {
-            ProbationStep::Armed { since, baseline } => {
-                records > baseline || since.elapsed() >= Probation::IDLE_WAIT
-            }
-            _ => false,
+        let due = self.phase.probation_mut().is_some_and(|p| {
+            p.deadline()
+                .is_some_and(|deadline| deadline <= Instant::now())
         });
         if due {
             self.trigger_probation();
         }
     }
 
-    /// Records produced by this pipeline's sources so far.
-    fn source_records(&self) -> u64 {
-        self.reports
-            .iter()
-            .filter(|r| r.role == "source")
-            .map(|r| r.metrics.read().0)
-            .sum()
+    fn probation_armed(&mut self) -> bool {
+        self.phase
+            .probation_mut()
+            .is_some_and(|p| matches!(p.step, ProbationStep::Armed { .. }))
     }
 
     /// Triggers the probation checkpoint; with nothing left to checkpoint (every task already

@@ -36,7 +36,6 @@ use crate::runtime::task::{Checkpointing, Control, Fault, TaskEvent, TaskRestore
 /// The supervisor of one pipeline (see the module docs).
 pub(super) struct Supervisor {
     pub plan: Arc<PipelinePlan>,
-    pub reports: Arc<Vec<NodeReport>>,
     pub control: Arc<Control>,
     /// The pipeline's tasks.
     pub tasks: Tasks,
@@ -125,7 +124,7 @@ impl Supervisor {
             tasks: Tasks::new(
                 Arc::clone(&plan),
                 builders,
-                Arc::clone(&reports),
+                reports,
                 Arc::clone(&control),
                 workers,
                 faults,
@@ -134,7 +133,6 @@ impl Supervisor {
             ),
             checkpoints: Checkpoints::new(ck, coordinator),
             phase: Phase::Running,
-            reports,
             control,
             restarts: 0,
             failures: Failures::default(),
@@ -173,9 +171,6 @@ impl Supervisor {
                     .as_ref()
                     .and_then(Coordinator::next_wakeup),
                 self.phase.next_wakeup(self.tasks.aborting()),
-                self.phase
-                    .probation_armed()
-                    .then(|| Instant::now() + Duration::from_millis(5)),
             ]
             .into_iter()
             .flatten()
@@ -322,6 +317,10 @@ impl Supervisor {
                 if self.not_started.remove(&task) && self.not_started.is_empty() {
                     self.on_all_started();
                 }
+                return;
+            }
+            TaskEvent::Produced { .. } => {
+                self.on_produced();
                 return;
             }
             TaskEvent::Ack {
