@@ -67,6 +67,7 @@ const REGISTRY: &str = "engine/src/registry.rs";
 const SUPERVISOR: &str = "engine/src/job/pipeline/supervisor.rs";
 const SPAWN: &str = "engine/src/job/pipeline/spawn.rs";
 const STORAGE: &str = "engine/src/job/pipeline/storage.rs";
+const PLAN: &str = "engine/src/plan/mod.rs";
 const COORDINATOR: &str = "engine/src/checkpoint/coordinator.rs";
 const RESTART: &str = "engine/src/recovery/restart.rs";
 const SCRIPT: &str = "engine/src/script/mod.rs";
@@ -95,7 +96,7 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].max_parallelism", Engine, &[(COMPILE, "spec.effective_max_parallelism()")], &["tests/savepoints.rs::a_changed_max_parallelism_is_refused"]),
     e(".pipelines[].state", Engine, &[(SPAWN, "plan.spec.state")], &["engine/src/reload/plan.rs::a_state_backend_change_is_fine"]),
     e(".pipelines[].state[backend=*].backend", Tag, &[(SPAWN, "match &plan.spec.state")], &[]),
-    e(".pipelines[].state[backend=rocksdb].path", Engine, &[(STORAGE, "spec.path")], &[]),
+    e(".pipelines[].state[backend=rocksdb].path", Engine, &[(PLAN, "r.path")], &[]),
     e(".pipelines[].state[backend=rocksdb].incremental", Engine, &[(ROCKSDB, "spec.incremental")], &["engine/src/state/rocksdb.rs::incremental_false_passes_checkpoint_files_restore_rescale"]),
     e(".pipelines[].state[backend=rocksdb].block_cache_size", Engine, &[(ROCKSDB, "spec.block_cache_size")], &[]),
     e(".pipelines[].state[backend=rocksdb].write_buffer_size", Engine, &[(ROCKSDB, "spec.write_buffer_size")], &[]),
@@ -103,7 +104,7 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].checkpoints.enabled", Engine, &[(COORDINATOR, "spec.enabled"), (STORAGE, "spec.enabled")], &[]),
     e(".pipelines[].checkpoints.interval", Engine, &[(COORDINATOR, "spec.interval")], &["engine/src/checkpoint/coordinator.rs::checkpoint_plan_from_a_compiled_pipeline"]),
     e(".pipelines[].checkpoints.mode", Engine, &[(STORAGE, "spec.mode")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
-    e(".pipelines[].checkpoints.storage", Engine, &[(STORAGE, "spec.storage")], &["tests/hot_reload.rs::a_crash_looping_pipeline_is_fixed_by_an_edit_and_stops_during_back_off"]),
+    e(".pipelines[].checkpoints.storage", Engine, &[(PLAN, "spec.checkpoints.storage")], &["tests/hot_reload.rs::a_crash_looping_pipeline_is_fixed_by_an_edit_and_stops_during_back_off"]),
     e(".pipelines[].checkpoints.timeout", Engine, &[(COORDINATOR, "spec.timeout")], &["engine/src/checkpoint/coordinator.rs::timeouts_and_declines_count_against_tolerable_failures"]),
     e(".pipelines[].checkpoints.min_pause", Engine, &[(COORDINATOR, "spec.min_pause")], &["engine/src/checkpoint/coordinator.rs::max_concurrent_and_min_pause_gate_triggers"]),
     e(".pipelines[].checkpoints.max_concurrent", Engine, &[(COORDINATOR, "spec.max_concurrent")], &["engine/src/checkpoint/coordinator.rs::max_concurrent_and_min_pause_gate_triggers"]),
@@ -111,8 +112,8 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].checkpoints.retain", Engine, &[(STORAGE, "spec.retain")], &["tests/recovery_cli.rs::a_killed_run_resumes_and_skips_a_damaged_checkpoint"]),
     e(".pipelines[].checkpoints.unaligned", Rejected, &[(VALIDATE, "c.unaligned")], &["tests/invalid/unaligned_not_supported.yaml"]),
     e(".pipelines[].checkpoints.aligned_timeout", Rejected, &[(VALIDATE, "base.join(\"aligned_timeout\")")], &["tests/invalid/aligned_timeout_not_supported.yaml"]),
-    e(".pipelines[].savepoints", Engine, &[(STORAGE, "plan.spec.savepoints.dir")], &["engine/src/job/pipeline/storage.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage"]),
-    e(".pipelines[].savepoints.dir", Engine, &[(STORAGE, "plan.spec.savepoints.dir"), ("engine/src/job/confine.rs", "plan.spec.savepoints.dir")], &["engine/src/job/pipeline/storage.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage", "tests/savepoints.rs::api_savepoint_dirs_are_confined_to_the_savepoint_root"]),
+    e(".pipelines[].savepoints", Engine, &[(PLAN, "spec.savepoints.dir")], &["engine/src/plan/mod.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage"]),
+    e(".pipelines[].savepoints.dir", Engine, &[(PLAN, "spec.savepoints.dir"), ("engine/src/job/confine.rs", "plan.paths.savepoints")], &["engine/src/plan/mod.rs::savepoints_go_to_the_configured_dir_else_under_checkpoint_storage", "tests/savepoints.rs::api_savepoint_dirs_are_confined_to_the_savepoint_root"]),
     e(".pipelines[].restart", Engine, &[(SUPERVISOR, "plan.spec.effective_restart()")], &["tests/recovery_faults.rs::restart_none_fails_the_pipeline_with_the_record"]),
     e(".pipelines[].restart[strategy=*].strategy", Tag, &[(RESTART, "RestartSpec::FixedDelay(s)")], &[]),
     e(".pipelines[].restart[strategy=fixed_delay].attempts", Engine, &[(RESTART, "s.attempts")], &["engine/src/recovery/restart.rs::fixed_delay_restarts_attempts_times_with_the_same_delay"]),

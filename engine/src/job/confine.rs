@@ -20,10 +20,9 @@ use crate::control::ControlError;
 use crate::plan::PipelinePlan;
 
 /// The savepoint root of `plan`: its `savepoints.dir` (default `.weir/savepoints`) resolved
-/// against the pipeline file's directory, absolute.
+/// against the pipeline file's directory, absolute (resolved when the plan was compiled).
 pub(crate) fn savepoint_root(plan: &PipelinePlan) -> PathBuf {
-    let d = plan.resolve_path(&plan.spec.savepoints.dir);
-    std::path::absolute(&d).unwrap_or(d)
+    plan.paths.savepoints.clone()
 }
 
 /// The directory a savepoint request for pipeline `pipeline` may write to: `requested`

@@ -20,7 +20,8 @@ use super::{Chain, NodeId, NodeKind, Partitioning, PipelinePlan, PlanEdge, PlanE
 /// edges with their partitioning, and maximal chains.
 ///
 /// Relative `script_file` paths are read relative to `base_dir`, which is also stored in the
-/// plan for the runtime's own paths.
+/// plan; the runtime's own paths (checkpoint storage, savepoints, RocksDB's local directory)
+/// are resolved against it here, into [`super::PipelinePaths`].
 ///
 /// # Errors
 ///
@@ -65,6 +66,7 @@ pub fn compile(spec: &PipelineSpec, base_dir: &Path) -> Result<PipelinePlan, Pla
         nodes,
         edges,
         chains,
+        paths: super::PipelinePaths::resolve(spec, base_dir),
     })
 }
 

@@ -48,6 +48,56 @@ pub struct PipelinePlan {
     /// Forward-connected runs of nodes that execute in one task per subtask, in topological
     /// order; every node is in exactly one chain.
     pub chains: Vec<Chain>,
+    /// Where the pipeline keeps its files, resolved.
+    pub paths: PipelinePaths,
+}
+
+/// Where a pipeline keeps its files: the spec's paths resolved against the pipeline file's
+/// directory when the plan is compiled, so that the runtime only uses them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelinePaths {
+    /// The checkpoint storage root (`checkpoints.storage`); the pipeline's checkpoints are in
+    /// `<root>/<pipeline>/`.
+    pub checkpoint_root: PathBuf,
+    /// The savepoint root (`savepoints.dir`, default `.weir/savepoints`), absolute: where
+    /// savepoints go by default, and under which control requests must name theirs.
+    pub savepoints: PathBuf,
+    /// The local working directory of the pipeline's RocksDB instances
+    /// (`<state.path or .weir/rocksdb>/<pipeline>`), when its state backend is RocksDB.
+    pub rocksdb: Option<PathBuf>,
+}
+
+impl PipelinePaths {
+    /// The paths of `spec`, resolved against `base_dir`.
+    pub fn resolve(spec: &PipelineSpec, base_dir: &Path) -> Self {
+        let savepoints = resolve_path(base_dir, &spec.savepoints.dir);
+        let rocksdb = match &spec.state {
+            weir_schema::StateSpec::Rocksdb(r) => {
+                let base = r.path.as_deref().unwrap_or(Path::new(".weir/rocksdb"));
+                Some(resolve_path(base_dir, base).join(&spec.id))
+            }
+            _ => None,
+        };
+        Self {
+            checkpoint_root: resolve_path(base_dir, &spec.checkpoints.storage),
+            savepoints: std::path::absolute(&savepoints).unwrap_or(savepoints),
+            rocksdb,
+        }
+    }
+}
+
+/// Resolves a path from a spec against the pipeline file's directory `base_dir`.
+pub fn resolve_path(base_dir: &Path, p: impl AsRef<Path>) -> PathBuf {
+    let p = p.as_ref();
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else if base_dir.as_os_str().is_empty() {
+        // A file named without a directory: its paths are relative to `.`, spelled out so
+        // that every resolved path has a parent.
+        Path::new(".").join(p)
+    } else {
+        base_dir.join(p)
+    }
 }
 
 /// What a node is.
@@ -159,16 +209,7 @@ impl PipelinePlan {
 
     /// Resolves a path from the spec against the pipeline file's directory.
     pub fn resolve_path(&self, p: impl AsRef<Path>) -> PathBuf {
-        let p = p.as_ref();
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else if self.base_dir.as_os_str().is_empty() {
-            // A file named without a directory: its paths are relative to `.`, spelled out
-            // so that every resolved path has a parent.
-            Path::new(".").join(p)
-        } else {
-            self.base_dir.join(p)
-        }
+        resolve_path(&self.base_dir, p)
     }
 }
 
@@ -235,4 +276,53 @@ pub enum PlanError {
         /// What is wrong.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const JOB: &str = r#"version: 1
+pipelines:
+  - id: p
+    checkpoints: { interval: 1s, storage: ck }
+    sources:
+      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
+    sinks:
+      - { id: out, type: stdout, input: gen }
+"#;
+
+    fn paths(yaml: &str) -> PipelinePaths {
+        plan_test_yaml(yaml, Path::new("/jobs")).paths
+    }
+
+    #[test]
+    fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
+        assert_eq!(paths(JOB).savepoints, Path::new("/jobs/.weir/savepoints"));
+        let configured = JOB.replace(
+            "    sources:",
+            "    savepoints: { dir: backups/sp }\n    sources:",
+        );
+        assert_eq!(paths(&configured).savepoints, Path::new("/jobs/backups/sp"));
+    }
+
+    #[test]
+    fn storage_and_local_state_resolve_against_the_file_s_directory() {
+        let p = paths(JOB);
+        assert_eq!(p.checkpoint_root, Path::new("/jobs/ck"));
+        assert_eq!(
+            p.rocksdb, None,
+            "only a RocksDB backend has a local directory"
+        );
+        let rocksdb = JOB.replace(
+            "    sources:",
+            "    state: { backend: rocksdb }\n    sources:",
+        );
+        assert_eq!(
+            paths(&rocksdb).rocksdb.as_deref(),
+            Some(Path::new("/jobs/.weir/rocksdb/p"))
+        );
+    }
 }

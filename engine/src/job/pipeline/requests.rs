@@ -84,7 +84,7 @@ impl Supervisor {
             ))));
             return;
         };
-        let dir = dir.unwrap_or_else(|| self.savepoint_dir.clone());
+        let dir = dir.unwrap_or_else(|| self.plan.paths.savepoints.clone());
         // Once a stop-with-savepoint's checkpoint completes the tasks stop, whether or not
         // the copy into `dir` succeeds: find out now that it cannot.
         if let Err(e) = check_writable(&dir) {

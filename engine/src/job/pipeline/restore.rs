@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::RecoveryOptions;
-use super::storage::{CheckpointSetup, FINISHED_MARKER, build_error, default_savepoint_dir};
+use super::storage::{CheckpointSetup, FINISHED_MARKER, build_error};
 use crate::base::error::Result;
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan};
@@ -398,9 +398,7 @@ fn nothing_restorable(
     plan: &PipelinePlan,
     skipped: &[crate::checkpoint::storage::SkippedCheckpoint],
 ) -> String {
-    let root = plan
-        .resolve_path(&plan.spec.checkpoints.storage)
-        .join(&plan.id);
+    let root = plan.paths.checkpoint_root.join(&plan.id);
     let at = format!(" in `{}`", root.display());
     let mut out = format!(
         "checkpoints exist{at}, but none of the {} can be restored:",
@@ -434,7 +432,7 @@ fn nothing_restorable(
 /// newest first (by name: the id, then the time).
 fn savepoints_of(plan: &PipelinePlan) -> Vec<PathBuf> {
     let prefix = format!("savepoint-{}-", plan.id);
-    let Ok(entries) = std::fs::read_dir(default_savepoint_dir(plan)) else {
+    let Ok(entries) = std::fs::read_dir(&plan.paths.savepoints) else {
         return Vec::new();
     };
     let mut found: Vec<(u64, PathBuf)> = entries

@@ -11,7 +11,6 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use weir_schema::StateSpec;
 
-use super::storage::rocksdb_dir;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{Barrier, Message};
 use crate::base::metrics::NodeReport;
@@ -330,7 +329,12 @@ impl Tasks {
                 Ok(Box::new(MemoryBackend::new(plan.max_parallelism, range)))
             }
             StateSpec::Rocksdb(spec) => {
-                let dir = rocksdb_dir(plan, spec).join(format!("{operator}-{subtask}"));
+                let dir = plan
+                    .paths
+                    .rocksdb
+                    .as_ref()
+                    .ok_or_else(|| RunError::Internal("no RocksDB directory planned".into()))?
+                    .join(format!("{operator}-{subtask}"));
                 Ok(Box::new(crate::state::rocksdb::RocksdbBackend::open(
                     &dir,
                     plan.max_parallelism,

@@ -1,10 +1,11 @@
-//! Where a pipeline's checkpoints, savepoints and local state live: opening checkpoint
-//! storage (memory or a local directory), the default savepoint directory, and RocksDB's
-//! local working directories (and clearing what a killed process left there). Nothing here
-//! decides what to restore (`restore`) or when to write (`completion`).
+//! A pipeline's checkpoint storage and local state: opening checkpoint storage (memory or a
+//! local directory), clearing what a killed process left in RocksDB's local working
+//! directories, and checking that a savepoint directory is writable. The paths themselves
+//! are the plan's (`PipelinePaths`, resolved at compile time). Nothing here decides what to
+//! restore (`restore`) or when to write (`completion`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use weir_schema::StateSpec;
@@ -54,9 +55,8 @@ pub(super) fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<Checkpoint
     let (store, durable): (Arc<dyn CheckpointStore>, bool) = match plan.spec.state {
         StateSpec::Memory => (Arc::new(MemoryStore::new()), false),
         StateSpec::Fs | StateSpec::Rocksdb(_) => {
-            let root = plan.resolve_path(&spec.storage);
-            let store =
-                LocalStore::new(&root, &plan.id).map_err(|e| build_error(plan, e.to_string()))?;
+            let store = LocalStore::new(&plan.paths.checkpoint_root, &plan.id)
+                .map_err(|e| build_error(plan, e.to_string()))?;
             (Arc::new(store), true)
         }
     };
@@ -71,33 +71,15 @@ pub(super) fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<Checkpoint
     }))
 }
 
-/// Where savepoints go when a request names no directory: the pipeline's `savepoints.dir`
-/// (default `.weir/savepoints` next to the file), absolute.
-pub(super) fn default_savepoint_dir(plan: &PipelinePlan) -> PathBuf {
-    let d = plan.resolve_path(&plan.spec.savepoints.dir);
-    std::path::absolute(&d).unwrap_or(d)
-}
-
-/// The local working directory of a pipeline's RocksDB instances:
-/// `<path>/<pipeline>/<operator>-<subtask>/db-<instance>/`.
-pub(super) fn rocksdb_dir(plan: &PipelinePlan, spec: &weir_schema::RocksdbSpec) -> PathBuf {
-    let base = match &spec.path {
-        Some(p) => plan.resolve_path(p),
-        None => plan.resolve_path(".weir/rocksdb"),
-    };
-    base.join(&plan.id)
-}
-
 /// Removes RocksDB instances left behind by a killed process: local state is only a working
 /// copy (every restore downloads it again from checkpoint storage). Only directories the
 /// backend itself creates (`db-<hex>` under `<operator>-<subtask>/`) are touched, never
 /// anything else the directory may hold.
 pub(super) fn clear_local_state(plan: &PipelinePlan) {
-    let StateSpec::Rocksdb(spec) = &plan.spec.state else {
+    let Some(dir) = &plan.paths.rocksdb else {
         return;
     };
-    let dir = rocksdb_dir(plan, spec);
-    let Ok(subtasks) = std::fs::read_dir(&dir) else {
+    let Ok(subtasks) = std::fs::read_dir(dir) else {
         return;
     };
     for sub in subtasks.flatten() {
@@ -125,41 +107,4 @@ pub(super) fn check_writable(dir: &Path) -> std::io::Result<()> {
     let probe = dir.join(format!(".weir-probe-{}", std::process::id()));
     std::fs::write(&probe, b"")?;
     std::fs::remove_file(&probe)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-
-    fn plan(yaml: &str) -> PipelinePlan {
-        crate::plan::plan_test_yaml(yaml, Path::new("/jobs"))
-    }
-
-    const JOB: &str = r#"version: 1
-pipelines:
-  - id: p
-    checkpoints: { interval: 1s, storage: ck }
-    sources:
-      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
-    sinks:
-      - { id: out, type: stdout, input: gen }
-"#;
-
-    #[test]
-    fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
-        assert_eq!(
-            default_savepoint_dir(&plan(JOB)),
-            Path::new("/jobs/.weir/savepoints")
-        );
-        let configured = JOB.replace(
-            "    sources:",
-            "    savepoints: { dir: backups/sp }\n    sources:",
-        );
-        assert_eq!(
-            default_savepoint_dir(&plan(&configured)),
-            Path::new("/jobs/backups/sp")
-        );
-    }
 }

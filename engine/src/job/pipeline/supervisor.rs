@@ -5,7 +5,6 @@
 //! writes, the finished marker, the answers still owed).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,9 +17,7 @@ use super::failure::Failures;
 use super::phase::{Phase, Probation};
 use super::restore::choose_restore;
 use super::spawn::{Joined, Tasks};
-use super::storage::{
-    FINISHED_MARKER, clear_local_state, default_savepoint_dir, setup_checkpoints,
-};
+use super::storage::{FINISHED_MARKER, clear_local_state, setup_checkpoints};
 use super::{RecoveryOptions, Request, SharedStatus, SupervisorLinks};
 use crate::base::error::{ErrorClass, Result, RunError};
 use crate::base::message::Barrier;
@@ -63,8 +60,6 @@ pub(super) struct Supervisor {
     /// A failure that ends the pipeline, raised where it could not be returned (see
     /// `execute_or_end`).
     fatal: Option<RunError>,
-    /// Where savepoints go by default.
-    pub savepoint_dir: PathBuf,
 }
 
 impl Supervisor {
@@ -116,7 +111,6 @@ impl Supervisor {
             mode: ck.mode,
         });
         let (events_tx, events) = mpsc::unbounded_channel();
-        let savepoint_dir = default_savepoint_dir(&plan);
         let plan = Arc::new(plan);
         Ok(Self {
             restart: RestartStrategy::from_spec(&plan.spec.effective_restart()),
@@ -144,7 +138,6 @@ impl Supervisor {
             all_started: None,
             not_started: BTreeSet::new(),
             fatal: None,
-            savepoint_dir,
             plan,
         })
     }
