@@ -133,7 +133,7 @@ fn print_summary(s: &JobSummary) {
             "element", "type", "par", "in", "out", "errors"
         ));
         for n in &p.nodes {
-            let out_col = if n.role == "sink" {
+            let out_col = if n.role == weir_engine::plan::Role::Sink {
                 "-".to_owned()
             } else {
                 n.records_out.to_string()

@@ -45,12 +45,34 @@ impl NodeMetrics {
 pub struct NodeReport {
     /// The element id.
     pub id: String,
-    /// `source`, `operator` or `sink`.
-    pub role: &'static str,
+    /// Source, operator or sink.
+    pub role: Role,
     /// The `type:`.
     pub type_name: &'static str,
     /// Its parallelism.
     pub parallelism: u32,
     /// The counters.
     pub metrics: Arc<NodeMetrics>,
+}
+
+/// The part a node plays in its pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Reads records from outside.
+    Source,
+    /// Transforms records.
+    Operator,
+    /// Writes records out.
+    Sink,
+}
+
+impl Role {
+    /// `source`, `operator` or `sink`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Source => "source",
+            Role::Operator => "operator",
+            Role::Sink => "sink",
+        }
+    }
 }

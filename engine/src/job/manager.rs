@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::pipeline::{
-    AfterSavepoint, LiveStatus, Request, SharedStatus, StartWatch, SupervisorLinks,
+    AfterSavepoint, LiveState, LiveStatus, Request, SharedStatus, StartWatch, SupervisorLinks,
 };
 use super::{JobOptions, NodeSummary, PipelineSummary, RecoveryOptions, RenderFn, run_pipeline};
 use crate::base::metrics::{NodeMetrics, NodeReport};
@@ -26,7 +26,7 @@ use crate::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineStatus, ReloadOutcome,
     ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
 };
-use crate::plan::{FilePlan, NodeKind, PipelinePlan};
+use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::task::{Control, Fault};
 
 /// One pipeline of the running version.
@@ -91,11 +91,7 @@ fn reports_of(plan: &PipelinePlan) -> Arc<Vec<NodeReport>> {
             .iter()
             .map(|n| NodeReport {
                 id: n.id.clone(),
-                role: match n.kind {
-                    NodeKind::Source(_) => "source",
-                    NodeKind::Operator(_) => "operator",
-                    NodeKind::Sink(_) => "sink",
-                },
+                role: n.kind.role(),
                 type_name: n.type_name(),
                 parallelism: n.parallelism,
                 metrics: Arc::new(NodeMetrics::default()),
@@ -182,7 +178,7 @@ impl Job {
             control.stop.store(true, Ordering::Relaxed);
         }
         let status: SharedStatus = Arc::new(Mutex::new(LiveStatus {
-            state: "starting",
+            state: LiveState::Starting,
             ..LiveStatus::default()
         }));
         let (requests_tx, requests_rx) = mpsc::unbounded_channel();
@@ -317,8 +313,8 @@ impl Job {
             .filter(|s| !s.removed)
             .map(|s| super::PipelineProgress {
                 id: s.plan.id.clone(),
-                source_records: role_records(&s.reports, "source"),
-                sink_records: role_records(&s.reports, "sink"),
+                source_records: role_records(&s.reports, Role::Source),
+                sink_records: role_records(&s.reports, Role::Sink),
                 finished: s.ended.is_some(),
             })
             .collect()
@@ -509,18 +505,16 @@ impl Job {
         let new_plan = match validation.plan() {
             Some(Ok(plan)) => plan,
             Some(Err(e)) => {
-                outcome.result = "rejected".into();
                 outcome.messages = vec![format!("{}: {e}", file.display())];
-                return Ok(self.finish_reload(outcome, request.plan_only));
+                return Ok(self.finish_reload(outcome, ReloadResult::Rejected, request.plan_only));
             }
             None => {
-                outcome.result = "rejected".into();
                 outcome.messages = self.render(&validation);
                 outcome.messages.push(format!(
                     "{}: invalid; the running version is left untouched",
                     file.display()
                 ));
-                return Ok(self.finish_reload(outcome, request.plan_only));
+                return Ok(self.finish_reload(outcome, ReloadResult::Rejected, request.plan_only));
             }
         };
         if let Some(note) = self.api_change(validation.spec.as_ref().map(|s| &s.api)) {
@@ -533,11 +527,9 @@ impl Job {
         let plans = crate::reload::plan::diff(&old_plan, &new_plan, allow_non_restored_state);
         outcome.pipelines = plans.clone();
         if request.plan_only {
-            outcome.result = "planned".into();
-            return Ok(self.finish_reload(outcome, true));
+            return Ok(self.finish_reload(outcome, ReloadResult::Planned, true));
         }
         if !crate::reload::plan::is_applicable(&plans) {
-            outcome.result = "rejected".into();
             outcome.messages = plans
                 .iter()
                 .flat_map(|p| {
@@ -549,18 +541,17 @@ impl Job {
             outcome
                 .messages
                 .push("the running version is left untouched".into());
-            return Ok(self.finish_reload(outcome, false));
+            return Ok(self.finish_reload(outcome, ReloadResult::Rejected, false));
         }
         if plans.iter().all(|p| p.change == "unchanged") {
-            outcome.result = "unchanged".into();
-            return Ok(self.finish_reload(outcome, false));
+            return Ok(self.finish_reload(outcome, ReloadResult::Unchanged, false));
         }
         let by_id: BTreeMap<&str, &PipelinePlan> = new_plan
             .pipelines
             .iter()
             .map(|p| (p.id.as_str(), p))
             .collect();
-        let mut result = "applied";
+        let mut result = ReloadResult::Applied;
         let mut pause: Option<u64> = None;
         for p in &plans {
             match p.change.as_str() {
@@ -637,9 +628,9 @@ impl Job {
                         .await
                     {
                         Ok(ms) => pause = Some(pause.map_or(ms, |p| p.max(ms))),
-                        Err(r) => {
-                            result = worse_result(result, r);
-                            if r == "failed" {
+                        Err(e) => {
+                            result = result.worse(e.into());
+                            if e == ReplaceError::Failed {
                                 break;
                             }
                         }
@@ -648,26 +639,25 @@ impl Job {
                 _ => {}
             }
         }
-        outcome.result = result.into();
         outcome.pause_ms = pause;
-        Ok(self.finish_reload(outcome, false))
+        Ok(self.finish_reload(outcome, result, false))
     }
 
     /// Replaces one running pipeline by its new version: savepoint and stop, start the new
     /// version from the savepoint on probation; on failure start the old one again from the
-    /// same savepoint. `Ok(pause ms)`, or `Err("rolled_back" | "failed")`.
+    /// same savepoint. `Ok(pause ms)`, or how it did not apply.
     async fn replace(
         self: &Arc<Self>,
         new: &PipelinePlan,
         allow_non_restored_state: bool,
         messages: &mut Vec<String>,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<u64, ReplaceError> {
         let id = new.id.clone();
         let old = {
             let slots = self.slots();
             match slots.iter().find(|s| s.plan.id == id) {
                 Some(s) => Arc::clone(&s.plan),
-                None => return Err("failed"),
+                None => return Err(ReplaceError::Failed),
             }
         };
         self.set_slot(&id, |s| s.reloading = true);
@@ -718,7 +708,7 @@ impl Job {
         old: &Arc<PipelinePlan>,
         allow_non_restored_state: bool,
         messages: &mut Vec<String>,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<u64, ReplaceError> {
         let id = new.id.clone();
         let paused_at = Instant::now();
         let mut crash_looping = false;
@@ -740,7 +730,7 @@ impl Job {
                         .push_back(sp.path.clone());
                     Some(sp)
                 }
-                Err(e) if self.live_state(&id) == Some("restarting") => {
+                Err(e) if self.live_state(&id) == Some(LiveState::Restarting) => {
                     // A crash-looping pipeline cannot take a savepoint, and editing its file
                     // is how it gets fixed: stop it, and start the new version from its latest
                     // completed checkpoint instead.
@@ -758,7 +748,7 @@ impl Job {
                     messages.push(format!(
                         "pipeline `{id}`: the savepoint before the reload failed, the running version goes on: {e}"
                     ));
-                    return Err("rejected");
+                    return Err(ReplaceError::Rejected);
                 }
             }
         } else {
@@ -837,13 +827,13 @@ impl Job {
                         } else {
                             format!("pipeline `{id}`: rolled back; the previous version runs again from the same savepoint")
                         });
-                        Err("rolled_back")
+                        Err(ReplaceError::RolledBack)
                     }
                     Err(e) => {
                         messages.push(format!(
                             "pipeline `{id}`: the previous version failed to come back too: {e}"
                         ));
-                        Err("failed")
+                        Err(ReplaceError::Failed)
                     }
                 }
             }
@@ -871,8 +861,8 @@ impl Job {
         super::confine::savepoint_dir(pipeline, &root, dir, self.allow_any_savepoint_dir).map(Some)
     }
 
-    /// The live state of a running pipeline (`running`, `restarting`, ...).
-    fn live_state(&self, pipeline: &str) -> Option<&'static str> {
+    /// The live state of a running pipeline.
+    fn live_state(&self, pipeline: &str) -> Option<LiveState> {
         let slots = self.slots();
         let slot = slots.iter().find(|s| s.plan.id == pipeline)?;
         if slot.ended.is_some() {
@@ -881,10 +871,16 @@ impl Job {
         slot.status.lock().ok().map(|l| l.state)
     }
 
-    fn finish_reload(&self, mut outcome: ReloadOutcome, plan_only: bool) -> ReloadOutcome {
+    fn finish_reload(
+        &self,
+        mut outcome: ReloadOutcome,
+        result: ReloadResult,
+        plan_only: bool,
+    ) -> ReloadOutcome {
+        outcome.result = result.as_str().to_owned();
         outcome.at_ms = now_ms();
         if !plan_only {
-            if outcome.result == "applied" {
+            if result == ReloadResult::Applied {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
             }
             if let Ok(mut last) = self.last_reload.lock() {
@@ -895,24 +891,67 @@ impl Job {
     }
 }
 
-/// The overall result of a reload from its current one and one more pipeline's: the worst
-/// wins (`failed`, then `rolled_back`, then `rejected`, then `applied`), so that a pipeline
-/// reloaded later in the same file never hides an earlier pipeline's rollback or failure.
-fn worse_result(current: &'static str, next: &'static str) -> &'static str {
-    let rank = |r: &str| match r {
-        "failed" => 3,
-        "rolled_back" => 2,
-        "rejected" => 1,
-        _ => 0,
-    };
-    if rank(next) > rank(current) {
-        next
-    } else {
-        current
+/// The result of a reload. The order ranks how bad a pipeline's result is: the overall
+/// result is the worst (`failed`, then `rolled_back`, then `rejected`, then `applied`), so that
+/// a pipeline reloaded later in the same file never hides an earlier pipeline's rollback or
+/// failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ReloadResult {
+    /// Only compared (`plan_only`).
+    Planned,
+    /// Nothing changed.
+    Unchanged,
+    /// Every change applied.
+    Applied,
+    /// Nothing changed: the file or the plan was refused, or a savepoint failed.
+    Rejected,
+    /// A new version failed to start; the previous one runs again.
+    RolledBack,
+    /// The previous version did not come back either.
+    Failed,
+}
+
+impl ReloadResult {
+    /// The worse of `self` and `other`.
+    fn worse(self, other: Self) -> Self {
+        self.max(other)
+    }
+
+    /// The wire form ([`ReloadOutcome::result`]).
+    fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Planned => "planned",
+            ReloadResult::Unchanged => "unchanged",
+            ReloadResult::Applied => "applied",
+            ReloadResult::Rejected => "rejected",
+            ReloadResult::RolledBack => "rolled_back",
+            ReloadResult::Failed => "failed",
+        }
     }
 }
 
-fn role_records(reports: &[NodeReport], role: &str) -> u64 {
+/// How the replacement of one pipeline by its new version did not apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplaceError {
+    /// The savepoint before it failed: the running version goes on.
+    Rejected,
+    /// The new version failed to start: the previous one runs again.
+    RolledBack,
+    /// The previous version did not come back either (or was gone).
+    Failed,
+}
+
+impl From<ReplaceError> for ReloadResult {
+    fn from(e: ReplaceError) -> Self {
+        match e {
+            ReplaceError::Rejected => ReloadResult::Rejected,
+            ReplaceError::RolledBack => ReloadResult::RolledBack,
+            ReplaceError::Failed => ReloadResult::Failed,
+        }
+    }
+}
+
+fn role_records(reports: &[NodeReport], role: Role) -> u64 {
     reports
         .iter()
         .filter(|n| n.role == role)
@@ -939,13 +978,13 @@ impl JobControl for Arc<Job> {
                         Some(_) if s.reloading => ("reloading".to_owned(), None),
                         Some(_) => ("finished".to_owned(), None),
                         None if s.reloading => ("reloading".to_owned(), None),
-                        None => (live.state.to_owned(), None),
+                        None => (live.state.as_str().to_owned(), None),
                     };
                     PipelineStatus {
                         id: s.plan.id.clone(),
                         state,
-                        source_records: role_records(&s.reports, "source"),
-                        sink_records: role_records(&s.reports, "sink"),
+                        source_records: role_records(&s.reports, Role::Source),
+                        sink_records: role_records(&s.reports, Role::Sink),
                         restarts: live.restarts,
                         checkpoints: live.checkpoints,
                         latest_checkpoint: live.latest,
@@ -1023,16 +1062,18 @@ pub(super) const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 
 #[cfg(test)]
 mod tests {
-    use super::worse_result;
+    use super::ReloadResult::{Applied, Failed, Rejected, RolledBack};
 
     #[test]
     fn the_worst_pipeline_result_is_the_reload_result() {
-        assert_eq!(worse_result("applied", "rejected"), "rejected");
-        assert_eq!(worse_result("applied", "rolled_back"), "rolled_back");
+        assert_eq!(Applied.worse(Rejected), Rejected);
+        assert_eq!(Applied.worse(RolledBack), RolledBack);
         // A pipeline rejected after another one rolled back does not hide the rollback.
-        assert_eq!(worse_result("rolled_back", "rejected"), "rolled_back");
-        assert_eq!(worse_result("rejected", "rolled_back"), "rolled_back");
-        assert_eq!(worse_result("rolled_back", "failed"), "failed");
-        assert_eq!(worse_result("failed", "rejected"), "failed");
+        assert_eq!(RolledBack.worse(Rejected), RolledBack);
+        assert_eq!(Rejected.worse(RolledBack), RolledBack);
+        assert_eq!(RolledBack.worse(Failed), Failed);
+        assert_eq!(Failed.worse(Rejected), Failed);
+        assert_eq!(Failed.as_str(), "failed");
+        assert_eq!(RolledBack.as_str(), "rolled_back");
     }
 }

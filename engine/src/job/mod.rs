@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::base::error::{Result, RunError};
 use crate::base::metrics::{NodeMetrics, NodeReport};
-use crate::plan::{FilePlan, PipelinePlan};
+use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::task::{Control, Fault};
 
 mod confine;
@@ -85,8 +85,8 @@ pub type RenderFn = Arc<dyn Fn(&[&weir_schema::Diagnostic]) -> String + Send + S
 pub struct NodeSummary {
     /// Element id.
     pub id: String,
-    /// `source`, `operator` or `sink`.
-    pub role: &'static str,
+    /// Source, operator or sink.
+    pub role: Role,
     /// The `type:`.
     pub type_name: &'static str,
     /// Parallelism.
@@ -136,7 +136,7 @@ impl PipelineSummary {
     pub fn source_records(&self) -> u64 {
         self.nodes
             .iter()
-            .filter(|n| n.role == "source")
+            .filter(|n| n.role == Role::Source)
             .map(|n| n.records_in)
             .sum()
     }
@@ -393,18 +393,18 @@ pub(super) async fn run_pipeline(
 ) -> PipelineOutcome {
     let id = plan.id.clone();
     // Watch for the first record out of a source and into a sink (latency figures).
-    let of_role = |role: &str| -> Vec<Arc<NodeMetrics>> {
+    let of_role = |role: Role| -> Vec<Arc<NodeMetrics>> {
         reports
             .iter()
             .filter(|r| r.role == role)
             .map(|r| Arc::clone(&r.metrics))
             .collect()
     };
-    let (sources, sinks) = (of_role("source"), of_role("sink"));
+    let (sources, sinks) = (of_role(Role::Source), of_role(Role::Sink));
     // Operators only: a sink after an `emit: final` stage sees its first record at the end.
     let downstream: Vec<Arc<NodeMetrics>> = reports
         .iter()
-        .filter(|r| r.role == "operator")
+        .filter(|r| r.role == Role::Operator)
         .map(|r| Arc::clone(&r.metrics))
         .collect();
     type Firsts = (Option<Duration>, Option<Duration>, Option<Duration>);

@@ -16,6 +16,7 @@ pub mod declared;
 pub mod guarantee;
 pub mod render;
 
+pub use crate::base::metrics::Role;
 pub use compile::compile;
 
 /// Index of a node in [`PipelinePlan::nodes`].
@@ -109,6 +110,17 @@ pub enum NodeKind {
     Operator(OperatorSpec),
     /// A sink.
     Sink(SinkSpec),
+}
+
+impl NodeKind {
+    /// The part a node of this kind plays.
+    pub fn role(&self) -> Role {
+        match self {
+            NodeKind::Source(_) => Role::Source,
+            NodeKind::Operator(_) => Role::Operator,
+            NodeKind::Sink(_) => Role::Sink,
+        }
+    }
 }
 
 /// A node of the logical graph.

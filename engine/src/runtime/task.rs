@@ -587,7 +587,7 @@ pub struct HandoverSlot {
     /// The job's parked states.
     pub registry: Arc<Handover>,
     /// The pipeline's state-backend configuration, as [`Handover::take`] compares it.
-    pub backend: Arc<str>,
+    pub backend: Arc<weir_schema::StateSpec>,
     /// By node: its keyed state was handed over (its restore skips the savepoint's files).
     pub received: Vec<bool>,
     /// The last stop-with-savepoint snapshot: its checkpoint, and each node's backend
@@ -597,7 +597,11 @@ pub struct HandoverSlot {
 
 impl HandoverSlot {
     /// A slot for a task whose nodes' keyed state was handed over as `received` says.
-    pub fn new(registry: Arc<Handover>, backend: Arc<str>, received: Vec<bool>) -> Self {
+    pub fn new(
+        registry: Arc<Handover>,
+        backend: Arc<weir_schema::StateSpec>,
+        received: Vec<bool>,
+    ) -> Self {
         Self {
             registry,
             backend,

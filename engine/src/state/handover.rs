@@ -15,6 +15,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use weir_schema::StateSpec;
+
 use super::StateBackend;
 use crate::base::dispose::dispose;
 use crate::checkpoint::CheckpointId;
@@ -35,7 +37,7 @@ pub struct HandoverKey {
 
 struct Parked {
     range: KeyGroupRange,
-    backend: Arc<str>,
+    backend: Arc<StateSpec>,
     state: Box<dyn StateBackend>,
 }
 
@@ -74,9 +76,8 @@ impl Handover {
     }
 
     /// Parks `state`, which holds exactly the savepoint `key.checkpoint` of its subtask, for
-    /// a backend configured as `backend` (any string that differs when the configuration
-    /// does).
-    pub fn put(&self, key: HandoverKey, backend: Arc<str>, state: Box<dyn StateBackend>) {
+    /// a backend configured as `backend`.
+    pub fn put(&self, key: HandoverKey, backend: Arc<StateSpec>, state: Box<dyn StateBackend>) {
         let mut inner = self.inner();
         if !inner.expecting.contains(&*key.pipeline) {
             drop(inner);
@@ -104,11 +105,11 @@ impl Handover {
         &self,
         key: &HandoverKey,
         range: KeyGroupRange,
-        backend: &str,
+        backend: &StateSpec,
     ) -> Option<Box<dyn StateBackend>> {
         let mut inner = self.inner();
         let parked = inner.parked.remove(key)?;
-        if parked.range == range && &*parked.backend == backend {
+        if parked.range == range && *parked.backend == *backend {
             *inner.taken.entry(key.pipeline.to_string()).or_default() += 1;
             drop(inner);
             let mut state = parked.state;
@@ -162,6 +163,10 @@ mod tests {
     use crate::record::Key;
     use crate::state::MemoryBackend;
 
+    fn memory() -> Arc<StateSpec> {
+        Arc::new(StateSpec::Memory)
+    }
+
     fn key(subtask: u32, checkpoint: CheckpointId) -> HandoverKey {
         HandoverKey {
             pipeline: "p".into(),
@@ -186,35 +191,47 @@ mod tests {
         let h = Handover::default();
         let all = KeyGroupRange { start: 0, end: 8 };
         let half = KeyGroupRange { start: 0, end: 4 };
-        h.put(key(0, 7), "memory".into(), backend(all));
+        h.put(key(0, 7), memory(), backend(all));
         assert!(h.is_empty(), "not reloading: freed, not parked");
         h.expect("p");
-        h.put(key(0, 7), "memory".into(), backend(all));
+        h.put(key(0, 7), memory(), backend(all));
         assert!(
-            h.take(&key(0, 6), all, "memory").is_none(),
+            h.take(&key(0, 6), all, &StateSpec::Memory).is_none(),
             "other savepoint"
         );
-        assert!(h.take(&key(1, 7), all, "memory").is_none(), "other subtask");
-        let mut got = h.take(&key(0, 7), all, "memory").expect("fits");
+        assert!(
+            h.take(&key(1, 7), all, &StateSpec::Memory).is_none(),
+            "other subtask"
+        );
+        let mut got = h.take(&key(0, 7), all, &StateSpec::Memory).expect("fits");
         let id = got.register("s", StateKind::Value).unwrap();
         let k = Key::from_dynamic(&Dynamic::from_int(1));
         assert_eq!(got.get(id, &k).unwrap().unwrap().as_int().unwrap(), 42);
-        assert!(h.take(&key(0, 7), all, "memory").is_none(), "taken once");
+        assert!(
+            h.take(&key(0, 7), all, &StateSpec::Memory).is_none(),
+            "taken once"
+        );
         assert_eq!(h.taken("p"), 1);
 
-        h.put(key(0, 7), "memory".into(), backend(all));
-        assert!(h.take(&key(0, 7), half, "memory").is_none(), "rescaled");
+        h.put(key(0, 7), memory(), backend(all));
+        assert!(
+            h.take(&key(0, 7), half, &StateSpec::Memory).is_none(),
+            "rescaled"
+        );
         assert!(h.is_empty(), "a misfit is freed");
-        h.put(key(0, 7), "memory".into(), backend(all));
-        assert!(h.take(&key(0, 7), all, "fs").is_none(), "other backend");
+        h.put(key(0, 7), memory(), backend(all));
+        assert!(
+            h.take(&key(0, 7), all, &StateSpec::Fs).is_none(),
+            "other backend"
+        );
 
-        h.put(key(0, 7), "memory".into(), backend(all));
-        h.put(key(1, 7), "memory".into(), backend(all));
+        h.put(key(0, 7), memory(), backend(all));
+        h.put(key(1, 7), memory(), backend(all));
         h.clear("other");
         assert_eq!(h.len(), 2);
         h.clear("p");
         assert!(h.is_empty());
-        h.put(key(0, 7), "memory".into(), backend(all));
+        h.put(key(0, 7), memory(), backend(all));
         assert!(h.is_empty(), "the reload is over");
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use super::LiveState;
 use super::phase::{PendingRestart, Phase};
 use super::supervisor::Supervisor;
 use crate::base::error::{ErrorClass, Result, RunError};
@@ -99,7 +100,7 @@ impl Supervisor {
                 };
                 self.tasks.abort_for_restart(&scope);
                 self.restarts += 1;
-                self.publish("restarting");
+                self.publish(LiveState::Restarting);
                 tracing::warn!(
                     pipeline = %self.plan.id,
                     cause = %error,
@@ -193,9 +194,9 @@ impl Supervisor {
             self.tasks.spawn(*t, restore.clone())?;
         }
         self.publish(if self.tasks.degraded.is_empty() {
-            "running"
+            LiveState::Running
         } else {
-            "degraded"
+            LiveState::Degraded
         });
         Ok(())
     }

@@ -94,11 +94,41 @@ pub(crate) enum AfterSavepoint {
     Drain,
 }
 
+/// The live state of a running pipeline, as its status shows it (the job adds the end
+/// states: failed, stopped, reloading, finished).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum LiveState {
+    /// Launched; the supervisor is building it.
+    #[default]
+    Starting,
+    /// Every task runs (or finished).
+    Running,
+    /// Waiting to restart after a failure.
+    Restarting,
+    /// A stop is under way.
+    Stopping,
+    /// Running with tasks left down by a `noop` failover.
+    Degraded,
+}
+
+impl LiveState {
+    /// The name `weir status` and the API show.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LiveState::Starting => "starting",
+            LiveState::Running => "running",
+            LiveState::Restarting => "restarting",
+            LiveState::Stopping => "stopping",
+            LiveState::Degraded => "degraded",
+        }
+    }
+}
+
 /// Live figures of a pipeline, read by the control surface.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LiveStatus {
-    /// `running`, `restarting`, `stopping`, `degraded` (the job adds the end states).
-    pub state: &'static str,
+    /// Where the pipeline is.
+    pub state: LiveState,
     pub restarts: u32,
     pub checkpoints: u64,
     pub latest: Option<CheckpointId>,

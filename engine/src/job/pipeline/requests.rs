@@ -9,7 +9,7 @@ use super::completion::Waiter;
 use super::phase::{Phase, StopCause, StopReply, StopThen, Stopping};
 use super::storage::check_writable;
 use super::supervisor::Supervisor;
-use super::{AfterSavepoint, Request};
+use super::{AfterSavepoint, LiveState, Request};
 use crate::base::message::BarrierKind;
 use crate::checkpoint::CheckpointId;
 use crate::checkpoint::coordinator::AbortReason;
@@ -111,7 +111,7 @@ impl Supervisor {
                         stop.then = StopThen::Drain;
                     }
                     self.enter_stopping(stop);
-                    self.publish("stopping");
+                    self.publish(LiveState::Stopping);
                 }
                 self.inject(barrier);
             }
@@ -130,13 +130,13 @@ impl Supervisor {
         tracing::info!(pipeline = %id, "Stop requested (no savepoint).");
         let mut reply = Some(reply);
         if self.halt_restart(&mut reply) {
-            self.publish("stopping");
+            self.publish(LiveState::Stopping);
             return;
         }
         let mut stop = Stopping::new(None, StopCause::Request);
         stop.reply = reply;
         self.enter_stopping(stop);
-        self.publish("stopping");
+        self.publish(LiveState::Stopping);
         self.tasks.send_all(TaskCommand::Stop);
     }
 
@@ -245,7 +245,7 @@ impl Supervisor {
             tracing::warn!(pipeline = %self.plan.id, %reason, "The stop's savepoint failed; the pipeline goes on.");
             self.call_stop_off();
             self.tasks.send_sources(TaskCommand::Resume);
-            self.publish("running");
+            self.publish(LiveState::Running);
         } else {
             tracing::warn!(pipeline = %self.plan.id, %reason, "The final checkpoint failed; stopping anyway (the next run resumes from the last completed one).");
             self.tasks.send_all(TaskCommand::Stop);

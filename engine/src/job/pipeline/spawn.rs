@@ -54,7 +54,7 @@ pub(super) struct Tasks {
     /// The job's hand-over of keyed state between versions, and this pipeline's
     /// state-backend configuration as it compares.
     pub handover: Option<Arc<Handover>>,
-    backend_id: Arc<str>,
+    backend: Arc<StateSpec>,
     /// Where tasks send their events.
     events: UnboundedSender<TaskEvent>,
     /// Checkpoint storage and alignment, when the pipeline takes checkpoints.
@@ -99,7 +99,7 @@ impl Tasks {
             all: crate::recovery::failover::all_tasks(&plan)
                 .into_iter()
                 .collect(),
-            backend_id: format!("{:?}", plan.spec.state).into(),
+            backend: Arc::new(plan.spec.state.clone()),
             plan,
             builders: Arc::new(builders),
             channels: Channels::default(),
@@ -376,7 +376,7 @@ impl Tasks {
                     subtask: task.subtask,
                     checkpoint: r.metadata.checkpoint,
                 };
-                h.take(&key, key_groups, &self.backend_id)
+                h.take(&key, key_groups, &self.backend)
             });
         match handed {
             Some(state) => Ok((state, true)),
@@ -480,7 +480,7 @@ impl Tasks {
         env.handover = self
             .handover
             .as_ref()
-            .map(|h| HandoverSlot::new(Arc::clone(h), Arc::clone(&self.backend_id), received));
+            .map(|h| HandoverSlot::new(Arc::clone(h), Arc::clone(&self.backend), received));
         let handle = if restored_finished {
             // Finished before the checkpoint: everything it produced is in downstream state,
             // and its upstream is finished too. It only ends its outputs.

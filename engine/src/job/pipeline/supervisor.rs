@@ -18,7 +18,7 @@ use super::phase::{Phase, Probation};
 use super::restore::choose_restore;
 use super::spawn::{Joined, Tasks};
 use super::storage::{FINISHED_MARKER, clear_local_state, setup_checkpoints};
-use super::{RecoveryOptions, Request, SharedStatus, SupervisorLinks};
+use super::{LiveState, RecoveryOptions, Request, SharedStatus, SupervisorLinks};
 use crate::base::error::{ErrorClass, Result, RunError};
 use crate::base::message::Barrier;
 use crate::base::metrics::NodeReport;
@@ -205,7 +205,7 @@ impl Supervisor {
         for task in &all {
             self.tasks.spawn(*task, restore.clone())?;
         }
-        self.publish("running");
+        self.publish(LiveState::Running);
         if self.not_started.is_empty() {
             self.on_all_started();
         }
@@ -448,7 +448,7 @@ impl Supervisor {
     }
 
     /// Updates the live status.
-    pub(super) fn publish(&self, state: &'static str) {
+    pub(super) fn publish(&self, state: LiveState) {
         if let Ok(mut st) = self.status.lock() {
             st.state = state;
             st.restarts = self.restarts;
@@ -467,8 +467,11 @@ impl Supervisor {
     }
 
     /// The live state name the pipeline is in now (for a publish outside a transition).
-    pub(super) fn status_state(&self) -> &'static str {
-        self.status.lock().map(|st| st.state).unwrap_or("running")
+    pub(super) fn status_state(&self) -> LiveState {
+        self.status
+            .lock()
+            .map(|st| st.state)
+            .unwrap_or(LiveState::Running)
     }
 
     /// Every task of the first attempt opened and restored.
