@@ -27,6 +27,7 @@ use crate::control::{
     ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
 };
 use crate::plan::{FilePlan, PipelinePlan, Role};
+use crate::reload::plan::{Change, PipelineDiff};
 use crate::runtime::task::{Control, Fault};
 
 /// One pipeline of the running version.
@@ -525,7 +526,7 @@ impl Job {
         let allow_non_restored_state =
             request.allow_non_restored_state || self.allow_non_restored_state;
         let plans = crate::reload::plan::diff(&old_plan, &new_plan, allow_non_restored_state);
-        outcome.pipelines = plans.clone();
+        outcome.pipelines = plans.iter().map(PipelineDiff::to_wire).collect();
         if request.plan_only {
             return Ok(self.finish_reload(outcome, ReloadResult::Planned, true));
         }
@@ -533,7 +534,7 @@ impl Job {
             outcome.messages = plans
                 .iter()
                 .flat_map(|p| {
-                    p.problems
+                    p.problems()
                         .iter()
                         .map(move |m| format!("pipeline `{}`: {m}", p.pipeline))
                 })
@@ -543,7 +544,7 @@ impl Job {
                 .push("the running version is left untouched".into());
             return Ok(self.finish_reload(outcome, ReloadResult::Rejected, false));
         }
-        if plans.iter().all(|p| p.change == "unchanged") {
+        if plans.iter().all(|p| p.change == Change::Unchanged) {
             return Ok(self.finish_reload(outcome, ReloadResult::Unchanged, false));
         }
         let by_id: BTreeMap<&str, &PipelinePlan> = new_plan
@@ -554,8 +555,8 @@ impl Job {
         let mut result = ReloadResult::Applied;
         let mut pause: Option<u64> = None;
         for p in &plans {
-            match p.change.as_str() {
-                "added" => {
+            match &p.change {
+                Change::Added => {
                     if let Some(plan) = by_id.get(p.pipeline.as_str()) {
                         tracing::info!(pipeline = %p.pipeline, "Reload: starting a new pipeline.");
                         drop(self.launch(
@@ -565,7 +566,7 @@ impl Job {
                         ));
                     }
                 }
-                "removed" => {
+                Change::Removed => {
                     // With checkpoints, stopped with a savepoint that keeps its state;
                     // without, a plain stop (a savepoint would be refused, and the pipeline
                     // would run on unseen).
@@ -619,7 +620,7 @@ impl Job {
                     }
                     self.set_slot(&p.pipeline, |s| s.removed = true);
                 }
-                "changed" => {
+                Change::Changed(_) => {
                     let Some(new) = by_id.get(p.pipeline.as_str()) else {
                         continue;
                     };
@@ -636,7 +637,7 @@ impl Job {
                         }
                     }
                 }
-                _ => {}
+                Change::Unchanged => {}
             }
         }
         outcome.pause_ms = pause;

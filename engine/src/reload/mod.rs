@@ -6,8 +6,9 @@
 //!   files themselves), follows symlinks, and reports a debounced [`Changed`] only when a
 //!   file's content really changed.
 //! - `plan` owns [`diff`]: a pure comparison of two compiled [`FilePlan`](crate::plan::FilePlan)s
-//!   into one [`PipelineReloadPlan`](crate::control::PipelineReloadPlan) per pipeline, with the
-//!   reasons a plan cannot be applied.
+//!   into one [`PipelineDiff`] per pipeline (a typed [`Change`], with the reasons a plan cannot
+//!   be applied), turned into the wire form
+//!   ([`PipelineReloadPlan`](crate::control::PipelineReloadPlan)) only for the API.
 //!
 //! Neither half validates files, takes savepoints or restarts pipelines: the job drives a
 //! reload (validate, diff, savepoint, stop, start the new version, roll back on failure) and
@@ -16,5 +17,5 @@
 pub mod plan;
 pub mod watch;
 
-pub use plan::{diff, is_applicable};
+pub use plan::{Change, PipelineDiff, diff, is_applicable};
 pub use watch::{Changed, FileWatcher, WatchError, referenced_files};

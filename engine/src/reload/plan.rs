@@ -9,22 +9,71 @@
 //! [`crate::checkpoint::restore_plan::decide`], over the running plan's shape (what its
 //! savepoint will record) and the new plan's: the same function the restore of that
 //! savepoint calls, so that `weir reload --plan` and the reload itself can never disagree.
-//! This module only adds the pipeline-level diff and turns the decision into the wire form.
+//! This module only adds the pipeline-level diff (a typed [`Change`] per pipeline, which the
+//! job applies) and turns it into the wire form at the API's edge ([`PipelineDiff::to_wire`]).
 
-use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan, StateChange};
+use crate::checkpoint::restore_plan::{
+    self, PipelineShape, Problem, RestoreKind, RestorePlan, StateChange,
+};
 use crate::control::{NamedStateReloadPlan, OperatorReloadPlan, PipelineReloadPlan};
 use crate::plan::{FilePlan, PipelinePlan};
 
-/// The values of [`PipelineReloadPlan::change`].
-pub mod change {
+/// What a reload does to one pipeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
     /// Same spec, same scripts: keeps running, no pause.
-    pub const UNCHANGED: &str = "unchanged";
-    /// Savepoint, stop, start the new graph, restore.
-    pub const CHANGED: &str = "changed";
+    Unchanged,
+    /// Savepoint, stop, start the new graph, restore; what the restore does to each node's
+    /// state, and what refuses it.
+    Changed(Box<RestorePlan>),
     /// Only in the new file: starts empty.
-    pub const ADDED: &str = "added";
+    Added,
     /// Only in the running file: stopped with a savepoint.
-    pub const REMOVED: &str = "removed";
+    Removed,
+}
+
+impl Change {
+    /// The wire form ([`PipelineReloadPlan::change`]).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Change::Unchanged => "unchanged",
+            Change::Changed(_) => "changed",
+            Change::Added => "added",
+            Change::Removed => "removed",
+        }
+    }
+}
+
+/// One pipeline's part of a reload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineDiff {
+    /// The pipeline id.
+    pub pipeline: String,
+    /// What happens to it.
+    pub change: Change,
+}
+
+impl PipelineDiff {
+    /// What refuses the change (only a changed pipeline's restore can be refused).
+    pub fn problems(&self) -> &[Problem] {
+        match &self.change {
+            Change::Changed(decision) => &decision.problems,
+            _ => &[],
+        }
+    }
+
+    /// The wire form, for the API and `weir reload`.
+    pub fn to_wire(&self) -> PipelineReloadPlan {
+        let plan = match &self.change {
+            Change::Changed(decision) => decision_to_wire(decision),
+            _ => PipelineReloadPlan::default(),
+        };
+        PipelineReloadPlan {
+            pipeline: self.pipeline.clone(),
+            change: self.change.as_str().to_owned(),
+            ..plan
+        }
+    }
 }
 
 /// The values of [`OperatorReloadPlan::state`] (the wire form of
@@ -50,50 +99,38 @@ pub mod state {
 /// the entry lists every node of the new plan (sources, operators, sinks, in declaration
 /// order), then every node only the old plan has, and the reasons it cannot be applied (see
 /// [`restore_plan`]); what `allow_non_restored_state` waived is listed apart.
-pub fn diff(
-    old: &FilePlan,
-    new: &FilePlan,
-    allow_non_restored_state: bool,
-) -> Vec<PipelineReloadPlan> {
+pub fn diff(old: &FilePlan, new: &FilePlan, allow_non_restored_state: bool) -> Vec<PipelineDiff> {
     let mut plans = Vec::with_capacity(new.pipelines.len());
     for pipeline in &new.pipelines {
-        let plan = match old.pipelines.iter().find(|p| p.id == pipeline.id) {
-            None => PipelineReloadPlan {
-                pipeline: pipeline.id.clone(),
-                change: change::ADDED.to_owned(),
-                ..PipelineReloadPlan::default()
-            },
-            Some(running) if same_version(running, pipeline) => PipelineReloadPlan {
-                pipeline: pipeline.id.clone(),
-                change: change::UNCHANGED.to_owned(),
-                ..PipelineReloadPlan::default()
-            },
-            Some(running) => {
-                let decision = restore_plan::decide(
-                    &PipelineShape::of_plan(running),
-                    &PipelineShape::of_plan(pipeline),
-                    RestoreKind::Savepoint,
-                    allow_non_restored_state,
-                );
-                to_wire(&pipeline.id, &decision)
-            }
+        let change = match old.pipelines.iter().find(|p| p.id == pipeline.id) {
+            None => Change::Added,
+            Some(running) if same_version(running, pipeline) => Change::Unchanged,
+            Some(running) => Change::Changed(Box::new(restore_plan::decide(
+                &PipelineShape::of_plan(running),
+                &PipelineShape::of_plan(pipeline),
+                RestoreKind::Savepoint,
+                allow_non_restored_state,
+            ))),
         };
-        plans.push(plan);
+        plans.push(PipelineDiff {
+            pipeline: pipeline.id.clone(),
+            change,
+        });
     }
     for running in &old.pipelines {
         if !new.pipelines.iter().any(|p| p.id == running.id) {
-            plans.push(PipelineReloadPlan {
+            plans.push(PipelineDiff {
                 pipeline: running.id.clone(),
-                change: change::REMOVED.to_owned(),
-                ..PipelineReloadPlan::default()
+                change: Change::Removed,
             });
         }
     }
     plans
 }
 
-/// The wire form of a changed pipeline's restore decision.
-pub fn to_wire(pipeline: &str, decision: &RestorePlan) -> PipelineReloadPlan {
+/// The wire form of a changed pipeline's restore decision (its id and change are the
+/// caller's to fill in).
+fn decision_to_wire(decision: &RestorePlan) -> PipelineReloadPlan {
     let operators = decision
         .nodes
         .iter()
@@ -127,8 +164,8 @@ pub fn to_wire(pipeline: &str, decision: &RestorePlan) -> PipelineReloadPlan {
         })
         .collect();
     PipelineReloadPlan {
-        pipeline: pipeline.to_owned(),
-        change: change::CHANGED.to_owned(),
+        pipeline: String::new(),
+        change: String::new(),
         operators,
         problems: decision.problems.iter().map(ToString::to_string).collect(),
         backend: decision
@@ -147,8 +184,8 @@ fn kind_str(kind: weir_schema::StateKind) -> &'static str {
 }
 
 /// Whether every pipeline's plan can be applied (none has a problem).
-pub fn is_applicable(plans: &[PipelineReloadPlan]) -> bool {
-    plans.iter().all(|p| p.problems.is_empty())
+pub fn is_applicable(plans: &[PipelineDiff]) -> bool {
+    plans.iter().all(|p| p.problems().is_empty())
 }
 
 /// Whether two versions of a pipeline are the same: spec, scripts and base directory.
@@ -193,6 +230,27 @@ fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// The wire form of the diff, as `weir reload --plan` shows it.
+    fn diff(old: &FilePlan, new: &FilePlan, allow: bool) -> Vec<PipelineReloadPlan> {
+        super::diff(old, new, allow)
+            .iter()
+            .map(PipelineDiff::to_wire)
+            .collect()
+    }
+
+    /// Whether the wire plans can be applied (as [`super::is_applicable`] says of the diff).
+    fn is_applicable(plans: &[PipelineReloadPlan]) -> bool {
+        plans.iter().all(|p| p.problems.is_empty())
+    }
+
+    /// The wire values of [`PipelineReloadPlan::change`].
+    mod change {
+        pub const UNCHANGED: &str = "unchanged";
+        pub const CHANGED: &str = "changed";
+        pub const ADDED: &str = "added";
+        pub const REMOVED: &str = "removed";
+    }
 
     fn plan(yaml: &str) -> FilePlan {
         let validation = crate::validate::validate_str("test.yaml", yaml, Path::new("."));
@@ -491,13 +549,17 @@ pipelines:
                 .any(|m| m.starts_with("sink `out` (file)"))
         );
         assert!(!p.problems.iter().any(|m| m.contains("by_customer")));
-        assert!(!is_applicable(&diff(&old, &new_totals, false)));
+        assert!(!super::is_applicable(&super::diff(
+            &old,
+            &new_totals,
+            false
+        )));
 
         let allowed = diff(&old, &new_totals, true);
         assert_eq!(states(&allowed[0]), states(p));
         assert!(allowed[0].problems.is_empty(), "{:?}", allowed[0].problems);
         assert_eq!(allowed[0].waived.len(), 3, "{:?}", allowed[0].waived);
-        assert!(is_applicable(&allowed));
+        assert!(super::is_applicable(&super::diff(&old, &new_totals, true)));
 
         // Different pipeline ids: one added, one removed, no operators listed.
         let plans = diff(&old, &new, false);
