@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use weir_engine::job::{self, JobOptions, JobSummary};
 use weir_engine::plan::{FilePlan, NodeKind};
-use weir_engine::runtime::task::{Fault, FaultKind};
+use weir_engine::runtime::fault::{Fault, FaultKind};
 use weir_schema::units::DurationSpec;
 use weir_schema::{CheckpointMode, CheckpointSpec, FixedDelaySpec, RestartSpec, StateSpec};
 

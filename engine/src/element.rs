@@ -1,7 +1,8 @@
 //! The contract between the task loop and every element that handles records: the one
 //! [`Operator`] trait (built-in operators and sinks implement it), the per-subtask
 //! [`OperatorContext`] (identity, error policy, keyed state), the [`ErrorPolicy`] of
-//! `on_error`, and the [`Harness`] that drives one operator without tasks or channels.
+//! `on_error`, and (for tests) the `Harness` that drives one operator without tasks or
+//! channels.
 //!
 //! `operators` and `connectors` implement this; the runtime and the registry call it. It
 //! imports none of them (nor the runtime): only the ground floor (`base`), `record` and the
@@ -207,6 +208,7 @@ pub struct OperatorContext {
 
 impl OperatorContext {
     /// A context for tests and tools: subtask 0 of 1, fail on error, no state.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn standalone(pipeline: &str, operator: &str, max_parallelism: u32) -> Self {
         Self {
             pipeline: pipeline.into(),
@@ -281,7 +283,9 @@ impl OperatorContext {
     }
 }
 
-/// Drives one operator through batches without tasks or channels: the test harness.
+/// Drives one operator through batches without tasks or channels: the test harness (in the
+/// engine's tests and with the `testkit` feature only).
+#[cfg(any(test, feature = "testkit"))]
 pub struct Harness {
     /// The operator.
     pub operator: Box<dyn Operator>,
@@ -289,6 +293,7 @@ pub struct Harness {
     pub ctx: OperatorContext,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl Harness {
     /// Opens the operator.
     ///

@@ -26,23 +26,55 @@
 //!
 //! The import directions are checked by a test (`layers`, tests only).
 
+//! # Public surface
+//!
+//! Only a facade is public; every other module is crate-private:
+//! - [`validate`]: check a pipeline file (`validate_file`, `validate_bytes`, `validate_str`) and
+//!   get every diagnostic;
+//! - [`plan`]: the compiled [`plan::FilePlan`], its rendering (`plan::render`) and the
+//!   end-to-end guarantee each pipeline gives (`plan::guarantee`);
+//! - [`job`]: run a plan (`job::run` with `job::JobOptions`) and its summary;
+//! - [`control`]: what a running job answers to, as data (status, checkpoints, savepoints,
+//!   stop, reload);
+//! - [`api`]: the control API's server, its blocking client, its settings and text rendering;
+//! - [`error`]: the error a run ends with, and its class; [`savepoint_pipeline`]: which
+//!   pipeline a savepoint was taken of.
+//!
+//! With the `testkit` feature (Weir's own tests, fuzzer and benchmarks; never in a release
+//! `weir`, and not a stable interface), the internal modules are public too, and test
+//! machinery compiles in: fault injection (`runtime::fault`) and the operator harness
+//! (`element::Harness`).
+
 pub mod api;
-pub mod base;
-pub mod checkpoint;
-pub mod connectors;
 pub mod control;
-pub mod element;
 pub mod job;
-pub mod operators;
 pub mod plan;
-pub mod record;
-pub mod recovery;
-pub mod registry;
-pub mod reload;
-pub mod runtime;
-pub mod script;
-pub mod state;
 pub mod validate;
+
+/// The error a run ends with, and its classes.
+pub mod error {
+    pub use crate::base::error::{CheckpointError, ErrorClass, Result, RunError};
+    pub use crate::recovery::restart::class_name;
+}
+
+pub use checkpoint::savepoint::savepoint_pipeline;
+
+/// Declares internal modules: crate-private, and public with the `testkit` feature.
+macro_rules! internal {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "testkit")]
+            pub mod $name;
+            #[cfg(not(feature = "testkit"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+
+internal!(
+    base, checkpoint, connectors, element, operators, record, recovery, registry, reload, runtime,
+    script, state,
+);
 
 #[cfg(test)]
 mod layers;

@@ -116,7 +116,7 @@ fn print_summary(s: &JobSummary) {
     for p in &s.pipelines {
         let verdict = match &p.error {
             None => "ok",
-            Some(weir_engine::base::error::RunError::StoppedWhileRestarting { .. }) => {
+            Some(weir_engine::error::RunError::StoppedWhileRestarting { .. }) => {
                 "FAILED (stopped while restarting)"
             }
             Some(_) => "FAILED",
@@ -198,13 +198,13 @@ fn print_summary(s: &JobSummary) {
 
 /// A miette report for a pipeline that failed for good: the error names the pipeline,
 /// operator, subtask and record; the help says what gave up and what to do.
-fn failure_report(pipeline: &str, e: &weir_engine::base::error::RunError) -> miette::Report {
-    use weir_engine::base::error::RunError;
+fn failure_report(pipeline: &str, e: &weir_engine::error::RunError) -> miette::Report {
+    use weir_engine::error::RunError;
     let (cause, reason) = match e {
         RunError::GaveUp { reason, cause } => (cause.as_ref(), Some(reason.as_str())),
         other => (other, None),
     };
-    let class = weir_engine::recovery::restart::class_name(cause.class());
+    let class = weir_engine::error::class_name(cause.class());
     let help = match reason {
         Some(r) => format!(
             "{} ({class}). Fix the cause and run again: with checkpoints, the run resumes from \
@@ -238,9 +238,7 @@ fn savepoints_by_pipeline(
         let owner = if plan.pipelines.len() == 1 {
             plan.pipelines.first().map(|p| p.id.clone())
         } else {
-            weir_engine::checkpoint::savepoint::read_savepoint(path)
-                .ok()
-                .map(|(m, _)| m.pipeline)
+            weir_engine::savepoint_pipeline(path)
                 .filter(|id| plan.pipelines.iter().any(|p| &p.id == id))
         };
         let Some(owner) = owner else {
@@ -368,7 +366,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Err(weir_engine::base::error::RunError::Api(e)) => {
+        Err(weir_engine::error::RunError::Api(e)) => {
             // One line: which address, who holds it, what to do.
             let code = miette::Diagnostic::code(&e)
                 .map_or_else(|| "weir::api".to_owned(), |c| c.to_string());

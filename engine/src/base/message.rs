@@ -97,6 +97,7 @@ impl Pending {
     }
 
     /// The records left, front first.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn records(&self) -> &[Dynamic] {
         self.records.as_slice()
     }
@@ -155,8 +156,6 @@ pub enum Message {
     Records(Batch),
     /// A checkpoint barrier (aligned by the task loop, not by operators).
     Barrier(Barrier),
-    /// Event-time progress in ms.
-    Watermark(i64),
     /// The sender will send nothing more.
     EndOfStream,
 }

@@ -147,6 +147,7 @@ impl BarrierAligner {
     }
 
     /// The alignment mode.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn mode(&self) -> AlignmentMode {
         self.mode
     }
@@ -173,6 +174,7 @@ impl BarrierAligner {
     }
 
     /// Whether every input has ended.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn all_finished(&self) -> bool {
         self.inputs.iter().all(|i| i.finished)
     }

@@ -302,16 +302,19 @@ impl Coordinator {
     }
 
     /// The plan view this coordinator was built with.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn plan(&self) -> &CheckpointPlan {
         &self.plan
     }
 
     /// The last id assigned (0 before the first).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn last_id(&self) -> CheckpointId {
         self.last_id
     }
 
     /// The latest completed checkpoint.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn last_completed(&self) -> Option<CheckpointId> {
         self.last_completed
     }
@@ -322,12 +325,14 @@ impl Coordinator {
     }
 
     /// Consecutive failed periodic checkpoints so far.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
     }
 
     /// Whether a failover was requested (the coordinator is idle until
     /// [`restart`](Self::restart)).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_failed_over(&self) -> bool {
         self.failed_over
     }

@@ -31,11 +31,13 @@ pub mod retention;
 pub mod savepoint;
 pub mod storage;
 
-pub use aligner::{AlignError, AlignerAction, AlignerStep, AlignmentMode, BarrierAligner};
-pub use coordinator::{AbortReason, CheckpointPlan, Command, Coordinator, CoordinatorConfig};
+pub use aligner::{AlignerAction, AlignerStep, AlignmentMode, BarrierAligner};
+pub use coordinator::{CheckpointPlan, Command, Coordinator, CoordinatorConfig};
 pub use metadata::{CheckpointMetadata, FileRef, SubtaskState};
-pub use retention::{RetentionPlan, plan_retention};
-pub use storage::{CheckpointStore, LocalStore, MemoryStore, latest_valid};
+pub use retention::plan_retention;
+pub use storage::{CheckpointStore, LocalStore, MemoryStore};
+#[cfg(any(test, feature = "testkit"))]
+pub use {aligner::AlignError, coordinator::AbortReason, retention::RetentionPlan, storage::latest_valid};
 
 /// A checkpoint id. Ids of one pipeline increase strictly, across restarts too.
 pub type CheckpointId = u64;

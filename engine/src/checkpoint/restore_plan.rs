@@ -622,6 +622,7 @@ impl RestorePlan {
     }
 
     /// Whether the restore can go ahead.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_applicable(&self) -> bool {
         self.problems.is_empty()
     }

@@ -171,6 +171,12 @@ pub fn read_savepoint(path: &Path) -> Result<(CheckpointMetadata, LocalStore)> {
     Ok((meta, store))
 }
 
+/// The id of the pipeline a savepoint was taken of, read from its metadata (`None` when the
+/// path is not a readable, intact savepoint).
+pub fn savepoint_pipeline(path: &Path) -> Option<String> {
+    read_savepoint(path).ok().map(|(meta, _)| meta.pipeline)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

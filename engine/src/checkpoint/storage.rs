@@ -270,6 +270,7 @@ pub enum Verification {
     /// Read every file and compare size and checksum (the default; reads all state once).
     Checksums,
     /// Compare sizes only (cheap; catches missing and truncated files).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     Sizes,
 }
 
@@ -372,6 +373,7 @@ impl MemoryStore {
     }
 
     /// Every stored path, sorted (for tests).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn paths(&self) -> Vec<String> {
         self.files().keys().cloned().collect()
     }
@@ -476,6 +478,7 @@ impl LocalStore {
     }
 
     /// The pipeline's root directory.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn root(&self) -> &Path {
         &self.root
     }

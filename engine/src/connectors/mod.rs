@@ -41,6 +41,7 @@ pub struct SourceContext {
     /// Malformed inputs skipped under `on_error: skip`.
     pub skipped: u64,
     /// The checkpoint this run restored from (`None` on a fresh start).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     pub restored_from: Option<u64>,
 }
 

@@ -28,7 +28,8 @@ use crate::control::{
 };
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::reload::plan::{Change, PipelineDiff};
-use crate::runtime::task::{Control, Fault};
+use crate::runtime::fault::Fault;
+use crate::runtime::task::Control;
 
 /// One pipeline of the running version.
 struct Slot {

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use crate::base::error::{Result, RunError};
 use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::plan::{FilePlan, PipelinePlan, Role};
-use crate::runtime::task::{Control, Fault};
+use crate::runtime::fault::Fault;
+use crate::runtime::task::Control;
 
 mod confine;
 mod manager;

@@ -370,6 +370,7 @@ impl Key {
     }
 
     /// The stable hash.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn hash_code(&self) -> u64 {
         self.hash
     }
@@ -432,6 +433,7 @@ pub struct KeyGroupRange {
 
 impl KeyGroupRange {
     /// Every key group.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn all(max_parallelism: u32) -> Self {
         Self {
             start: 0,
@@ -472,6 +474,7 @@ impl KeyGroupRange {
 }
 
 /// Builds an object map record from `(name, value)` pairs.
+#[cfg(any(test, feature = "testkit"))]
 pub fn map_of<'a>(fields: impl IntoIterator<Item = (&'a str, Dynamic)>) -> Record {
     let mut m = Map::new();
     for (k, v) in fields {

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use weir_schema::FailoverSpec;
 
+#[cfg(any(test, feature = "testkit"))]
 use crate::base::error::ErrorClass;
 use crate::checkpoint::TaskId;
 use crate::plan::{Partitioning, PipelinePlan};
@@ -62,6 +63,7 @@ pub struct UnknownTask {
 
 impl UnknownTask {
     /// Always [`ErrorClass::Internal`].
+    #[cfg(any(test, feature = "testkit"))]
     pub fn class(&self) -> ErrorClass {
         ErrorClass::Internal
     }

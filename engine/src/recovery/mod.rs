@@ -10,5 +10,7 @@
 pub mod failover;
 pub mod restart;
 
+#[cfg(any(test, feature = "testkit"))]
 pub use failover::{FailoverAction, RestartFrom, failover_scope, regions};
+#[cfg(any(test, feature = "testkit"))]
 pub use restart::{Decision, Failure, RestartStrategy};

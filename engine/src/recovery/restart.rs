@@ -82,6 +82,7 @@ pub struct SeededJitter(u64);
 
 impl SeededJitter {
     /// A generator with a fixed seed (tests, reproducible runs).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
@@ -200,6 +201,7 @@ impl RestartStrategy {
 
     /// Replaces the jitter source (tests inject a seeded or fixed one).
     #[must_use]
+    #[cfg(any(test, feature = "testkit"))]
     pub fn with_jitter(mut self, jitter: Box<dyn JitterSource>) -> Self {
         self.jitter = jitter;
         self

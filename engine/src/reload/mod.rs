@@ -17,5 +17,7 @@
 pub mod plan;
 pub mod watch;
 
+#[cfg(any(test, feature = "testkit"))]
 pub use plan::{Change, PipelineDiff, diff, is_applicable};
+#[cfg(any(test, feature = "testkit"))]
 pub use watch::{Changed, FileWatcher, WatchError, referenced_files};

@@ -80,14 +80,19 @@ impl PipelineDiff {
 /// [`restore_plan::Fate`]).
 pub mod state {
     /// Restored as is.
+    #[cfg(any(test, feature = "testkit"))]
     pub const KEPT: &str = "kept";
     /// Restored through the new script's `migrate(old)`.
+    #[cfg(any(test, feature = "testkit"))]
     pub const MIGRATED: &str = "migrated";
     /// Holds state but has nothing to restore: starts empty.
+    #[cfg(any(test, feature = "testkit"))]
     pub const NEW: &str = "new";
     /// Gone from the new file; its state is not restored.
+    #[cfg(any(test, feature = "testkit"))]
     pub const DROPPED: &str = "dropped";
     /// Holds no state.
+    #[cfg(any(test, feature = "testkit"))]
     pub const STATELESS: &str = "stateless";
 }
 

@@ -176,6 +176,7 @@ impl FileWatcher {
     }
 
     /// The files watched, as given.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn files(&self) -> Vec<PathBuf> {
         lock(&self.shared)
             .files
@@ -185,6 +186,7 @@ impl FileWatcher {
     }
 
     /// The directories currently watched (canonical paths).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn watched_dirs(&self) -> Vec<PathBuf> {
         lock(&self.shared).watched.keys().cloned().collect()
     }

@@ -25,6 +25,7 @@ pub enum Received {
     /// A message from input `.0`.
     Message(u32, Message),
     /// Input `.0`'s sender vanished without end-of-stream (its task died).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     Closed(u32),
 }
 
@@ -45,6 +46,7 @@ impl InputSet {
     }
 
     /// Whether the task has no inputs.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_empty(&self) -> bool {
         self.receivers.is_empty()
     }

@@ -12,5 +12,6 @@
 //! (`state::snapshot_files` does); the vocabulary it speaks lives in `base`.
 
 pub mod exchange;
+pub mod fault;
 pub mod input;
 pub mod task;

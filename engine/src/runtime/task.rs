@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
 use super::exchange::Output;
+use super::fault::{Fault, FaultKind};
 use super::input::{InputLease, Received};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
@@ -55,55 +56,6 @@ pub struct ChainNode {
     pub counts_output: bool,
     /// A fault to inject (recovery tests).
     pub fault: Option<Arc<Fault>>,
-}
-
-/// How an injected fault strikes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The operator fails on the record, as a script that throws under `on_error: fail`.
-    Error,
-    /// The operator panics.
-    Panic,
-}
-
-/// A fault injected into one operator for recovery tests: it strikes once per process, on
-/// the record that makes the operator's input count (over every subtask and restart) reach
-/// `after`.
-#[derive(Debug)]
-pub struct Fault {
-    after: u64,
-    kind: FaultKind,
-    seen: std::sync::atomic::AtomicU64,
-    fired: AtomicBool,
-}
-
-impl Fault {
-    /// A fault striking at the `after`-th record (1-based).
-    pub fn new(after: u64, kind: FaultKind) -> Self {
-        Self {
-            after: after.max(1),
-            kind,
-            seen: std::sync::atomic::AtomicU64::new(0),
-            fired: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether the fault has struck.
-    pub fn fired(&self) -> bool {
-        self.fired.load(Ordering::Relaxed)
-    }
-
-    /// Counts `n` records; returns the index in the batch of the one to strike on.
-    fn hit(&self, n: usize) -> Option<usize> {
-        let before = self.seen.fetch_add(n as u64, Ordering::Relaxed);
-        if before < self.after
-            && before + n as u64 >= self.after
-            && !self.fired.swap(true, Ordering::Relaxed)
-        {
-            return Some((self.after - before - 1) as usize);
-        }
-        None
-    }
 }
 
 /// The nodes of one chain in one subtask, upstream first.
@@ -245,10 +197,10 @@ impl ChainTask {
     fn strike(&self, i: usize, batch: &Batch) -> Result<()> {
         let node = &self.nodes[i];
         if let Some(f) = &node.fault
-            && let Some(at) = f.hit(batch.len())
+            && let Some((at, kind)) = f.hit(batch.len())
         {
             let record = &batch.records[at.min(batch.len().saturating_sub(1))];
-            match f.kind {
+            match kind {
                 FaultKind::Error => {
                     return Err(node.ctx.error(record, "injected fault (recovery test)"));
                 }
@@ -525,10 +477,7 @@ pub enum TaskEvent {
         task: TaskId,
     },
     /// A source produced records after a [`TaskCommand::NotifyProduced`].
-    Produced {
-        /// The task.
-        task: TaskId,
-    },
+    Produced,
     /// The task could not take part in a checkpoint.
     Decline {
         /// The task.
@@ -657,7 +606,7 @@ impl TaskEnv {
     /// A source produced records: tells the supervisor when it asked to be told.
     fn produced(&mut self) {
         if std::mem::take(&mut self.notify_produced) {
-            let _ = self.events.send(TaskEvent::Produced { task: self.task });
+            let _ = self.events.send(TaskEvent::Produced);
         }
     }
 
@@ -964,7 +913,6 @@ pub async fn run_chain(
                     chain.push(0, batch).await?;
                     continue;
                 }
-                Message::Watermark(_) => continue,
                 Message::Barrier(b) => {
                     if aligner.aligning().is_none() {
                         env.aligning_since = Some(std::time::Instant::now());

@@ -142,11 +142,13 @@ impl Handover {
     }
 
     /// How many states are parked.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn len(&self) -> usize {
         self.inner().parked.len()
     }
 
     /// Whether nothing is parked.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

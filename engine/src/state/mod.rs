@@ -25,6 +25,7 @@ pub mod memory;
 pub mod rocksdb;
 pub mod snapshot_files;
 
+#[cfg(any(test, feature = "testkit"))]
 pub use self::rocksdb::RocksdbBackend;
 pub use memory::MemoryBackend;
 
@@ -232,6 +233,7 @@ pub trait StateBackend: Send {
     ///
     /// # Errors
     /// As [`update`](Self::update).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     fn list_push(&mut self, state: StateId, key: &Key, value: Dynamic) -> Result<()> {
         let mut value = Some(value);
         self.update(state, key, &mut |slot| {
@@ -305,6 +307,7 @@ pub trait StateBackend: Send {
     ///
     /// # Errors
     /// As [`update`](Self::update).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     fn map_put(&mut self, state: StateId, key: &Key, field: &str, value: Dynamic) -> Result<()> {
         let mut value = Some(value);
         self.update(state, key, &mut |slot| {

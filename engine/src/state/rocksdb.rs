@@ -555,6 +555,7 @@ impl RocksdbBackend {
     ///
     /// # Errors
     /// When the write-back fails.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn set_cache_capacity(&mut self, entries: usize) -> Result<()> {
         let entries = entries.max(1);
         if self.cache.get_mut().len > entries {
@@ -638,11 +639,13 @@ impl RocksdbBackend {
     }
 
     /// The instance's working directory (`dir/db-<instance id>`), removed on drop.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn path(&self) -> &Path {
         &self.root.0
     }
 
     /// The instance id that names this backend's shared files.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn instance_id(&self) -> &str {
         &self.instance
     }
@@ -652,6 +655,7 @@ impl RocksdbBackend {
     ///
     /// # Errors
     /// When the flush fails.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn compact(&self) -> Result<()> {
         self.flush_cache()?;
         let mut flush = FlushOptions::default();

@@ -35,7 +35,8 @@ use crate::checkpoint::CheckpointId;
 use crate::checkpoint::TaskId;
 use crate::control::{CheckpointInfo, ControlError, SavepointInfo};
 use crate::plan::PipelinePlan;
-use crate::runtime::task::{Control, Fault};
+use crate::runtime::fault::Fault;
+use crate::runtime::task::Control;
 use crate::state::handover::Handover;
 
 mod completion;

@@ -22,10 +22,11 @@ use crate::plan::{NodeId, NodeKind, PipelinePlan};
 use crate::record::KeyGroupRange;
 use crate::registry::NodeBuilder;
 use crate::runtime::exchange::{Output, Target};
+use crate::runtime::fault::Fault;
 use crate::runtime::input::{InputLease, Received};
 use crate::runtime::task::{
-    ChainNode, ChainTask, Checkpointing, Control, Fault, HandoverSlot, TaskCommand, TaskEnv,
-    TaskEvent, TaskRestore, run_chain, run_source,
+    ChainNode, ChainTask, Checkpointing, Control, HandoverSlot, TaskCommand, TaskEnv, TaskEvent,
+    TaskRestore, run_chain, run_source,
 };
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::{MemoryBackend, StateBackend};

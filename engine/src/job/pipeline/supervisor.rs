@@ -28,7 +28,8 @@ use crate::control::{ControlError, SubtaskCheckpointInfo};
 use crate::plan::PipelinePlan;
 use crate::recovery::restart::RestartStrategy;
 use crate::registry::{self, BuildContext, NodeBuilder};
-use crate::runtime::task::{Checkpointing, Control, Fault, TaskEvent, TaskRestore};
+use crate::runtime::fault::Fault;
+use crate::runtime::task::{Checkpointing, Control, TaskEvent, TaskRestore};
 
 /// The supervisor of one pipeline (see the module docs).
 pub(super) struct Supervisor {
@@ -312,7 +313,7 @@ impl Supervisor {
                 }
                 return;
             }
-            TaskEvent::Produced { .. } => {
+            TaskEvent::Produced => {
                 self.on_produced();
                 return;
             }
