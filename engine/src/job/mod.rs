@@ -17,6 +17,7 @@ use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
 use crate::runtime::task::Control;
 
+mod apply_reload;
 mod confine;
 mod manager;
 mod pipeline;
