@@ -225,6 +225,18 @@ impl PipelinePlan {
     }
 }
 
+/// A one-pipeline file with checkpoints into `ck` (unit tests across the engine).
+#[cfg(test)]
+pub(crate) const TEST_JOB: &str = r#"version: 1
+pipelines:
+  - id: p
+    checkpoints: { interval: 1s, storage: ck }
+    sources:
+      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
+    sinks:
+      - { id: out, type: stdout, input: gen }
+"#;
+
 /// Loads a YAML text and plans its first pipeline; panics with the diagnostics when the text
 /// does not load or plan (unit tests across the engine).
 #[cfg(test)]
@@ -296,24 +308,17 @@ mod tests {
 
     use super::*;
 
-    const JOB: &str = r#"version: 1
-pipelines:
-  - id: p
-    checkpoints: { interval: 1s, storage: ck }
-    sources:
-      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
-    sinks:
-      - { id: out, type: stdout, input: gen }
-"#;
-
     fn paths(yaml: &str) -> PipelinePaths {
         plan_test_yaml(yaml, Path::new("/jobs")).paths
     }
 
     #[test]
     fn savepoints_go_to_the_configured_dir_else_under_checkpoint_storage() {
-        assert_eq!(paths(JOB).savepoints, Path::new("/jobs/.weir/savepoints"));
-        let configured = JOB.replace(
+        assert_eq!(
+            paths(TEST_JOB).savepoints,
+            Path::new("/jobs/.weir/savepoints")
+        );
+        let configured = TEST_JOB.replace(
             "    sources:",
             "    savepoints: { dir: backups/sp }\n    sources:",
         );
@@ -322,13 +327,13 @@ pipelines:
 
     #[test]
     fn storage_and_local_state_resolve_against_the_file_s_directory() {
-        let p = paths(JOB);
+        let p = paths(TEST_JOB);
         assert_eq!(p.checkpoint_root, Path::new("/jobs/ck"));
         assert_eq!(
             p.rocksdb, None,
             "only a RocksDB backend has a local directory"
         );
-        let rocksdb = JOB.replace(
+        let rocksdb = TEST_JOB.replace(
             "    sources:",
             "    state: { backend: rocksdb }\n    sources:",
         );

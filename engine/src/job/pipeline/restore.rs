@@ -500,16 +500,6 @@ mod tests {
         crate::plan::plan_test_yaml(yaml, Path::new("/jobs"))
     }
 
-    const JOB: &str = r#"version: 1
-pipelines:
-  - id: p
-    checkpoints: { interval: 1s, storage: ck }
-    sources:
-      - { id: gen, type: generator, count: 1, fields: { seq: { kind: sequence } } }
-    sinks:
-      - { id: out, type: stdout, input: gen }
-"#;
-
     #[test]
     fn the_restore_marker_round_trips_and_a_fresh_start_removes_it() {
         let store = MemoryStore::new();
@@ -519,7 +509,7 @@ pipelines:
             after: 9,
             allow_non_restored_state: false,
         };
-        write_restored_marker(&plan(JOB), &store, &marker);
+        write_restored_marker(&plan(crate::plan::TEST_JOB), &store, &marker);
         assert_eq!(read_restored_marker(&store), Some(marker));
         wipe(&store).expect("wipe");
         assert_eq!(read_restored_marker(&store), None);
