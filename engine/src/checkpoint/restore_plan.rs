@@ -103,6 +103,18 @@ pub struct NodeShape {
 }
 
 impl NodeShape {
+    /// Every keyed state it declares, each with the same fate (a node added or dropped whole).
+    fn every_state(&self, change: fn(StateKind) -> StateChange) -> Vec<StateDecision> {
+        self.keyed
+            .iter()
+            .flatten()
+            .map(|(name, k)| StateDecision {
+                name: name.clone(),
+                change: change(*k),
+            })
+            .collect()
+    }
+
     /// Whether it holds (or, for a plan, will hold) state a restore carries.
     fn holds_state(&self) -> bool {
         self.has_keyed() || self.has_local()
@@ -675,15 +687,7 @@ pub fn decide(
                 script_changed: false,
                 parallelism: None,
                 key_groups_redistributed: false,
-                states: node
-                    .keyed
-                    .iter()
-                    .flatten()
-                    .map(|(name, k)| StateDecision {
-                        name: name.clone(),
-                        change: StateChange::New(*k),
-                    })
-                    .collect(),
+                states: node.every_state(StateChange::New),
                 unrecorded: false,
                 migrate: false,
             },
@@ -707,15 +711,7 @@ pub fn decide(
             script_changed: false,
             parallelism: None,
             key_groups_redistributed: false,
-            states: before
-                .keyed
-                .iter()
-                .flatten()
-                .map(|(name, k)| StateDecision {
-                    name: name.clone(),
-                    change: StateChange::Dropped(*k),
-                })
-                .collect(),
+            states: before.every_state(StateChange::Dropped),
             unrecorded: false,
             migrate: false,
         });
