@@ -126,6 +126,54 @@ pub struct PipelineStatus {
     /// The last failure, also after the pipeline recovered from it.
     #[serde(default)]
     pub last_error: Option<String>,
+    /// Every source, operator and sink, in plan order (figures count across reloads/restarts).
+    #[serde(default)]
+    pub operators: Vec<OperatorStatus>,
+}
+
+/// One source, operator or sink of a pipeline, with its figures per subtask.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OperatorStatus {
+    /// The element id.
+    pub id: String,
+    /// `source`, `operator` or `sink`.
+    pub role: String,
+    /// The `type:`.
+    pub type_name: String,
+    /// Its parallelism.
+    pub parallelism: u32,
+    /// The ids of the elements feeding it (data and dead-letter edges), in plan order.
+    pub inputs: Vec<String>,
+    /// Per subtask, by index.
+    pub subtasks: Vec<SubtaskStatus>,
+}
+
+/// The figures of one subtask. Counters are cumulative over the whole run (every generation
+/// across reloads and restarts); clients compute rates from differences.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskStatus {
+    /// Subtask index.
+    pub subtask: u32,
+    /// Records that entered (a source: produced).
+    pub records_in: u64,
+    /// Records that left (a sink: 0).
+    pub records_out: u64,
+    /// Records that failed (skipped or dead-lettered; a source: unreadable input).
+    pub errors: u64,
+    /// Failed records dropped (`on_error: skip`, a source's unreadable lines).
+    pub skipped: u64,
+    /// Failed records sent to a dead-letter output.
+    pub dead_lettered: u64,
+    /// Bytes read (file sources).
+    pub bytes_read: u64,
+    /// Time spent processing, milliseconds.
+    pub busy_ms: u64,
+    /// Time spent waiting to send downstream (backpressure), milliseconds.
+    pub backpressured_ms: u64,
+    /// How full its input queue is now, 0.0 to 1.0.
+    pub queue_fill: f64,
+    /// Sources only: how far behind the end of its input it is (bytes for files), when known.
+    pub lag: Option<u64>,
 }
 
 /// One completed checkpoint or savepoint.

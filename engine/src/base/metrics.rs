@@ -1,13 +1,17 @@
-//! Per-node counters shared by a node's subtasks ([`NodeMetrics`]) and the identity a report
-//! names them by ([`NodeReport`]). Tasks add to them once per batch; the job reads them for
-//! status and the final summary.
+//! Per-subtask counters ([`SubtaskMetrics`]), grouped per plan node ([`NodeMetrics`]), and the
+//! identity a report names them by ([`NodeReport`]). Each subtask owns its counters (no
+//! contention between cores); tasks add to them once per batch; the job reads them for status
+//! and the final summary.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counters of one plan node summed over its subtasks, updated once per batch.
+/// Counters of one subtask of one plan node, updated once per batch by the task that runs it.
+///
+/// Aligned to two cache lines so that subtasks running on different cores never share one.
 #[derive(Debug, Default)]
-pub struct NodeMetrics {
+#[repr(align(128))]
+pub struct SubtaskMetrics {
     /// Records that entered (for a source: produced).
     pub records_in: AtomicU64,
     /// Records that left.
@@ -16,7 +20,7 @@ pub struct NodeMetrics {
     pub errors: AtomicU64,
 }
 
-impl NodeMetrics {
+impl SubtaskMetrics {
     /// Adds to the counters.
     pub fn add(&self, records_in: u64, records_out: u64, errors: u64) {
         if records_in > 0 {
@@ -37,6 +41,40 @@ impl NodeMetrics {
             self.records_out.load(Ordering::Relaxed),
             self.errors.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// The counters of one plan node: one [`SubtaskMetrics`] per subtask.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    /// Per subtask, by index.
+    pub subtasks: Vec<Arc<SubtaskMetrics>>,
+}
+
+impl NodeMetrics {
+    /// Fresh counters for `parallelism` subtasks.
+    pub fn new(parallelism: u32) -> Self {
+        Self {
+            subtasks: (0..parallelism.max(1))
+                .map(|_| Arc::new(SubtaskMetrics::default()))
+                .collect(),
+        }
+    }
+
+    /// The counters of subtask `s` (a fresh, unshared set when `s` is out of range).
+    pub fn subtask(&self, s: u32) -> Arc<SubtaskMetrics> {
+        self.subtasks
+            .get(s as usize)
+            .map(Arc::clone)
+            .unwrap_or_default()
+    }
+
+    /// The counters `(in, out, errors)` summed over the subtasks.
+    pub fn read(&self) -> (u64, u64, u64) {
+        self.subtasks.iter().fold((0, 0, 0), |(i, o, e), m| {
+            let (mi, mo, me) = m.read();
+            (i + mi, o + mo, e + me)
+        })
     }
 }
 

@@ -21,8 +21,9 @@ use super::pipeline::{
 use super::{JobOptions, NodeSummary, PipelineSummary, RecoveryOptions, RenderFn, run_pipeline};
 use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::control::{
-    BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineStatus, ReloadOutcome,
-    ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
+    BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, OperatorStatus, PipelineStatus,
+    ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
+    SubtaskStatus,
 };
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
@@ -93,7 +94,7 @@ fn reports_of(plan: &PipelinePlan) -> Arc<Vec<NodeReport>> {
                 role: n.kind.role(),
                 type_name: n.type_name(),
                 parallelism: n.parallelism,
-                metrics: Arc::new(NodeMetrics::default()),
+                metrics: Arc::new(NodeMetrics::new(n.parallelism)),
             })
             .collect(),
     )
@@ -480,6 +481,46 @@ fn role_records(reports: &[NodeReport], role: Role) -> u64 {
         .sum()
 }
 
+/// Every node of `plan` with its figures per subtask, in plan order.
+fn operator_statuses(plan: &PipelinePlan, reports: &[NodeReport]) -> Vec<OperatorStatus> {
+    plan.nodes
+        .iter()
+        .zip(reports)
+        .map(|(node, report)| {
+            let mut inputs: Vec<String> = Vec::new();
+            for e in plan.edges.iter().filter(|e| e.to == node.index) {
+                let from = &plan.nodes[e.from.0].id;
+                if !inputs.contains(from) {
+                    inputs.push(from.clone());
+                }
+            }
+            OperatorStatus {
+                id: node.id.clone(),
+                role: report.role.as_str().to_owned(),
+                type_name: report.type_name.to_owned(),
+                parallelism: node.parallelism,
+                inputs,
+                subtasks: report
+                    .metrics
+                    .subtasks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| {
+                        let (records_in, records_out, errors) = m.read();
+                        SubtaskStatus {
+                            subtask: i as u32,
+                            records_in,
+                            records_out,
+                            errors,
+                            ..SubtaskStatus::default()
+                        }
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 impl JobControl for Arc<Job> {
     fn status(&self) -> JobStatus {
         let slots = self.slots();
@@ -514,6 +555,7 @@ impl JobControl for Arc<Job> {
                         consecutive_failures: live.consecutive_failures,
                         failing: live.failing,
                         last_error: live.last_error,
+                        operators: operator_statuses(&s.plan, &s.reports),
                     }
                 })
                 .collect(),

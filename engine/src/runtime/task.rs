@@ -25,7 +25,7 @@ use super::input::{InputLease, Received};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
-use crate::base::metrics::NodeMetrics;
+use crate::base::metrics::SubtaskMetrics;
 use crate::checkpoint::restore_plan::RestorePlan;
 use crate::checkpoint::{
     AlignerAction, AlignerStep, AlignmentMode, BarrierAligner, CheckpointId, CheckpointMetadata,
@@ -46,8 +46,8 @@ pub struct ChainNode {
     pub operator: Box<dyn Operator>,
     /// Its context.
     pub ctx: OperatorContext,
-    /// Shared counters of the plan node.
-    pub metrics: Arc<NodeMetrics>,
+    /// The counters of this subtask of the plan node.
+    pub metrics: Arc<SubtaskMetrics>,
     /// Data edges leaving the chain from this node.
     pub outputs: Vec<Output>,
     /// Dead-letter edges from this node.
@@ -1031,7 +1031,7 @@ mod tests {
                     ended: Arc::clone(&ended),
                 }),
                 ctx: OperatorContext::standalone("p", "src", 128),
-                metrics: Arc::new(NodeMetrics::default()),
+                metrics: Arc::new(SubtaskMetrics::default()),
                 outputs: Vec::new(),
                 dead_letters: Vec::new(),
                 counts_output: true,
@@ -1079,7 +1079,7 @@ mod tests {
         ChainNode {
             operator,
             ctx: OperatorContext::standalone("p", id, 128),
-            metrics: Arc::new(NodeMetrics::default()),
+            metrics: Arc::new(SubtaskMetrics::default()),
             outputs,
             dead_letters: Vec::new(),
             counts_output: true,

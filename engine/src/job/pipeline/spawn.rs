@@ -442,7 +442,7 @@ impl Tasks {
             nodes.push(ChainNode {
                 operator,
                 ctx,
-                metrics: Arc::clone(&self.reports[nid.0].metrics),
+                metrics: self.reports[nid.0].metrics.subtask(s),
                 outputs,
                 dead_letters,
                 counts_output,
