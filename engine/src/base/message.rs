@@ -140,6 +140,17 @@ pub enum BarrierKind {
     SavepointThenStop,
 }
 
+impl BarrierKind {
+    /// `checkpoint`, `savepoint` or `savepoint then stop`, as the log names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "checkpoint",
+            Self::Savepoint => "savepoint",
+            Self::SavepointThenStop => "savepoint then stop",
+        }
+    }
+}
+
 /// A checkpoint barrier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Barrier {

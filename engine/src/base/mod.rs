@@ -9,6 +9,7 @@
 //!   [`ErrorClass`](error::ErrorClass) (I/O, data, config, internal) and `Result` alias; the
 //!   checkpoint storage and API listen errors it wraps.
 //! - [`dispose`]: dropping large values off the hot path (during a reload).
+//! - [`human`]: durations, sizes, optional values and errors as the log shows them.
 //!
 //! This module builds only on `record` (keys) and external crates. It must never import
 //! `runtime`, `checkpoint`, `state`, `operators`, `connectors`, `element`, `job` or anything
@@ -16,5 +17,6 @@
 
 pub mod dispose;
 pub mod error;
+pub mod human;
 pub mod message;
 pub mod metrics;
