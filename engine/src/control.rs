@@ -21,8 +21,8 @@ pub trait JobControl: Send + Sync + 'static {
     /// Every pipeline's status, plus reload counters.
     fn status(&self) -> JobStatus;
 
-    /// The completed checkpoints and savepoints of `pipeline` still in memory (most recent
-    /// last).
+    /// The checkpoints and savepoints of `pipeline` still in memory, completed and failed
+    /// (the last [`CHECKPOINT_HISTORY`], most recent last).
     ///
     /// # Errors
     /// [`ControlError::NoSuchPipeline`].
@@ -176,25 +176,58 @@ pub struct SubtaskStatus {
     pub lag: Option<u64>,
 }
 
-/// One completed checkpoint or savepoint.
+/// How many checkpoints and savepoints (completed and failed) a pipeline's history keeps.
+pub const CHECKPOINT_HISTORY: usize = 100;
+
+/// One checkpoint or savepoint, completed or failed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointInfo {
     /// Its id.
     pub id: u64,
     /// `checkpoint` or `savepoint`.
     pub kind: String,
+    /// `completed`; `failed` (it timed out, a task declined it, its metadata could not be
+    /// written: it counts against `tolerable_failures`); or `aborted` (a newer checkpoint
+    /// completed first, or a restart cancelled it). Answers of an older `weir run` have no
+    /// status: completed.
+    #[serde(default = "completed")]
+    pub status: String,
+    /// Why it failed or was aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     /// When it was triggered (Unix milliseconds).
     pub trigger_time_ms: u64,
-    /// Trigger to completion.
+    /// Trigger to completion (or to the failure).
     pub duration_ms: u64,
-    /// Bytes of every file it references.
+    /// Bytes of every file it references (0 when it failed).
     pub size: u64,
-    /// Bytes the previous completed checkpoint did not reference.
+    /// Bytes the previous completed checkpoint did not reference (0 when it failed).
     pub new_bytes: u64,
     /// Longest alignment over its subtasks.
     pub alignment_ms: u64,
-    /// Per subtask.
+    /// Per subtask (of a failed one: the subtasks that acknowledged it before the failure).
     pub subtasks: Vec<SubtaskCheckpointInfo>,
+}
+
+fn completed() -> String {
+    "completed".to_owned()
+}
+
+impl CheckpointInfo {
+    /// Whether it did not complete (failed or aborted).
+    pub fn failed(&self) -> bool {
+        matches!(self.status.as_str(), "failed" | "aborted")
+    }
+
+    /// When it completed or failed (Unix milliseconds).
+    pub fn end_time_ms(&self) -> u64 {
+        self.trigger_time_ms.saturating_add(self.duration_ms)
+    }
+
+    /// The subtask that acknowledged last (the one the checkpoint waited for), if any.
+    pub fn slowest(&self) -> Option<&SubtaskCheckpointInfo> {
+        self.subtasks.iter().max_by_key(|s| s.ack_ms)
+    }
 }
 
 /// One subtask's part of a checkpoint.

@@ -98,6 +98,8 @@ fn checkpoint_fixture(id: u64) -> CheckpointInfo {
     CheckpointInfo {
         id,
         kind: "checkpoint".into(),
+        status: "completed".into(),
+        failure: None,
         trigger_time_ms: 1_700_000_000_000,
         duration_ms: 40,
         size: 4096,

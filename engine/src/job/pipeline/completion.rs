@@ -17,6 +17,7 @@ use super::storage::CheckpointSetup;
 use super::supervisor::Supervisor;
 use super::{CheckpointStats, HISTORY, SharedStatus};
 use crate::base::error::ErrorClass;
+use crate::base::human::{Bytes, Elapsed};
 use crate::base::message::{Barrier, BarrierKind};
 use crate::checkpoint::coordinator::AbortReason;
 use crate::checkpoint::retention::CheckpointFiles;
@@ -144,10 +145,39 @@ impl Checkpoints {
         });
     }
 
-    /// Checkpoint `id` was aborted: forgets it, fails the request that waited for it and
-    /// deletes what it wrote.
-    pub(super) fn aborted(&mut self, plan: &PipelinePlan, id: CheckpointId, reason: &AbortReason) {
-        self.acks.remove(&id);
+    /// Checkpoint `barrier` was aborted: records it in the history (`failed`, or `aborted`
+    /// when subsumed or cancelled by a restart), forgets it,
+    /// fails the request that waited for it and deletes what it wrote.
+    pub(super) fn aborted(
+        &mut self,
+        plan: &PipelinePlan,
+        barrier: Barrier,
+        reason: &AbortReason,
+        status: &SharedStatus,
+    ) {
+        let id = barrier.checkpoint;
+        let duration_ms = self.since_trigger_ms(id);
+        self.triggered.remove(&id);
+        let mut subtasks = self.acks.remove(&id).unwrap_or_default();
+        subtasks.sort_by(|a, b| a.task.cmp(&b.task));
+        let info = CheckpointInfo {
+            id,
+            kind: kind_name(barrier.kind).into(),
+            status: if reason.is_failure() {
+                "failed"
+            } else {
+                "aborted"
+            }
+            .into(),
+            failure: Some(reason.to_string()),
+            trigger_time_ms: unix_ms(SystemTime::now()).saturating_sub(duration_ms),
+            duration_ms,
+            size: 0,
+            new_bytes: 0,
+            alignment_ms: subtasks.iter().map(|s| s.alignment_ms).max().unwrap_or(0),
+            subtasks,
+        };
+        push_history(status, info);
         if let Some(w) = self.waiters.remove(&id) {
             w.fail(ControlError::Failed(format!(
                 "checkpoint {id} of pipeline `{}` was aborted: {reason}",
@@ -181,12 +211,12 @@ impl Checkpoints {
         let started = self.triggered.remove(&id);
         self.triggered.retain(|&k, _| k > id);
         let stats = checkpoint_stats(&meta, ck.latest.as_ref(), started);
-        tracing::info!(
+        tracing::debug!(
             pipeline = %plan.id,
             checkpoint = id,
-            duration_ms = stats.duration.as_millis() as u64,
-            size_bytes = stats.size,
-            new_bytes = stats.new_bytes,
+            duration = %Elapsed(stats.duration),
+            size = %Bytes(stats.size),
+            new = %Bytes(stats.new_bytes),
             "Checkpoint statistics."
         );
         let now = SystemTime::now();
@@ -195,11 +225,9 @@ impl Checkpoints {
         subtasks.sort_by(|a, b| a.task.cmp(&b.task));
         let info = CheckpointInfo {
             id,
-            kind: match barrier.kind {
-                BarrierKind::Checkpoint => "checkpoint",
-                _ => "savepoint",
-            }
-            .into(),
+            kind: kind_name(barrier.kind).into(),
+            status: "completed".into(),
+            failure: None,
             trigger_time_ms: unix_ms(now - stats.duration),
             duration_ms: stats.duration.as_millis() as u64,
             size: stats.size,
@@ -228,11 +256,8 @@ impl Checkpoints {
         if let Ok(mut st) = status.lock() {
             st.checkpoints = self.completed_count;
             st.latest = Some(id);
-            st.history.push_back(info);
-            while st.history.len() > HISTORY {
-                st.history.pop_front();
-            }
         }
+        push_history(status, info);
         self.run_retention(plan);
     }
 
@@ -288,7 +313,7 @@ impl Checkpoints {
         self.savepoint_writes = self.savepoint_writes.saturating_sub(1);
         match &result {
             Ok(info) => {
-                tracing::info!(pipeline = %plan.id, checkpoint = info.checkpoint, path = %info.path.display(), size_bytes = info.size, duration_ms = info.duration_ms, "Savepoint written.");
+                tracing::info!(pipeline = %plan.id, checkpoint = info.checkpoint, path = %info.path.display(), size = %Bytes(info.size), duration = %Elapsed::ms(info.duration_ms), "Savepoint written.");
             }
             Err(e) => {
                 tracing::error!(pipeline = %plan.id, error = %e, "Savepoint failed.");
@@ -345,7 +370,13 @@ impl Supervisor {
     /// Checkpoint `barrier` was aborted for `reason`.
     pub(super) fn on_checkpoint_aborted(&mut self, barrier: Barrier, reason: &AbortReason) {
         let id = barrier.checkpoint;
-        self.checkpoints.aborted(&self.plan, id, reason);
+        if reason.is_failure() {
+            tracing::warn!(pipeline = %self.plan.id, checkpoint = id, reason = %reason, "Checkpoint failed.");
+        } else {
+            tracing::debug!(pipeline = %self.plan.id, checkpoint = id, reason = %reason, "Checkpoint aborted.");
+        }
+        self.checkpoints
+            .aborted(&self.plan, barrier, reason, &self.status);
         self.stop_checkpoint_aborted(id, reason);
         self.probation_checkpoint_aborted(id, reason);
     }
@@ -384,6 +415,24 @@ fn finished_operators(plan: &PipelinePlan, tasks: &[TaskId]) -> Vec<(String, u32
         }
     }
     out
+}
+
+/// Appends `info` to the status history, keeping the last [`HISTORY`] entries.
+fn push_history(status: &SharedStatus, info: CheckpointInfo) {
+    if let Ok(mut st) = status.lock() {
+        st.history.push_back(info);
+        while st.history.len() > HISTORY {
+            st.history.pop_front();
+        }
+    }
+}
+
+/// `checkpoint` or `savepoint`, as the history names a barrier's kind.
+fn kind_name(kind: BarrierKind) -> &'static str {
+    match kind {
+        BarrierKind::Checkpoint => "checkpoint",
+        _ => "savepoint",
+    }
 }
 
 fn unix_ms(t: SystemTime) -> u64 {

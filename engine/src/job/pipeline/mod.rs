@@ -133,7 +133,8 @@ pub(crate) struct LiveStatus {
     pub restarts: u32,
     pub checkpoints: u64,
     pub latest: Option<CheckpointId>,
-    /// The most recent completed checkpoints and savepoints (at most [`HISTORY`]).
+    /// The most recent checkpoints and savepoints, completed and failed (at most
+    /// [`HISTORY`]).
     pub history: VecDeque<CheckpointInfo>,
     pub restored_from: Option<String>,
     /// Failures in a row (see `failure::Failures`).
@@ -145,7 +146,7 @@ pub(crate) struct LiveStatus {
 }
 
 /// Checkpoints kept in [`LiveStatus::history`].
-const HISTORY: usize = 100;
+const HISTORY: usize = crate::control::CHECKPOINT_HISTORY;
 
 /// Shared [`LiveStatus`].
 pub(crate) type SharedStatus = Arc<std::sync::Mutex<LiveStatus>>;
