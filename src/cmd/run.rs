@@ -1,6 +1,7 @@
 //! `weir run FILE`: validate, then run every pipeline of the file until its bounded sources
 //! are exhausted or SIGINT/SIGTERM arrives; a live status line on a terminal, `tracing` logs
-//! otherwise, and a summary table at the end.
+//! otherwise (text or JSON lines, at the level `--log-level` or `RUST_LOG` sets), and a
+//! summary table at the end.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -13,8 +14,20 @@ use weir_engine::job::{self, JobOptions, JobSummary, PipelineProgress};
 use weir_engine::validate::validate_file;
 use weir_schema::Diagnostic;
 
+/// How `weir run` writes its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: time, level, module, message, `key=value` fields.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields.message`, the other
+    /// fields), for log collectors.
+    Json,
+}
+
 /// Arguments of `weir run`.
 #[derive(Args, Debug)]
+#[command(after_long_help = LOG_HELP)]
 pub struct RunArgs {
     /// The pipeline file.
     pub file: PathBuf,
@@ -67,16 +80,44 @@ pub struct RunArgs {
     /// pipeline's `savepoints.dir` (a relative one is relative to it).
     #[arg(long)]
     pub allow_any_savepoint_dir: bool,
+    /// Log level: error, warn, info (the default: one line per lifecycle event), debug (every
+    /// checkpoint, with its duration and size) or trace. Wins over `RUST_LOG`; for a filter per
+    /// module, leave it out and set `RUST_LOG` (e.g. `info,weir_engine::checkpoint=debug`).
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: Option<String>,
+    /// Log format: `text` (default) or `json` (one JSON object per line; the summary at the end
+    /// stays text).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
-fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+/// The log section of `weir run --help`.
+const LOG_HELP: &str = "\
+Logging:
+  The log goes to standard error when it is not a terminal (on a terminal, or without
+  --no-progress, a live status line replaces it). Its level comes from --log-level, else from
+  the RUST_LOG environment variable (a tracing-subscriber filter such as
+  `info,weir_engine::checkpoint=debug`), else `info`. At `info` each lifecycle event (a pipeline
+  started, failed, restarted, finished; a savepoint; a reload) is one line and each failure is
+  reported once with its causes; completed checkpoints are logged at `debug` (`weir checkpoints
+  PIPELINE` shows their history). --log-format json writes one JSON object per line.";
+
+/// Installs the log subscriber: `--log-level`, else `RUST_LOG`, else `info`; text or JSON.
+fn init_logs(args: &RunArgs) {
+    let filter = match &args.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match args.log_format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 fn status_line(p: &[PipelineProgress], elapsed: Duration) -> String {
@@ -191,7 +232,9 @@ fn print_summary(s: &JobSummary) {
     eprint!("{out}");
     for p in &s.pipelines {
         if let Some(e) = &p.error {
-            eprintln!("{:?}", failure_report(&p.id, e));
+            // Not wrapped: a record excerpt in the message stays whole and greppable.
+            let report = super::api_args::render(failure_report(&p.id, e).as_ref());
+            eprintln!("{}", report.trim_end());
         }
     }
 }
@@ -281,8 +324,9 @@ pub fn run(args: &RunArgs) -> ExitCode {
     };
     let tty = std::io::stderr().is_terminal() && !args.no_progress;
     if !tty {
-        init_logs();
+        init_logs(args);
     }
+    let json_log = !tty && args.log_format == LogFormat::Json;
     let progress: Option<job::ProgressFn> = tty.then(|| {
         Arc::new(|p: &[PipelineProgress], elapsed: Duration| {
             let mut err = std::io::stderr().lock();
@@ -347,8 +391,14 @@ pub fn run(args: &RunArgs) -> ExitCode {
         api: api.config,
         api_spec: Some(api_spec),
         allow_any_savepoint_dir: args.allow_any_savepoint_dir,
-        api_ready: Some(Arc::new(|addr| {
-            eprintln!("control API on http://{addr}");
+        // The one start-up line saying where the API listens (scripts and tests read it); in
+        // a JSON log, a JSON line like the others.
+        api_ready: Some(Arc::new(move |addr| {
+            if json_log {
+                tracing::info!(%addr, "Control API listening on http://{addr}.");
+            } else {
+                eprintln!("control API on http://{addr}");
+            }
         })),
         render: Some(Arc::new(|d: &[&Diagnostic]| super::validate::render(d))),
         from_savepoints: savepoints,

@@ -23,12 +23,16 @@ pub fn without_api_env() -> Command {
     c
 }
 
-/// As [`without_api_env`], logging at `info` (the log lines the scenarios wait for).
+/// As [`without_api_env`], logging at `info`, and completed checkpoints (`debug`) too: the
+/// log lines the scenarios wait for.
 pub fn weir() -> Command {
     let mut c = without_api_env();
-    c.env("RUST_LOG", "info");
+    c.env("RUST_LOG", SCENARIO_LOG);
     c
 }
+
+/// The `RUST_LOG` filter of [`weir`].
+pub const SCENARIO_LOG: &str = "info,weir_engine::checkpoint::coordinator=debug";
 
 /// Sends `signal` (`TERM`, `INT`, `STOP`, ...) to process `pid` with the shell's built-in
 /// `kill` (no dependency on procps); whether it was delivered.

@@ -152,7 +152,7 @@ pub async fn serve(control: Arc<dyn JobControl>, config: ApiConfig) -> Result<Ap
             tracing::warn!(error = %e, "Control API stopped with an error.");
         }
     });
-    tracing::info!(addr = %local_addr, auth, "Control API listening.");
+    tracing::debug!(addr = %local_addr, auth, "Control API listening.");
     Ok(ApiServer {
         local_addr,
         stop: Some(stop),
@@ -289,7 +289,7 @@ async fn savepoint(
 ) -> Result<Json<SavepointInfo>, Failure> {
     let id = pipeline_id(id)?;
     let request: SavepointRequest = parse_body(body, "savepoint request ({\"dir\": PATH})")?;
-    tracing::info!(pipeline = %id, dir = ?request.dir, "API: savepoint requested.");
+    tracing::info!(pipeline = %id, dir = %crate::base::human::Maybe::or(request.dir.as_ref().map(|d| d.display()), "the default"), "API: savepoint requested.");
     let control = Arc::clone(&s.control);
     detached(
         "savepoint",
@@ -329,7 +329,7 @@ async fn reload(
         body,
         "reload request ({\"file\": PATH, \"plan_only\": BOOL, \"allow_non_restored_state\": BOOL})",
     )?;
-    tracing::info!(plan_only = request.plan_only, file = ?request.file, "API: reload requested.");
+    tracing::info!(plan_only = request.plan_only, file = %crate::base::human::Maybe::or(request.file.as_ref().map(|d| d.display()), "the running file"), "API: reload requested.");
     let control = Arc::clone(&s.control);
     detached("reload", async move { control.reload(request).await })
         .await

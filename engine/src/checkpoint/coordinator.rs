@@ -630,10 +630,10 @@ impl Coordinator {
         for n in lower {
             self.abort(n, AbortReason::Subsumed { by: id }, &mut out);
         }
-        tracing::info!(
+        tracing::debug!(
             pipeline = %self.plan.pipeline,
             checkpoint = id,
-            kind = ?pending.barrier.kind,
+            kind = %pending.barrier.kind.name(),
             "Checkpoint completed."
         );
         if self.stopping == Some(id) {

@@ -1009,7 +1009,7 @@ impl Source for FileSource {
             source = %self.ids.1,
             subtask = self.subtask,
             parallelism = self.parallelism,
-            old_parallelism = ?old_parallelism,
+            old_parallelism = %crate::base::human::Maybe::or(old_parallelism, "unknown"),
             old_readers = ?states.iter().map(|s| s.subtask).collect::<Vec<_>>(),
             "File reader takes over the splits of earlier readers after a rescale."
         );

@@ -484,7 +484,7 @@ impl FileSink {
             tracing::warn!(
                 pipeline = %ctx.pipeline,
                 sink = %ctx.operator,
-                checkpoint = ?ctx.restored_from,
+                checkpoint = %crate::base::human::Maybe::or(ctx.restored_from, "none"),
                 "The checkpoint mode changed since the checkpoint; output around it may be duplicated."
             );
         }

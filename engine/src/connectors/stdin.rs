@@ -158,7 +158,7 @@ impl Source for StdinSource {
         tracing::warn!(
             pipeline = %self.ids.0,
             source = %self.ids.1,
-            lines_read_at_checkpoint = ?lines,
+            lines_read_at_checkpoint = %crate::base::human::Maybe::or(lines, "unknown"),
             "Stdin cannot be replayed; records after the checkpoint may be lost or duplicated."
         );
         Ok(())

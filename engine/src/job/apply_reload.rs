@@ -366,7 +366,7 @@ impl Job {
                 let started_at = started_rx.await.unwrap_or_else(|_| Instant::now());
                 let pause = started_at.saturating_duration_since(paused_at).as_millis() as u64;
                 let handed = self.handover.taken(&id);
-                tracing::info!(pipeline = %id, pause_ms = pause, handed_over = handed, savepoint = ?savepoint.as_ref().map(|s| s.path.display().to_string()), "Reload applied.");
+                tracing::info!(pipeline = %id, pause = %crate::base::human::Elapsed::ms(pause), handed_over = handed, savepoint = %crate::base::human::Maybe::or(savepoint.as_ref().map(|s| s.path.display()), "none"), "Reload applied.");
                 if handed > 0 {
                     messages.push(format!(
                         "pipeline `{id}`: the keyed state of {handed} subtask(s) was handed over in memory instead of being read back from the savepoint"

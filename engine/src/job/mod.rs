@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::base::error::{Result, RunError};
+use crate::base::human::{Elapsed, OneLine};
 use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
@@ -224,9 +225,11 @@ pub async fn run_async(
             match crate::api::serve(control, config.clone()).await {
                 Ok(server) => {
                     let addr = server.local_addr();
-                    tracing::info!(%addr, "Control API listening on http://{addr}");
-                    if let Some(cb) = &options.api_ready {
-                        cb(addr);
+                    // One start-up line: the caller's (`weir run` prints where it listens), or
+                    // this one.
+                    match &options.api_ready {
+                        Some(cb) => cb(addr),
+                        None => tracing::info!(%addr, "Control API listening on http://{addr}."),
                     }
                     Some(server)
                 }
@@ -303,12 +306,12 @@ fn spawn_watch(
     let (mut watcher, mut changes) =
         crate::reload::watch::FileWatcher::new(&files, manager::WATCH_DEBOUNCE)
             .map_err(|e| RunError::Internal(e.to_string()))?;
-    tracing::info!(files = ?files, "Watching the pipeline file for changes (hot reload).");
+    tracing::info!(files = %paths(&files), "Watching the pipeline file for changes (hot reload).");
     let job = Arc::clone(job);
     let file = file.to_path_buf();
     Ok(tokio::spawn(async move {
         while let Some(changed) = changes.recv().await {
-            tracing::info!(files = ?changed.paths, "Pipeline file changed; reloading.");
+            tracing::info!(files = %paths(&changed.paths), "Pipeline file changed; reloading.");
             let control = Arc::clone(&job);
             match control
                 .reload(crate::control::ReloadRequest::default())
@@ -323,7 +326,7 @@ fn spawn_watch(
                         _ => tracing::error!("Reload {}:\n{text}", outcome.result),
                     }
                 }
-                Err(e) => tracing::error!(error = %e, "Reload failed."),
+                Err(e) => tracing::error!(error = %OneLine(&e), "Reload failed."),
             }
             if let Some(files) = watched_files(&file)
                 && let Err(e) = watcher.set_files(&files)
@@ -438,9 +441,13 @@ pub(super) async fn run_pipeline(
     let wall = started.elapsed();
     match &ended.error {
         None => {
-            tracing::info!(pipeline = %id, wall_ms = wall.as_millis() as u64, restarts = ended.restarts, checkpoints = ended.checkpoints, "Pipeline finished.")
+            tracing::info!(pipeline = %id, wall = %Elapsed(wall), restarts = ended.restarts, checkpoints = ended.checkpoints, "Pipeline finished.")
         }
-        Some(e) => tracing::error!(pipeline = %id, error = %e, "Pipeline failed."),
+        // The failure that made the strategy give up has its own line ("Task failed.").
+        Some(RunError::GaveUp { reason, .. }) => {
+            tracing::error!(pipeline = %id, reason = %pipeline::give_up_head(reason), "Pipeline failed.")
+        }
+        Some(e) => tracing::error!(pipeline = %id, error = %OneLine(e), "Pipeline failed."),
     }
     let (first_record, first_output, all_processing) = first.lock().map(|f| *f).unwrap_or_default();
     PipelineOutcome {
@@ -455,4 +462,13 @@ pub(super) async fn run_pipeline(
         restored_from: ended.restored_from,
         degraded: ended.degraded.len(),
     }
+}
+
+/// Paths as a comma-separated list.
+fn paths(paths: &[std::path::PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

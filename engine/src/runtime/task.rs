@@ -688,7 +688,8 @@ async fn checkpoint_task(
     match taken {
         Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
         Err(e) => {
-            tracing::warn!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
+            // The supervisor reports the failed checkpoint once, with this error as its reason.
+            tracing::debug!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
             env.decline(barrier.checkpoint, Some(&e));
         }
     }

@@ -10,6 +10,7 @@ use super::LiveState;
 use super::phase::{PendingRestart, Phase};
 use super::supervisor::Supervisor;
 use crate::base::error::{ErrorClass, Result, RunError};
+use crate::base::human::{Elapsed, Maybe, OneLine};
 use crate::checkpoint::TaskId;
 use crate::recovery::failover::{FailoverAction, RestartFrom, failover_scope};
 use crate::recovery::restart::{Decision, Failure};
@@ -33,7 +34,7 @@ impl Supervisor {
     /// pipeline.
     pub(super) fn on_task_failed(&mut self, task: Option<TaskId>, error: RunError) -> Result<()> {
         let node = task.map_or_else(|| "pipeline".to_owned(), |t| self.tasks.task_name(t));
-        tracing::error!(pipeline = %self.plan.id, task = %node, error = %error, "Task failed.");
+        tracing::error!(pipeline = %self.plan.id, task = %node, error = %OneLine(&error), "Task failed.");
         self.failures.consecutive += 1;
         self.failures.checkpoints_since = 0;
         let failing = error.element().map_or_else(|| node.clone(), str::to_owned);
@@ -60,7 +61,9 @@ impl Supervisor {
             .on_failure(Instant::now(), &Failure::from(&error));
         let (delay, attempt) = match decision {
             Decision::GiveUp { reason } => {
-                tracing::error!(pipeline = %self.plan.id, %reason, "Not restarting.");
+                // The failure was logged above, and the job logs the pipeline's end with this
+                // reason ("Pipeline failed.").
+                tracing::debug!(pipeline = %self.plan.id, reason = %give_up_head(&reason), "Not restarting.");
                 self.tasks.abort_all();
                 return Err(RunError::GaveUp {
                     reason,
@@ -101,14 +104,14 @@ impl Supervisor {
                 self.tasks.abort_for_restart(&scope);
                 self.restarts += 1;
                 self.publish(LiveState::Restarting);
+                // The failure itself was logged just above ("Task failed."): not again.
                 tracing::warn!(
                     pipeline = %self.plan.id,
-                    cause = %error,
                     attempt,
-                    delay_ms = delay.as_millis() as u64,
+                    delay = %Elapsed(delay),
                     tasks = scope.len(),
-                    strategy = self.restart.name(),
-                    failover = ?self.failover,
+                    strategy = %self.restart.name(),
+                    failover = %failover_name(self.failover),
                     "Restarting after a failure."
                 );
                 self.phase = Phase::Restarting {
@@ -184,10 +187,10 @@ impl Supervisor {
         if p.from == RestartFrom::LatestCheckpoint {
             self.tasks.channels.renew(&self.tasks.topology, &p.tasks);
         }
-        tracing::info!(
+        tracing::debug!(
             pipeline = %self.plan.id,
             tasks = p.tasks.len(),
-            from_checkpoint = ?restore.as_ref().map(|r| r.metadata.checkpoint),
+            from_checkpoint = %Maybe::or(restore.as_ref().map(|r| r.metadata.checkpoint), "none (from the start)"),
             "Restarting tasks."
         );
         for t in &p.tasks {
@@ -199,5 +202,21 @@ impl Supervisor {
             LiveState::Degraded
         });
         Ok(())
+    }
+}
+
+/// A restart strategy's give-up reason without its `; last failure ...` tail (the failure has
+/// its own log line).
+pub(crate) fn give_up_head(reason: &str) -> &str {
+    reason.split("; last failure").next().unwrap_or(reason)
+}
+
+/// The YAML name of a failover strategy.
+fn failover_name(f: weir_schema::FailoverSpec) -> &'static str {
+    match f {
+        weir_schema::FailoverSpec::Full => "full",
+        weir_schema::FailoverSpec::Region => "region",
+        weir_schema::FailoverSpec::Individual => "individual",
+        weir_schema::FailoverSpec::Noop => "noop",
     }
 }

@@ -49,6 +49,7 @@ mod spawn;
 mod storage;
 mod supervisor;
 
+pub(crate) use failure::give_up_head;
 use supervisor::Supervisor;
 
 /// Where a run starts from.
@@ -110,6 +111,17 @@ pub(crate) enum LiveState {
     Stopping,
     /// Running with tasks left down by a `noop` failover.
     Degraded,
+}
+
+impl AfterSavepoint {
+    /// `go on`, `stop` or `drain`, as the log says it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            AfterSavepoint::Continue => "go on",
+            AfterSavepoint::Stop => "stop",
+            AfterSavepoint::Drain => "drain",
+        }
+    }
 }
 
 impl LiveState {

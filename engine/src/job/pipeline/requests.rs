@@ -101,7 +101,7 @@ impl Supervisor {
         };
         match c.trigger_now(Instant::now(), kind) {
             Ok(barrier) => {
-                tracing::info!(pipeline = %id, checkpoint = barrier.checkpoint, dir = %dir.display(), then = ?after, "Taking a savepoint.");
+                tracing::debug!(pipeline = %id, checkpoint = barrier.checkpoint, dir = %dir.display(), then = %after.name(), "Taking a savepoint.");
                 self.checkpoints
                     .waiters
                     .insert(barrier.checkpoint, Waiter::Savepoint { dir, reply });
@@ -225,7 +225,7 @@ impl Supervisor {
             self.checkpoints.waiters.get(&id),
             Some(Waiter::Savepoint { .. })
         ) {
-            tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Savepoint complete; stopping.");
+            tracing::debug!(pipeline = %self.plan.id, checkpoint = id, "Savepoint complete; stopping.");
             TaskCommand::Stop
         } else {
             tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");

@@ -20,6 +20,7 @@ use super::spawn::{Joined, Tasks};
 use super::storage::{FINISHED_MARKER, clear_local_state, setup_checkpoints};
 use super::{LiveState, RecoveryOptions, Request, SharedStatus, SupervisorLinks};
 use crate::base::error::{ErrorClass, Result, RunError};
+use crate::base::human::{Maybe, OneLine};
 use crate::base::message::Barrier;
 use crate::base::metrics::NodeReport;
 use crate::checkpoint::coordinator::DeclineReason;
@@ -213,7 +214,7 @@ impl Supervisor {
         tracing::info!(
             pipeline = %self.plan.id,
             tasks = all.len(),
-            restored_from = ?self.restored_from,
+            restored_from = %Maybe::or(self.restored_from, "nothing (fresh start)"),
             "Pipeline started."
         );
         Ok(())
@@ -373,7 +374,7 @@ impl Supervisor {
     /// of the loop, never silently.
     fn execute_or_end(&mut self, cmds: Vec<Command>) {
         if let Err(e) = self.execute(cmds) {
-            tracing::error!(pipeline = %self.plan.id, error = %e, "Checkpoint command failed; the pipeline ends.");
+            tracing::error!(pipeline = %self.plan.id, error = %OneLine(&e), "Checkpoint command failed; the pipeline ends.");
             self.halt_tasks();
             self.fatal.get_or_insert(e);
         }
