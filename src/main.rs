@@ -32,6 +32,9 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Show the pipelines of a running `weir run`: state, records, checkpoints, reloads.
     Status(cmd::status::StatusArgs),
+    /// Show the checkpoint history of one pipeline of a running `weir run`: durations, sizes,
+    /// the slowest subtask, failures.
+    Checkpoints(cmd::checkpoints::CheckpointsArgs),
     /// Take a savepoint of one pipeline of a running `weir run`; prints its path.
     Savepoint(cmd::savepoint::SavepointArgs),
     /// Stop one pipeline of a running `weir run`, with a savepoint if asked.
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Graph(args) => cmd::graph::run(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Status(args) => cmd::status::run(&args),
+        Command::Checkpoints(args) => cmd::checkpoints::run(&args),
         Command::Savepoint(args) => cmd::savepoint::run(&args),
         Command::Stop(args) => cmd::stop::run(&args),
         Command::Reload(args) => cmd::reload::run(&args),

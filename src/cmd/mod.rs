@@ -2,6 +2,7 @@
 //! `weir run` share.
 
 pub mod api_args;
+pub mod checkpoints;
 pub mod graph;
 pub mod reload;
 pub mod run;
