@@ -32,6 +32,9 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Show the pipelines of a running `weir run`: state, records, checkpoints, reloads.
     Status(cmd::status::StatusArgs),
+    /// Show what a checkpoint or savepoint directory holds: operators, states, keys, source
+    /// positions; or dump one operator's keyed state as JSON lines.
+    Inspect(cmd::inspect::InspectArgs),
     /// Show the checkpoint history of one pipeline of a running `weir run`: durations, sizes,
     /// the slowest subtask, failures.
     Checkpoints(cmd::checkpoints::CheckpointsArgs),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(&args),
         Command::Status(args) => cmd::status::run(&args),
         Command::Checkpoints(args) => cmd::checkpoints::run(&args),
+        Command::Inspect(args) => cmd::inspect::run(&args),
         Command::Savepoint(args) => cmd::savepoint::run(&args),
         Command::Stop(args) => cmd::stop::run(&args),
         Command::Reload(args) => cmd::reload::run(&args),

@@ -20,6 +20,9 @@
 //! - `control` is the surface a running job answers to (status, checkpoints, savepoints, stop,
 //!   reload), shared by the HTTP API and the CLI verbs; `api` serves it over HTTP for `weir run`
 //!   (axum), holds the blocking client of the CLI verbs and renders their answers as text.
+//! - `inspect` reads a checkpoint or savepoint for people (`weir inspect`): metadata, keyed
+//!   state in every backend's format, sources' positions; it sits above `registry` (which
+//!   names the connectors whose local state it can describe) and is imported by nothing.
 //! - `reload` holds the two self-contained halves of hot reload: the file watcher (debounced
 //!   content changes of the pipeline and script files) and the reload plan (a pure diff of two
 //!   compiled files); the job drives the reload itself.
@@ -37,6 +40,7 @@
 //! - [`control`]: what a running job answers to, as data (status, checkpoints, savepoints,
 //!   stop, reload);
 //! - [`api`]: the control API's server, its blocking client, its settings and text rendering;
+//! - [`inspect`]: read a checkpoint or savepoint without running it (`weir inspect`);
 //! - [`error`]: the error a run ends with, and its class; [`savepoint_pipeline`]: which
 //!   pipeline a savepoint was taken of.
 //!
@@ -47,6 +51,7 @@
 
 pub mod api;
 pub mod control;
+pub mod inspect;
 pub mod job;
 pub mod plan;
 pub mod validate;

@@ -268,3 +268,22 @@ fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Resul
         }
     })
 }
+
+/// The operator-local state of a node of section `section` and `type:` `type_name` (a
+/// source's positions, a file sink's pending parts) as JSON with named fields, for
+/// `weir inspect`; `None` for a type whose local state has no description.
+pub fn describe_local_state(
+    section: crate::checkpoint::metadata::Section,
+    type_name: &str,
+    bytes: &[u8],
+) -> Option<Result<serde_json::Value>> {
+    use crate::checkpoint::metadata::Section;
+    use crate::connectors::{file, file_sink, generator, stdin};
+    match (section, type_name) {
+        (Section::Source, "file") => Some(file::describe_snapshot(bytes)),
+        (Section::Source, "generator") => Some(generator::describe_snapshot(bytes)),
+        (Section::Source, "stdin") => Some(stdin::describe_snapshot(bytes)),
+        (Section::Sink, "file") => Some(file_sink::describe_snapshot(bytes)),
+        _ => None,
+    }
+}

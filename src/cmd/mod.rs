@@ -4,6 +4,7 @@
 pub mod api_args;
 pub mod checkpoints;
 pub mod graph;
+pub mod inspect;
 pub mod reload;
 pub mod run;
 pub mod savepoint;

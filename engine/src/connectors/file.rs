@@ -1017,6 +1017,19 @@ impl Source for FileSource {
     }
 }
 
+/// A file source snapshot with its fields named (for `weir inspect`): each split's file,
+/// byte range and progress (`Unread`, `Reading` at a byte offset and line, `Done`).
+///
+/// # Errors
+/// A malformed snapshot.
+pub fn describe_snapshot(bytes: &[u8]) -> Result<serde_json::Value> {
+    let state: FileSourceState = crate::record::decode(bytes).map_err(|e| {
+        RunError::StateCorrupt(format!("malformed file source snapshot: {e}"))
+    })?;
+    serde_json::to_value(&state)
+        .map_err(|e| RunError::State(format!("cannot describe a file source snapshot: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

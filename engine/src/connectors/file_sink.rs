@@ -755,6 +755,18 @@ impl Operator for FileSink {
     }
 }
 
+/// A file sink snapshot with its fields named (for `weir inspect`): whether it committed in
+/// two phases, the next part number, the parts pending a commit.
+///
+/// # Errors
+/// A malformed snapshot.
+pub fn describe_snapshot(bytes: &[u8]) -> Result<serde_json::Value> {
+    let state: FileSinkState = crate::record::decode(bytes)
+        .map_err(|e| RunError::StateCorrupt(format!("malformed file sink snapshot: {e}")))?;
+    serde_json::to_value(&state)
+        .map_err(|e| RunError::State(format!("cannot describe a file sink snapshot: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

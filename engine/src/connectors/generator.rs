@@ -370,6 +370,24 @@ impl Source for GeneratorSource {
     }
 }
 
+/// A generator snapshot with its fields named (for `weir inspect`): the seed, the next
+/// sequence number and the records emitted (a version 1 snapshot holds only `next`).
+///
+/// # Errors
+/// A malformed snapshot.
+pub fn describe_snapshot(bytes: &[u8]) -> Result<serde_json::Value> {
+    match crate::record::decode::<GeneratorState>(bytes) {
+        Ok(state) => serde_json::to_value(&state)
+            .map_err(|e| RunError::State(format!("cannot describe a generator snapshot: {e}"))),
+        Err(e) => match crate::record::decode::<(u32, u64)>(bytes) {
+            Ok((version, next)) => Ok(serde_json::json!({"version": version, "next": next})),
+            Err(_) => Err(RunError::StateCorrupt(format!(
+                "malformed generator snapshot: {e}"
+            ))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -165,6 +165,16 @@ impl Source for StdinSource {
     }
 }
 
+/// A stdin snapshot with its fields named (for `weir inspect`): the lines read.
+///
+/// # Errors
+/// A malformed snapshot.
+pub fn describe_snapshot(bytes: &[u8]) -> Result<serde_json::Value> {
+    let (version, lines) = crate::record::decode::<StdinState>(bytes)
+        .map_err(|e| RunError::StateCorrupt(format!("malformed stdin snapshot: {e}")))?;
+    Ok(serde_json::json!({"version": version, "lines_read": lines}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -902,6 +902,27 @@ impl RocksdbBackend {
     }
 }
 
+/// Reads the native checkpoint whose manifest is `manifest` (a `.rocksdb` file) into a
+/// canonical snapshot of its key groups, through a read-only copy of the database in a scratch
+/// directory under `scratch` (removed afterwards): how `weir inspect` reads RocksDB
+/// checkpoints without a running pipeline. Every file is checksum-verified.
+///
+/// # Errors
+/// A damaged or missing manifest or database file (the error names it), another number of
+/// key groups, or RocksDB failing to open the copy.
+pub fn native_to_canonical(
+    store: &dyn CheckpointStore,
+    manifest: &FileRef,
+    max_parallelism: u32,
+    scratch: &Path,
+) -> Result<Vec<u8>> {
+    let m = Manifest::read(store, manifest, max_parallelism)?;
+    let mut backend =
+        RocksdbBackend::open(scratch, max_parallelism, m.range(), &RocksdbSpec::default())?;
+    backend.restore_whole(store, &m)?;
+    backend.snapshot(m.range())
+}
+
 impl StateBackend for RocksdbBackend {
     fn key_groups(&self) -> KeyGroupRange {
         self.range
