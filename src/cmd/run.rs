@@ -94,8 +94,8 @@ pub struct RunArgs {
 /// The log section of `weir run --help`.
 const LOG_HELP: &str = "\
 Logging:
-  The log goes to standard error when it is not a terminal (on a terminal, or without
-  --no-progress, a live status line replaces it). Its level comes from --log-level, else from
+  The log goes to standard error, except on a terminal without --no-progress, where a live
+  status line takes its place. Its level comes from --log-level, else from
   the RUST_LOG environment variable (a tracing-subscriber filter such as
   `info,weir_engine::checkpoint=debug`), else `info`. At `info` each lifecycle event (a pipeline
   started, failed, restarted, finished; a savepoint; a reload) is one line and each failure is
