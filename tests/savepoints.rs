@@ -278,6 +278,35 @@ fn a_savepoint_restores_into_every_other_backend() {
     }
 }
 
+/// A savepoint taken while RocksDB writes incremental checkpoints (kept to the default one)
+/// does not leave the next checkpoints pointing at shared SSTs that retention deleted: after
+/// more checkpoints and a SIGKILL, the run resumes from its latest checkpoint and the output
+/// equals the straight run.
+#[test]
+fn incremental_rocksdb_checkpoints_after_a_savepoint_still_restore() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = keyed("rocksdb");
+    let yaml = write_yaml(dir.path(), &text);
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    run.wait_mid_run("totals", STOP_AFTER);
+    let out = run.cli(&["savepoint", "totals"]);
+    run.savepoint_path(&out, "weir savepoint");
+    run.wait_checkpoints(&["totals"], 3);
+    run.kill();
+    let yaml = write_yaml(dir.path(), &unlimited(&text));
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "the resumed run failed:\n{log}");
+    assert!(
+        log.contains("restored_from=") && !log.contains("restored_from=nothing"),
+        "the second run did not resume from a checkpoint:\n{log}"
+    );
+    assert_exactly_once(
+        &committed(&dir.path().join("out")),
+        &straight(&unlimited(&text)),
+        "savepoint, checkpoints, SIGKILL, resume",
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Rescale 1 -> 3 -> 2
 // ---------------------------------------------------------------------------------------

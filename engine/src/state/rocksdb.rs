@@ -30,7 +30,9 @@
 //! uploads that directory and deletes it. With `incremental: true` the SST files go to the
 //! shared paths `<shared_prefix>-<instance>-<sst name>` and an SST already referenced by a
 //! completed checkpoint (see [`StateBackend::checkpoint_complete`]) is referenced again, not
-//! uploaded again. With `incremental: false` every file, SSTs included, is uploaded privately
+//! uploaded again; only SSTs of the newest completed checkpoint are reused (when the newest is
+//! a savepoint, written canonically, none are: retention may delete the older checkpoint's
+//! files). With `incremental: false` every file, SSTs included, is uploaded privately
 //! under `<private_prefix>.rocksdb-files/` on every checkpoint (a full copy, deleted with its
 //! checkpoint). Either way the other database files (`CURRENT`, `MANIFEST-*`, `OPTIONS-*`)
 //! are private and a small JSON manifest `<private_prefix>.rocksdb` maps each local file name
@@ -1156,10 +1158,12 @@ impl StateBackend for RocksdbBackend {
         if uploads.confirmed_at.is_some_and(|c| c >= checkpoint) {
             return;
         }
-        if let Some(files) = uploads.pending.remove(&checkpoint) {
-            uploads.confirmed = files;
-            uploads.confirmed_at = Some(checkpoint);
-        }
+        // A checkpoint this backend wrote no native snapshot for (a savepoint, which is
+        // canonical) still becomes the newest completed one: retention may now delete the
+        // older checkpoint whose shared SSTs `confirmed` names, so none of them may be reused.
+        // The next incremental checkpoint uploads its SSTs afresh.
+        uploads.confirmed = uploads.pending.remove(&checkpoint).unwrap_or_default();
+        uploads.confirmed_at = Some(checkpoint);
         uploads.pending.retain(|&id, _| id > checkpoint);
     }
 
@@ -1528,7 +1532,11 @@ mod tests {
         }
         b.checkpoint_complete(1); // late and subsumed: ignored
         assert_eq!(lock(&uploads).confirmed_at, Some(2));
-        b.checkpoint_complete(7); // nothing pending for it: the confirmed set stays
-        assert!(lock(&uploads).confirmed.contains_key("2.sst"));
+        // Nothing pending for 7 (a savepoint, written canonically): 2's files may be deleted
+        // by retention now, so none is reused.
+        b.checkpoint_complete(7);
+        let u = lock(&uploads);
+        assert_eq!(u.confirmed_at, Some(7));
+        assert!(u.confirmed.is_empty() && u.pending.is_empty());
     }
 }
