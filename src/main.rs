@@ -44,6 +44,9 @@ enum Command {
     Stop(cmd::stop::StopArgs),
     /// Reload the pipeline file of a running `weir run`, or show what a reload would do.
     Reload(cmd::reload::ReloadArgs),
+    /// Stream a live sample of the records an operator of a running `weir run` emits (or
+    /// receives) as JSON lines.
+    Tap(cmd::tap::TapArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,5 +62,6 @@ fn main() -> ExitCode {
         Command::Savepoint(args) => cmd::savepoint::run(&args),
         Command::Stop(args) => cmd::stop::run(&args),
         Command::Reload(args) => cmd::reload::run(&args),
+        Command::Tap(args) => cmd::tap::run(&args),
     }
 }

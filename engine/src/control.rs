@@ -52,6 +52,142 @@ pub trait JobControl: Send + Sync + 'static {
     /// Re-reads the pipeline file (or, with `plan_only`, compares `file` or the running file
     /// with the running version and applies nothing).
     fn reload(&self, request: ReloadRequest) -> BoxFuture<'_, Result<ReloadOutcome, ControlError>>;
+
+    /// Opens a tap on one operator of `pipeline`: a live sample of the records it emits (or
+    /// receives), which never slows the pipeline (records the reader cannot keep up with are
+    /// dropped and counted). The tap keeps streaming across restarts and hot reloads and ends
+    /// at its limit, when the operator is gone from a new version, when the pipeline ends, or
+    /// when the stream is dropped.
+    ///
+    /// # Errors
+    /// [`ControlError::NoSuchPipeline`]; [`ControlError::Invalid`] for an unknown operator, a
+    /// side it does not have (a source's input, a sink's output), a sample rate outside
+    /// `(0, 1]` or a pipeline that is not running. The default refuses every tap.
+    fn tap(&self, pipeline: &str, request: TapRequest) -> Result<TapStream, ControlError> {
+        let _ = request;
+        Err(ControlError::Invalid(format!(
+            "pipeline `{pipeline}`: this job does not serve taps"
+        )))
+    }
+}
+
+/// Which records of an operator a tap shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TapSide {
+    /// What it receives.
+    Input,
+    /// What it emits (the default).
+    #[default]
+    Output,
+}
+
+impl TapSide {
+    /// `input` or `output`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TapSide::Input => "input",
+            TapSide::Output => "output",
+        }
+    }
+}
+
+/// Asks for a tap on one operator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TapRequest {
+    /// The operator (source, operator or sink) id.
+    pub operator: String,
+    /// Its input or its output.
+    #[serde(default)]
+    pub side: TapSide,
+    /// The fraction of records shown, in `(0, 1]` (1: every record); taken evenly by a
+    /// counter, not at random.
+    pub sample: f64,
+    /// End after this many records.
+    pub limit: Option<u64>,
+}
+
+impl Default for TapRequest {
+    fn default() -> Self {
+        Self {
+            operator: String::new(),
+            side: TapSide::Output,
+            sample: 1.0,
+            limit: None,
+        }
+    }
+}
+
+/// One line of a tap's stream (newline-delimited JSON on the wire).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TapEvent {
+    /// The tap is open (always the first line).
+    Started {
+        /// The pipeline.
+        pipeline: String,
+        /// The operator.
+        operator: String,
+        /// Its input or its output.
+        side: TapSide,
+        /// The fraction of records shown.
+        sample: f64,
+    },
+    /// A sampled record.
+    Record {
+        /// The subtask that saw it.
+        subtask: u32,
+        /// The record.
+        value: serde_json::Value,
+    },
+    /// Sampled records were dropped because the reader fell behind (the pipeline did not
+    /// wait for it): the total so far.
+    Dropped {
+        /// Records dropped since the tap opened.
+        total: u64,
+    },
+    /// The tap ended (always the last line).
+    End {
+        /// Why: the limit, the pipeline's end, the operator gone after a reload.
+        reason: String,
+        /// Records shown.
+        records: u64,
+        /// Records dropped.
+        dropped: u64,
+        /// Whether it ended as asked or by the pipeline's normal end (`false`: the operator
+        /// or the pipeline is gone, or failed).
+        ok: bool,
+    },
+}
+
+/// The events of one open tap, in order; a [`TapEvent::End`] is the last. Dropping it closes
+/// the tap.
+pub struct TapStream {
+    source: Box<dyn TapSource>,
+}
+
+impl TapStream {
+    /// A stream over `source`.
+    pub fn new(source: Box<dyn TapSource>) -> Self {
+        Self { source }
+    }
+
+    /// The next event; `None` after the end.
+    pub async fn next(&mut self) -> Option<TapEvent> {
+        self.source.next().await
+    }
+}
+
+impl std::fmt::Debug for TapStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TapStream")
+    }
+}
+
+/// What a [`TapStream`] reads from (the job's tap, or a test's canned events).
+pub trait TapSource: Send {
+    /// The next event; `None` after the end.
+    fn next(&mut self) -> BoxFuture<'_, Option<TapEvent>>;
 }
 
 /// Why a control call failed. Each variant maps to one HTTP status in `api`.

@@ -11,4 +11,5 @@ pub mod savepoint;
 pub mod schema;
 pub mod status;
 pub mod stop;
+pub mod tap;
 pub mod validate;

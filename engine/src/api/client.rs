@@ -6,7 +6,7 @@
 //! listening, an API error carrying its [`ControlError`], a timeout, protocol and I/O errors).
 //! It renders nothing for the terminal: the CLI turns a [`ClientError`] into a report.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use super::DEFAULT_PORT;
 use super::server::ErrorBody;
 use crate::control::{
     CheckpointInfo, ControlError, JobStatus, ReloadOutcome, ReloadRequest, SavepointInfo,
-    SavepointRequest, StopOutcome, StopRequest,
+    SavepointRequest, StopOutcome, StopRequest, TapEvent, TapRequest,
 };
 
 /// How long a call waits for its answer by default: mutating calls answer when the work is
@@ -200,6 +200,113 @@ impl ApiClient {
     /// with that `result`.
     pub fn reload(&self, request: &ReloadRequest) -> Result<ReloadOutcome, ClientError> {
         self.call_json("POST", "/v1/reload", request)
+    }
+
+    /// `GET /v1/pipelines/{pipeline}/tap/{operator}`: opens a tap and hands each event to
+    /// `on_event` as it arrives, until the tap ends (its [`TapEvent::End`]) or `on_event`
+    /// returns `false` (the connection is then closed, which closes the tap). Waits for events
+    /// as long as it takes: a quiet operator sends none.
+    ///
+    /// # Errors
+    /// See [`ClientError`]; an unknown pipeline or operator is a [`ClientError::Api`].
+    pub fn tap(
+        &self,
+        pipeline: &str,
+        request: &TapRequest,
+        mut on_event: impl FnMut(TapEvent) -> bool,
+    ) -> Result<(), ClientError> {
+        let mut path = pipeline_path(pipeline, "tap/");
+        path.push_str(&encode(&request.operator));
+        path.push_str(&format!(
+            "?side={}&sample={}",
+            request.side.as_str(),
+            request.sample
+        ));
+        if let Some(limit) = request.limit {
+            path.push_str(&format!("&limit={limit}"));
+        }
+        let io = |source: io::Error| ClientError::Io {
+            addr: self.authority.clone(),
+            source,
+        };
+        let protocol = |message: String| ClientError::Protocol {
+            addr: self.authority.clone(),
+            request: format!("GET {path}"),
+            message,
+        };
+        let mut stream = self.connect()?;
+        stream.set_read_timeout(None).map_err(io)?;
+        let _ = stream.set_nodelay(true);
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir/{}\r\n\
+             Accept: application/x-ndjson\r\nConnection: close\r\n\r\n",
+            self.authority,
+            env!("CARGO_PKG_VERSION")
+        );
+        stream.write_all(head.as_bytes()).map_err(io)?;
+        let mut reader = BufReader::new(stream);
+        let mut headers = Vec::new();
+        loop {
+            let before = headers.len();
+            let n = reader.read_until(b'\n', &mut headers).map_err(io)?;
+            if n == 0 || headers[before..].iter().all(u8::is_ascii_whitespace) {
+                break;
+            }
+        }
+        let (status, head, _) = parse_head(&headers).map_err(protocol)?;
+        if !(200..300).contains(&status) {
+            // An error answer is short and complete: read it whole.
+            let mut data = headers;
+            let _ = (&mut reader).take(MAX_ANSWER).read_to_end(&mut data);
+            let answer = parse_response(&data, true).map_err(protocol)?;
+            return match serde_json::from_slice::<ErrorBody>(&answer.body) {
+                Ok(ErrorBody { error }) => Err(ClientError::Api {
+                    status: answer.status,
+                    error,
+                }),
+                Err(_) => Err(protocol(format!(
+                    "HTTP {} with a body that is not a Weir API error: {}",
+                    answer.status,
+                    snippet(&answer.body)
+                ))),
+            };
+        }
+        let chunked = head.iter().any(|(n, v)| {
+            n == "transfer-encoding"
+                && v.split(',')
+                    .any(|c| c.trim().eq_ignore_ascii_case("chunked"))
+        });
+        let mut body: Box<dyn BufRead> = if chunked {
+            Box::new(BufReader::new(Chunked {
+                inner: reader,
+                left: 0,
+                done: false,
+            }))
+        } else {
+            Box::new(reader)
+        };
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if body.read_until(b'\n', &mut line).map_err(io)? == 0 {
+                return Err(protocol(
+                    "the tap's stream ended without its end event".into(),
+                ));
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let event: TapEvent = serde_json::from_slice(&line).map_err(|e| {
+                protocol(format!(
+                    "a line that is not a tap event ({e}): {}",
+                    snippet(&line)
+                ))
+            })?;
+            let end = matches!(event, TapEvent::End { .. });
+            if !on_event(event) || end {
+                return Ok(());
+            }
+        }
     }
 
     /// Sends `method path` with `body` (JSON) and decodes a 2xx answer as `T`; any other
@@ -414,21 +521,71 @@ fn parse_authority(given: &str) -> Result<String, ClientError> {
 /// `/v1/pipelines/{id}/{what}` with `id` percent-encoded.
 fn pipeline_path(id: &str, what: &str) -> String {
     let mut path = String::from("/v1/pipelines/");
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            path.push(char::from(b));
-        } else {
-            path.push_str(&format!("%{b:02X}"));
-        }
-    }
+    path.push_str(&encode(id));
     path.push('/');
     path.push_str(what);
     path
 }
 
-/// Parses an HTTP/1.x answer. With `to_eof`, a body without length or chunking runs to the
-/// end of `data`; without it, such a body counts as incomplete.
-fn parse_response(data: &[u8], to_eof: bool) -> Result<RawResponse, String> {
+/// `segment` percent-encoded for a path (unreserved characters kept).
+fn encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A chunked body read as it arrives (trailers are ignored).
+struct Chunked<R> {
+    inner: R,
+    /// Bytes left in the current chunk.
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
+        while self.left == 0 {
+            if self.done {
+                return Ok(0);
+            }
+            let mut size = String::new();
+            if self.inner.read_line(&mut size)? == 0 {
+                return Err(bad("the chunked answer is cut short"));
+            }
+            let hex = size.split(';').next().unwrap_or_default().trim();
+            if hex.is_empty() {
+                // The CRLF after a chunk's data.
+                continue;
+            }
+            self.left = usize::from_str_radix(hex, 16).map_err(|_| bad("bad chunk size"))?;
+            if self.left == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..n])?;
+        if n == 0 {
+            return Err(bad("the chunked answer is cut short inside a chunk"));
+        }
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+/// Header names (lower case) and values, in order.
+type Headers = Vec<(String, String)>;
+
+/// The status, headers (names lower-cased) and the offset of the end of the headers of an
+/// HTTP/1.x answer.
+fn parse_head(data: &[u8]) -> Result<(u16, Headers, usize), String> {
     let Some(end) = find(data, b"\r\n\r\n") else {
         return Err(if data.is_empty() {
             "the connection closed without an answer".to_owned()
@@ -449,10 +606,17 @@ fn parse_response(data: &[u8], to_eof: bool) -> Result<RawResponse, String> {
         .next()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("bad status line `{status_line}`"))?;
-    let headers: Vec<(String, String)> = lines
+    let headers: Headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
+    Ok((status, headers, end))
+}
+
+/// Parses an HTTP/1.x answer. With `to_eof`, a body without length or chunking runs to the
+/// end of `data`; without it, such a body counts as incomplete.
+fn parse_response(data: &[u8], to_eof: bool) -> Result<RawResponse, String> {
+    let (status, headers, end) = parse_head(data)?;
     let get = |name: &str| {
         headers
             .iter()

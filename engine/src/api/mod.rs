@@ -21,6 +21,7 @@
 //! | `POST /v1/pipelines/{id}/savepoints` | `SavepointRequest`  | `SavepointInfo`       |
 //! | `POST /v1/pipelines/{id}/stop`       | `StopRequest`       | `StopOutcome`         |
 //! | `POST /v1/reload`                    | `ReloadRequest`     | `ReloadOutcome`       |
+//! | `GET /v1/pipelines/{id}/tap/{op}`    | query: `side`, `sample`, `limit` | `TapEvent`s, one JSON per line, streamed |
 //!
 //! An empty request body stands for the request type's default. Status codes: 404
 //! `no_such_pipeline` (and unknown routes, with code `invalid`), 405 for a known path with the

@@ -39,13 +39,13 @@ use tokio::task::JoinHandle;
 use crate::base::error::ApiError;
 use crate::control::{
     CheckpointInfo, ControlError, JobControl, JobStatus, ReloadOutcome, ReloadRequest,
-    SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
+    SavepointInfo, SavepointRequest, StopOutcome, StopRequest, TapRequest, TapSide, TapStream,
 };
 
 /// Every route, for the message of an unknown route or a wrong method.
 const ROUTES: &str = "GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoints, \
                       POST /v1/pipelines/{id}/savepoints, POST /v1/pipelines/{id}/stop, \
-                      POST /v1/reload";
+                      GET /v1/pipelines/{id}/tap/{operator}, POST /v1/reload";
 
 /// How long [`ApiServer::shutdown`] waits for calls in flight before it stops waiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -191,6 +191,7 @@ pub(crate) fn router(state: AppState) -> Router {
         )
         .route("/v1/pipelines/{id}/savepoints", post(savepoint))
         .route("/v1/pipelines/{id}/stop", post(stop))
+        .route("/v1/pipelines/{id}/tap/{operator}", get(tap))
         .route("/v1/reload", post(reload))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         .fallback(unknown_route)
@@ -334,6 +335,79 @@ async fn reload(
     detached("reload", async move { control.reload(request).await })
         .await
         .map(Json)
+}
+
+/// `GET /v1/pipelines/{id}/tap/{operator}?side=input|output&sample=RATE&limit=N`: the tap's
+/// events as newline-delimited JSON, streamed (chunked) until the tap ends or the client
+/// hangs up, which closes the tap.
+async fn tap(
+    State(s): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
+) -> Result<Response, Failure> {
+    let (id, operator) = path.map(|Path(p)| p).map_err(|e| {
+        Failure::from(ControlError::Invalid(format!(
+            "the pipeline or operator id in the path is not valid: {e}"
+        )))
+    })?;
+    let request = tap_request(operator, uri.query().unwrap_or_default())?;
+    let stream = s.control.tap(&id, request)?;
+    let lines = futures_util::stream::unfold(stream, |mut stream: TapStream| async move {
+        let event = stream.next().await?;
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), stream))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+/// The tap request of a query string (`side`, `sample`, `limit`; each optional); an unknown
+/// or malformed parameter is refused, not ignored.
+fn tap_request(operator: String, query: &str) -> Result<TapRequest, Failure> {
+    let invalid = |message: String| Failure::from(ControlError::Invalid(message));
+    let mut request = TapRequest {
+        operator,
+        ..TapRequest::default()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "side" => {
+                request.side = match value {
+                    "input" => TapSide::Input,
+                    "output" => TapSide::Output,
+                    _ => {
+                        return Err(invalid(format!(
+                            "side `{value}` is neither `input` nor `output`"
+                        )));
+                    }
+                }
+            }
+            "sample" => {
+                request.sample = value
+                    .parse()
+                    .map_err(|_| invalid(format!("sample `{value}` is not a number in (0, 1]")))?;
+            }
+            "limit" => {
+                request.limit = Some(value.parse().map_err(|_| {
+                    invalid(format!("limit `{value}` is not a whole number of records"))
+                })?);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "unknown query parameter `{other}`; a tap takes side, sample and limit"
+                )));
+            }
+        }
+    }
+    Ok(request)
 }
 
 async fn unknown_route(method: Method, uri: Uri) -> Failure {

@@ -23,7 +23,7 @@ use crate::base::metrics::{NodeMetrics, NodeReport};
 use crate::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, OperatorStatus, PipelineStatus,
     ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
-    SubtaskStatus,
+    SubtaskStatus, TapRequest, TapStream,
 };
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
@@ -76,6 +76,8 @@ pub(super) struct Job {
     /// The file's `api:` section the control API was set up from (a reload that changes it
     /// is reported: the API keeps its settings until the next start).
     pub(super) api_spec: Option<weir_schema::ApiSpec>,
+    /// Open taps by pipeline id: they outlive generations (see `tap`).
+    pub(super) taps: Mutex<HashMap<String, Arc<crate::runtime::tap::TapRegistry>>>,
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -150,6 +152,7 @@ impl Job {
             reload_savepoints: Mutex::default(),
             allow_any_savepoint_dir: options.allow_any_savepoint_dir,
             api_spec: options.api_spec.clone(),
+            taps: Mutex::default(),
         })
     }
 
@@ -216,6 +219,7 @@ impl Job {
             status,
             start,
             handover: Some(Arc::clone(&self.handover)),
+            taps: Some(self.tap_registry(&plan.id)),
         };
         let (ended_tx, ended_rx) = oneshot::channel();
         let job = Arc::clone(self);
@@ -617,6 +621,10 @@ impl JobControl for Arc<Job> {
 
     fn reload(&self, request: ReloadRequest) -> BoxFuture<'_, Result<ReloadOutcome, ControlError>> {
         Box::pin(async move { self.do_reload(request).await })
+    }
+
+    fn tap(&self, pipeline: &str, request: TapRequest) -> Result<TapStream, ControlError> {
+        self.open_tap(pipeline, request)
     }
 }
 

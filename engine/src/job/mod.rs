@@ -22,6 +22,7 @@ mod apply_reload;
 mod confine;
 mod manager;
 mod pipeline;
+mod tap;
 mod wiring;
 
 pub use pipeline::{CheckpointStats, RecoveryOptions};

@@ -14,4 +14,5 @@
 pub mod exchange;
 pub mod fault;
 pub mod input;
+pub mod tap;
 pub mod task;

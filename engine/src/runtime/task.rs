@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use super::exchange::Output;
 use super::fault::{Fault, FaultKind};
 use super::input::{InputLease, Received};
+use super::tap::{TapRegistry, TapSide};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
@@ -62,6 +63,8 @@ pub struct ChainNode {
 pub struct ChainTask {
     /// The nodes.
     pub nodes: Vec<ChainNode>,
+    /// The pipeline's taps (`weir tap`), looked at once per batch.
+    pub taps: Arc<TapRegistry>,
 }
 
 impl ChainTask {
@@ -141,6 +144,11 @@ impl ChainTask {
         // Work still to do, innermost (most downstream) last: node index and its input.
         let mut stack: Vec<(usize, Pending)> = Vec::with_capacity(n - from);
         self.strike(from, &batch)?;
+        // One relaxed load per batch while nobody taps.
+        let tapping = self.taps.is_active();
+        if tapping {
+            self.tap(from, TapSide::Input, &batch.records);
+        }
         stack.push((from, Pending::new(batch)));
         while let Some((i, input)) = stack.last_mut() {
             let i = *i;
@@ -172,6 +180,14 @@ impl ChainTask {
                 0
             };
             node.metrics.add(n_in, out, node.ctx.errors - errors_before);
+            if tapping && node.counts_output {
+                self.taps.offer(
+                    &node.ctx.operator,
+                    TapSide::Output,
+                    node.ctx.subtask,
+                    &batch.records,
+                );
+            }
             Self::flush_dead_letters(node).await?;
             let last = i + 1 == n;
             let k = node.outputs.len();
@@ -184,10 +200,19 @@ impl ChainTask {
             }
             if !last && !batch.is_empty() {
                 self.strike(i + 1, &batch)?;
+                if tapping {
+                    self.tap(i + 1, TapSide::Input, &batch.records);
+                }
                 stack.push((i + 1, Pending::new(batch)));
             }
         }
         Ok(())
+    }
+
+    /// Offers `records` to the taps open on `side` of node `i`.
+    fn tap(&self, i: usize, side: TapSide, records: &[Dynamic]) {
+        let ctx = &self.nodes[i].ctx;
+        self.taps.offer(&ctx.operator, side, ctx.subtask, records);
     }
 
     /// Counts `batch` into node `i`'s injected fault, if any, and strikes when it is due.
@@ -233,6 +258,10 @@ impl ChainTask {
                 };
                 node.metrics
                     .add(0, counted, node.ctx.errors - errors_before);
+                if node.counts_output && self.taps.is_active() {
+                    self.taps
+                        .offer(&node.ctx.operator, TapSide::Output, node.ctx.subtask, &out);
+                }
                 Self::flush_dead_letters(node).await?;
             }
             while !out.is_empty() {
@@ -1038,6 +1067,7 @@ mod tests {
                 counts_output: true,
                 fault: None,
             }],
+            taps: Arc::default(),
         };
         let sctx = SourceContext {
             pipeline: "p".into(),
@@ -1124,6 +1154,7 @@ mod tests {
                 ),
                 node(Box::new(probe), "probe", Vec::new()),
             ],
+            taps: Arc::default(),
         };
         let reader = tokio::spawn(async move {
             let (mut largest, mut records) = (0, 0);

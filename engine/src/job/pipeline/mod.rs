@@ -181,6 +181,8 @@ pub(crate) struct SupervisorLinks {
     pub start: StartWatch,
     /// The job's hand-over of keyed state between versions (hot reload).
     pub handover: Option<Arc<Handover>>,
+    /// The pipeline's taps, which outlive this generation (`weir tap` across reloads).
+    pub taps: Option<Arc<crate::runtime::tap::TapRegistry>>,
 }
 
 /// Figures of one completed checkpoint.

@@ -24,6 +24,7 @@ use crate::registry::NodeBuilder;
 use crate::runtime::exchange::{Output, Target};
 use crate::runtime::fault::Fault;
 use crate::runtime::input::{InputLease, Received};
+use crate::runtime::tap::TapRegistry;
 use crate::runtime::task::{
     ChainNode, ChainTask, Checkpointing, Control, HandoverSlot, TaskCommand, TaskEnv, TaskEvent,
     TaskRestore, run_chain, run_source,
@@ -56,6 +57,8 @@ pub(super) struct Tasks {
     /// state-backend configuration as it compares.
     pub handover: Option<Arc<Handover>>,
     backend: Arc<StateSpec>,
+    /// The pipeline's taps, shared with its other generations (the job holds them).
+    pub taps: Arc<TapRegistry>,
     /// Where tasks send their events.
     events: UnboundedSender<TaskEvent>,
     /// Checkpoint storage and alignment, when the pipeline takes checkpoints.
@@ -109,6 +112,7 @@ impl Tasks {
             workers,
             faults: faults.into_iter().collect(),
             handover: None,
+            taps: Arc::default(),
             events,
             checkpointing,
             running: HashMap::new(),
@@ -449,7 +453,13 @@ impl Tasks {
                 fault: self.faults.get(&node.id).cloned(),
             });
         }
-        Ok((ChainTask { nodes }, received))
+        Ok((
+            ChainTask {
+                nodes,
+                taps: Arc::clone(&self.taps),
+            },
+            received,
+        ))
     }
 
     /// Builds and spawns one task, restoring from `restore` when given.

@@ -150,6 +150,9 @@ impl Supervisor {
         self.status = links.status;
         self.all_started = links.start.all_started;
         self.tasks.handover = links.handover;
+        if let Some(taps) = links.taps {
+            self.tasks.taps = taps;
+        }
         if let Some(verdict) = links.start.probation {
             self.phase = Phase::Probation(Probation::new(verdict));
         }
