@@ -12,7 +12,7 @@ use crate::base::error::ApiError;
 use crate::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, PipelineReloadPlan,
     PipelineStatus, ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome,
-    StopRequest, SubtaskCheckpointInfo,
+    StopRequest, SubtaskCheckpointInfo, TapEvent, TapRequest, TapSide, TapSource, TapStream,
 };
 
 /// One call that reached the control object.
@@ -24,6 +24,7 @@ pub(super) enum Call {
     SavepointDone(String),
     Stop(String, StopRequest),
     Reload(ReloadRequest),
+    Tap(String, TapRequest),
 }
 
 /// Answers by pipeline id: `p` succeeds, `busy`/`bad`/`boom` fail with busy/invalid/failed,
@@ -209,6 +210,54 @@ impl JobControl for Fake {
                 at_ms: 1,
             })
         })
+    }
+
+    fn tap(&self, pipeline: &str, request: TapRequest) -> Result<TapStream, ControlError> {
+        self.open_tap(pipeline, request)
+    }
+}
+
+/// A tap's canned events.
+struct Canned(std::collections::VecDeque<TapEvent>);
+
+impl TapSource for Canned {
+    fn next(&mut self) -> BoxFuture<'_, Option<TapEvent>> {
+        Box::pin(async move { self.0.pop_front() })
+    }
+}
+
+/// What the fake's tap of `p` streams: the start, `n` records, a drop count, the end.
+fn tap_events(request: &TapRequest, n: u64) -> Vec<TapEvent> {
+    let mut events = vec![TapEvent::Started {
+        pipeline: "p".into(),
+        operator: request.operator.clone(),
+        side: request.side,
+        sample: request.sample,
+    }];
+    for i in 0..n {
+        events.push(TapEvent::Record {
+            subtask: (i % 2) as u32,
+            value: serde_json::json!({"n": i, "text": "line\nbreak"}),
+        });
+    }
+    events.push(TapEvent::Dropped { total: 2 });
+    events.push(TapEvent::End {
+        reason: "limit reached".into(),
+        records: n,
+        dropped: 2,
+        ok: true,
+    });
+    events
+}
+
+impl Fake {
+    fn open_tap(&self, pipeline: &str, request: TapRequest) -> Result<TapStream, ControlError> {
+        self.record(Call::Tap(pipeline.into(), request.clone()));
+        Self::canned(pipeline)?;
+        let n = request.limit.unwrap_or(3);
+        Ok(TapStream::new(Box::new(Canned(
+            tap_events(&request, n).into(),
+        ))))
     }
 }
 
@@ -660,4 +709,93 @@ fn the_default_address_uses_the_default_port() {
         super::DEFAULT_ADDR,
         format!("127.0.0.1:{}", super::DEFAULT_PORT)
     );
+}
+
+#[test]
+fn a_tap_streams_its_events_line_by_line() {
+    let h = Harness::start(Some("s3cret"));
+    // A GET: no token needed.
+    let c = h.client(None);
+    let request = TapRequest {
+        operator: "enrich/1".into(),
+        side: TapSide::Input,
+        sample: 0.25,
+        limit: Some(40),
+    };
+    let mut events = Vec::new();
+    c.tap("p", &request, |e| {
+        events.push(e);
+        true
+    })
+    .expect("tap");
+    assert_eq!(events, tap_events(&request, 40));
+    assert_eq!(h.fake.calls(), vec![Call::Tap("p".into(), request.clone())]);
+
+    // The reader may stop early.
+    let mut seen = 0;
+    let all = TapRequest {
+        operator: "enrich".into(),
+        ..TapRequest::default()
+    };
+    c.tap("p", &all, |_| {
+        seen += 1;
+        seen < 2
+    })
+    .expect("tap");
+    assert_eq!(seen, 2);
+
+    // Over the raw route: NDJSON, one event per line.
+    let raw = c
+        .raw("GET", "/v1/pipelines/p/tap/enrich?limit=1", None)
+        .expect("raw");
+    assert_eq!(raw.status, 200);
+    assert_eq!(raw.header("content-type"), Some("application/x-ndjson"));
+    let lines: Vec<TapEvent> = raw
+        .body
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("a tap event per line"))
+        .collect();
+    assert_eq!(
+        lines,
+        tap_events(
+            &TapRequest {
+                operator: "enrich".into(),
+                limit: Some(1),
+                ..TapRequest::default()
+            },
+            1
+        )
+    );
+}
+
+#[test]
+fn a_tap_of_an_unknown_pipeline_or_with_bad_parameters_is_refused() {
+    let h = Harness::start(None);
+    let c = h.client(None);
+    let request = TapRequest {
+        operator: "x".into(),
+        ..TapRequest::default()
+    };
+    let (status, error) = api_error(c.tap("nope", &request, |_| true));
+    assert_eq!(status, 404);
+    assert_eq!(error, ControlError::NoSuchPipeline("nope".into()));
+    for (query, says) in [
+        ("side=both", "side `both`"),
+        ("sample=lots", "sample `lots`"),
+        ("limit=-1", "limit `-1`"),
+        ("every=1", "unknown query parameter `every`"),
+    ] {
+        let raw = c
+            .raw("GET", &format!("/v1/pipelines/p/tap/x?{query}"), None)
+            .expect("raw");
+        assert_eq!(raw.status, 400, "{query}");
+        assert!(
+            String::from_utf8_lossy(&raw.body).contains(says),
+            "{query}: {}",
+            String::from_utf8_lossy(&raw.body)
+        );
+    }
+    // Only the taps that passed the query reached the job.
+    assert_eq!(h.fake.calls(), vec![Call::Tap("nope".into(), request)]);
 }

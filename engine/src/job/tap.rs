@@ -154,18 +154,29 @@ fn looks_like(a: &str, b: &str) -> bool {
     !b.is_empty() && (a.starts_with(&b) || edit_distance(&a, &b) <= (b.chars().count() / 3).max(1))
 }
 
+/// Edits (insert, delete, substitute, swap two neighbours) from `a` to `b`.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
     }
-    prev[b.len()]
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// One open tap of the job.
@@ -276,6 +287,7 @@ mod tests {
         assert!(looks_like("enrich", "enrch"));
         assert!(looks_like("enrich", "enr"));
         assert!(!looks_like("enrich", "sink"));
+        assert!(looks_like("tag", "tga"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }
