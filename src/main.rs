@@ -47,6 +47,9 @@ enum Command {
     /// Stream a live sample of the records an operator of a running `weir run` emits (or
     /// receives) as JSON lines.
     Tap(cmd::tap::TapArgs),
+    /// A live view of every pipeline and operator of a running `weir run`: rates,
+    /// backpressure, lag, checkpoints, restarts, reloads.
+    Top(cmd::top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,5 +66,6 @@ fn main() -> ExitCode {
         Command::Stop(args) => cmd::stop::run(&args),
         Command::Reload(args) => cmd::reload::run(&args),
         Command::Tap(args) => cmd::tap::run(&args),
+        Command::Top(args) => cmd::top::run(&args),
     }
 }

@@ -12,4 +12,5 @@ pub mod schema;
 pub mod status;
 pub mod stop;
 pub mod tap;
+pub mod top;
 pub mod validate;
