@@ -1,6 +1,7 @@
 //! What the verbs that talk to a running `weir run` share (`status`, `checkpoints`, `savepoint`,
-//! `stop`, `reload`): the `--api` and `--token` arguments, and the rendering of a failed call as a
-//! miette report with its exit code (1 for a failed call, 2 when nothing is listening).
+//! `stop`, `reload`, `tap`, `top`): the `--api` and `--token` arguments, and the rendering of a
+//! failed call as a miette report with its exit code (1 for a failed call, 2 when nothing is
+//! listening).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
