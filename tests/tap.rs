@@ -11,7 +11,9 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::binary::{wait_child, without_api_env};
+use common::control::{Call, Job};
 use common::run::{DEADLINE, Run};
+use weir_engine::control::{TapRequest, TapSide};
 
 /// A generator (`n` counting up) tagged by `tag` with `version`, written by `out`; exactly
 /// once, so a reload goes through a savepoint. Long enough never to end during a test.
@@ -290,5 +292,46 @@ fn a_tap_keeps_streaming_across_a_hot_reload_and_ends_when_its_operator_goes() {
     assert!(
         stderr.contains("ended: pipeline `p` was stopped"),
         "{stderr}"
+    );
+}
+
+/// Against the fake job: what reaches the job, how drops and an end that is not ok are shown.
+#[test]
+fn the_cli_prints_records_on_stdout_and_the_rest_on_stderr() {
+    let job = Job::start(Some("s3cret"));
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = job.weir(
+        &[
+            "tap", "p", "sum", "--input", "--sample", "0.5", "--limit", "9",
+        ],
+        here,
+    );
+    // Records on stdout, one JSON value per line, whatever they contain.
+    assert_eq!(text(&out.stdout), "{\"n\":1}\n{\"n\":2,\"s\":\"é\\n\"}\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("a sample of 0.5 received by `sum` in pipeline `p`")
+            && err.contains("5 record(s) dropped so far")
+            && err.contains("ended: operator `sum` is gone (2 record(s) shown, 5 dropped)"),
+        "{err}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        job.fake.calls(),
+        vec![Call::Tap(
+            "p".into(),
+            TapRequest {
+                operator: "sum".into(),
+                side: TapSide::Input,
+                sample: 0.5,
+                limit: Some(9),
+            }
+        )]
+    );
+    let out = job.weir(&["tap", "p", "sum", "--subtask"], here);
+    assert!(
+        text(&out.stdout).starts_with("{\"subtask\":0,\"value\":{\"n\":1}}\n"),
+        "{}",
+        text(&out.stdout)
     );
 }

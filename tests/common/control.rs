@@ -12,7 +12,7 @@ use weir_engine::api::{ApiConfig, ApiServer, serve};
 use weir_engine::control::{
     BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, OperatorReloadPlan,
     PipelineReloadPlan, PipelineStatus, ReloadOutcome, ReloadRequest, SavepointInfo,
-    SavepointRequest, StopOutcome, StopRequest,
+    SavepointRequest, StopOutcome, StopRequest, TapEvent, TapRequest, TapSource, TapStream,
 };
 
 use super::binary::without_api_env;
@@ -26,6 +26,8 @@ pub enum Call {
     Stop(String, StopRequest),
     /// `reload` of the job.
     Reload(ReloadRequest),
+    /// `tap` of a pipeline's operator.
+    Tap(String, TapRequest),
 }
 
 /// Pipeline `p` succeeds, `busy` is busy, anything else does not exist; a reload ends with
@@ -209,6 +211,56 @@ impl JobControl for Fake {
                 at_ms: 1_700_000_000_000,
             })
         })
+    }
+
+    fn tap(&self, pipeline: &str, request: TapRequest) -> Result<TapStream, ControlError> {
+        self.open_tap(pipeline, &request)
+    }
+}
+
+/// The events of the fake job's tap of `p`: two records, then five dropped, then an end that
+/// is not ok (the operator gone after a reload).
+pub fn tap_fixture(request: &TapRequest) -> Vec<TapEvent> {
+    vec![
+        TapEvent::Started {
+            pipeline: "p".into(),
+            operator: request.operator.clone(),
+            side: request.side,
+            sample: request.sample,
+        },
+        TapEvent::Record {
+            subtask: 0,
+            value: serde_json::json!({"n": 1}),
+        },
+        TapEvent::Record {
+            subtask: 1,
+            value: serde_json::json!({"n": 2, "s": "é\n"}),
+        },
+        TapEvent::Dropped { total: 5 },
+        TapEvent::End {
+            reason: format!("operator `{}` is gone", request.operator),
+            records: 2,
+            dropped: 5,
+            ok: false,
+        },
+    ]
+}
+
+struct Canned(std::collections::VecDeque<TapEvent>);
+
+impl TapSource for Canned {
+    fn next(&mut self) -> BoxFuture<'_, Option<TapEvent>> {
+        Box::pin(async move { self.0.pop_front() })
+    }
+}
+
+impl Fake {
+    fn open_tap(&self, pipeline: &str, request: &TapRequest) -> Result<TapStream, ControlError> {
+        self.record(Call::Tap(pipeline.to_owned(), request.clone()));
+        Self::check(pipeline)?;
+        Ok(TapStream::new(Box::new(Canned(
+            tap_fixture(request).into(),
+        ))))
     }
 }
 
