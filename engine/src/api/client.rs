@@ -237,12 +237,16 @@ impl ApiClient {
         let mut stream = self.connect()?;
         stream.set_read_timeout(None).map_err(io)?;
         let _ = stream.set_nodelay(true);
-        let head = format!(
+        let mut head = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir/{}\r\n\
-             Accept: application/x-ndjson\r\nConnection: close\r\n\r\n",
+             Accept: application/x-ndjson\r\nConnection: close\r\n",
             self.authority,
             env!("CARGO_PKG_VERSION")
         );
+        if let Some(token) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        head.push_str("\r\n");
         stream.write_all(head.as_bytes()).map_err(io)?;
         let mut reader = BufReader::new(stream);
         let mut headers = Vec::new();

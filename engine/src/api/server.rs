@@ -561,7 +561,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), Failure> {
 
 /// Checks the bearer token of every request that is not a `GET` (or `HEAD`).
 async fn authorize(State(s): State<AppState>, request: Request, next: Next) -> Response {
-    let open = request.method() == Method::GET || request.method() == Method::HEAD;
+    // Reads are open to local processes, except a tap: it streams the records themselves.
+    let open = (request.method() == Method::GET || request.method() == Method::HEAD)
+        && !is_tap(request.uri().path());
     match &s.token {
         Some(token) if !open => match check_bearer(request.headers(), token) {
             Ok(()) => next.run(request).await,
@@ -578,6 +580,12 @@ async fn authorize(State(s): State<AppState>, request: Request, next: Next) -> R
     }
 }
 
+/// Whether `path` opens a tap (`/v1/pipelines/{id}/tap/{operator}`).
+fn is_tap(path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    matches!(parts.as_slice(), ["", "v1", "pipelines", _, "tap", _])
+}
+
 /// `Ok` when the request carries `Authorization: Bearer <token>`; otherwise says what is
 /// wrong and how to pass the token.
 fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), String> {
@@ -586,7 +594,7 @@ fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), String> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Err(format!(
             "missing bearer token: this API requires `Authorization: Bearer <token>` on every \
-             POST; {HOW}"
+             POST and on taps; {HOW}"
         ));
     };
     let given = value

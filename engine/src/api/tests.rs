@@ -714,14 +714,23 @@ fn the_default_address_uses_the_default_port() {
 #[test]
 fn a_tap_streams_its_events_line_by_line() {
     let h = Harness::start(Some("s3cret"));
-    // A GET: no token needed.
-    let c = h.client(None);
     let request = TapRequest {
         operator: "enrich/1".into(),
         side: TapSide::Input,
         sample: 0.25,
         limit: Some(40),
     };
+    // A tap streams records: unlike other reads it needs the token when one is set.
+    let (status, error) = api_error(h.client(None).tap("p", &request, |_| true));
+    assert_eq!(status, 401);
+    assert!(matches!(error, ControlError::Unauthorized(_)), "{error:?}");
+    let raw = h
+        .client(Some("wrong"))
+        .raw("GET", "/v1/pipelines/p/tap/enrich", None)
+        .expect("raw");
+    assert_eq!(raw.status, 401);
+    assert!(h.fake.calls().is_empty());
+    let c = h.client(Some("s3cret"));
     let mut events = Vec::new();
     c.tap("p", &request, |e| {
         events.push(e);
