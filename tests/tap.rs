@@ -300,9 +300,18 @@ fn a_tap_keeps_streaming_across_a_hot_reload_and_ends_when_its_operator_goes() {
 fn the_cli_prints_records_on_stdout_and_the_rest_on_stderr() {
     let job = Job::start(Some("s3cret"));
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // A tap streams records: it needs the token like a mutating call.
+    let refused = job.weir(&["tap", "p", "sum"], here);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("missing bearer token"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(job.fake.calls().is_empty());
     let out = job.weir(
         &[
-            "tap", "p", "sum", "--input", "--sample", "0.5", "--limit", "9",
+            "tap", "p", "sum", "--input", "--sample", "0.5", "--limit", "9", "--token", "s3cret",
         ],
         here,
     );
@@ -328,7 +337,7 @@ fn the_cli_prints_records_on_stdout_and_the_rest_on_stderr() {
             }
         )]
     );
-    let out = job.weir(&["tap", "p", "sum", "--subtask"], here);
+    let out = job.weir(&["tap", "p", "sum", "--subtask", "--token", "s3cret"], here);
     assert!(
         text(&out.stdout).starts_with("{\"subtask\":0,\"value\":{\"n\":1}}\n"),
         "{}",
