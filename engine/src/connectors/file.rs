@@ -601,10 +601,12 @@ impl FileSource {
             if follow && r.buf.last() != Some(&b'\n') {
                 // A partial line being written: wait for its end.
                 r.pos += n as u64;
+                ctx.bytes_read += n as u64;
                 break;
             }
             let line_start = r.pos - had as u64;
             r.pos += n as u64;
+            ctx.bytes_read += n as u64;
             if let Some(l) = r.line.as_mut() {
                 *l += 1;
             }
@@ -904,6 +906,26 @@ impl Source for FileSource {
         }
     }
 
+    /// Bytes between each split's position and its end (or the file's current end), over
+    /// the open and the pending splits.
+    fn lag(&mut self) -> Option<u64> {
+        let file_len = |path: &Path| std::fs::metadata(path).map(|m| m.len()).ok();
+        let mut behind = 0u64;
+        for r in &self.active {
+            let end = match r.split.end {
+                Some(e) => Some(e),
+                None => r.reader.get_ref().metadata().map(|m| m.len()).ok(),
+            };
+            behind += end.map_or(0, |e| e.saturating_sub(r.pos));
+        }
+        for q in &self.pending {
+            let start = q.resume.as_ref().map_or(q.split.start, |r| r.offset);
+            let end = q.split.end.or_else(|| file_len(&q.split.path));
+            behind += end.map_or(0, |e| e.saturating_sub(start));
+        }
+        Some(behind)
+    }
+
     /// Encodes [`FileSourceState`].
     fn snapshot(&mut self) -> Result<Vec<u8>> {
         crate::record::encode(&self.state()).map_err(|e| {
@@ -1065,6 +1087,7 @@ mod tests {
                     subtask: s,
                     parallelism: p,
                     skipped: 0,
+                    bytes_read: 0,
                     restored_from: None,
                 };
                 src.open(&mut ctx).expect("open");
@@ -1096,6 +1119,7 @@ mod tests {
             subtask: 0,
             parallelism: 1,
             skipped: 0,
+            bytes_read: 0,
             restored_from: None,
         };
         let mut src = FileSource::new(
@@ -1131,6 +1155,7 @@ mod tests {
             subtask: s,
             parallelism: p,
             skipped: 0,
+            bytes_read: 0,
             restored_from,
         }
     }
