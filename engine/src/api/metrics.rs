@@ -170,115 +170,115 @@ impl Families {
     }
 
     fn register(self, r: &mut Registry) {
-        // Counter names get their `_total` from the encoder.
+        // Counter names get their `_total` from the encoder, help texts their final period.
         r.register(
             "component_received_records",
-            "Records that entered the element (a source: records it produced).",
+            "Records that entered the element (a source: records it produced)",
             self.received,
         );
         r.register(
             "component_sent_records",
-            "Records the element sent downstream (sources and operators).",
+            "Records the element sent downstream (sources and operators)",
             self.sent,
         );
         r.register(
             "component_errors",
-            "Records that failed in the element and were skipped or dead-lettered (a source: unreadable input).",
+            "Records that failed in the element and were skipped or dead-lettered (a source: unreadable input)",
             self.errors,
         );
         r.register(
             "component_discarded_records",
-            "Failed records by what happened to them: reason=\"skipped\" (dropped) or \"dead_letter\" (sent to a dead-letter output).",
+            "Failed records by what happened to them: reason=\"skipped\" (dropped) or \"dead_letter\" (sent to a dead-letter output)",
             self.discarded,
         );
         r.register(
             "component_received_bytes",
-            "Bytes a source read (file sources).",
+            "Bytes a source read (file sources)",
             self.received_bytes,
         );
         r.register(
             "component_busy_seconds",
-            "Time the subtask spent processing.",
+            "Time the subtask spent processing",
             self.busy,
         );
         r.register(
             "component_backpressured_seconds",
-            "Time the subtask spent waiting for room in a full downstream channel.",
+            "Time the subtask spent waiting for room in a full downstream channel",
             self.backpressured,
         );
         r.register(
             "component_input_queue_fill_ratio",
-            "How full the subtask's input channels were when it last took a batch (0 to 1; the head element of a task's chain).",
+            "How full the subtask's input channels were when it last took a batch (0 to 1; the head element of a task's chain)",
             self.queue_fill,
         );
         r.register(
             "source_lag_bytes",
-            "Bytes a file source has still to read to reach the end of its input.",
+            "Bytes a file source has still to read to reach the end of its input",
             self.lag,
         );
         r.register(
             "pipeline_state",
-            "1 for the state the pipeline is in (label state).",
+            "1 for the state the pipeline is in (label state)",
             self.pipeline_state,
         );
         r.register(
             "pipeline_restarts",
-            "Task restarts after failures.",
+            "Task restarts after failures",
             self.restarts,
         );
         r.register(
             "checkpoints_completed",
-            "Checkpoints and savepoints completed.",
+            "Checkpoints and savepoints completed",
             self.checkpoints_completed,
         );
         r.register(
             "checkpoints_failed",
-            "Checkpoints aborted (declined, timed out, failed to write).",
+            "Checkpoints aborted (declined, timed out, failed to write)",
             self.checkpoints_failed,
         );
         r.register(
             "checkpoints_in_progress",
-            "Checkpoints triggered and neither completed nor aborted yet.",
+            "Checkpoints triggered and neither completed nor aborted yet",
             self.checkpoints_in_progress,
         );
         r.register(
             "last_checkpoint_id",
-            "Id of the last completed checkpoint.",
+            "Id of the last completed checkpoint",
             self.last_checkpoint_id,
         );
         r.register(
             "last_checkpoint_duration_seconds",
-            "Trigger to completion of the last completed checkpoint.",
+            "Trigger to completion of the last completed checkpoint",
             self.last_checkpoint_duration,
         );
         r.register(
             "last_checkpoint_size_bytes",
-            "Bytes of every file the last completed checkpoint references.",
+            "Bytes of every file the last completed checkpoint references",
             self.last_checkpoint_size,
         );
         r.register(
             "last_checkpoint_new_bytes",
-            "Bytes of the last completed checkpoint that the one before it did not reference.",
+            "Bytes of the last completed checkpoint that the one before it did not reference",
             self.last_checkpoint_new_bytes,
         );
         r.register(
             "last_checkpoint_alignment_seconds",
-            "Barrier alignment of each task (named by its head operator) and subtask in the last completed checkpoint.",
+            "Barrier alignment of each task (named by its head operator) and subtask in the last completed checkpoint",
             self.alignment,
         );
         r.register(
             "state_size_bytes",
-            "Bytes of an operator's state in the last completed checkpoint, over its subtasks.",
+            "Bytes of an operator's state in the last completed checkpoint, over its subtasks",
             self.state_size,
         );
         r.register(
             "reloads",
-            "Hot reloads by result: applied, rejected, rolled_back, failed.",
+            "Hot reloads by result: applied, rejected, rolled_back, failed",
             self.reloads,
         );
         r.register(
             "last_reload_pause_seconds",
-            "The pause of the last reload that paused a pipeline.",
+            "The pause of the last reload that paused a pipeline",
             self.last_reload_pause,
         );
     }

@@ -215,34 +215,12 @@ pub struct NodeMetrics {
 }
 
 impl NodeMetrics {
-    /// Fresh counters for `parallelism` subtasks, kept nowhere else (tests).
-    pub fn new(parallelism: u32) -> Self {
-        Self {
-            subtasks: (0..parallelism.max(1))
-                .map(|_| Arc::new(SubtaskMetrics::default()))
-                .collect(),
-        }
-    }
-
     /// The counters of subtask `s` (a fresh, unshared set when `s` is out of range).
     pub fn subtask(&self, s: u32) -> Arc<SubtaskMetrics> {
         self.subtasks
             .get(s as usize)
             .map(Arc::clone)
             .unwrap_or_default()
-    }
-
-    /// The counters `(in, out, errors)` summed over the subtasks.
-    pub fn read(&self) -> (u64, u64, u64) {
-        self.subtasks.iter().fold((0, 0, 0), |(i, o, e), m| {
-            let (mi, mo, me) = m.read();
-            (i + mi, o + mo, e + me)
-        })
-    }
-
-    /// When the first record entered any subtask, if one did.
-    pub fn first_in(&self) -> Option<Instant> {
-        self.subtasks.iter().filter_map(|m| m.first_in()).min()
     }
 }
 
@@ -315,11 +293,6 @@ impl PipelineMetrics {
             checkpoints: Mutex::default(),
             state: Mutex::default(),
         }
-    }
-
-    /// Whether the optional per-batch figures are measured.
-    pub fn detailed(&self) -> bool {
-        self.detailed
     }
 
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -462,7 +435,7 @@ mod tests {
         second.subtask(2).add(1, 1, 0);
         let third = store.node("map", 1);
         third.subtask(0).add(4, 4, 0);
-        assert_eq!(third.read(), (14, 13, 1));
+        assert_eq!(third.subtasks[0].read(), (14, 13, 1));
         assert_eq!(store.totals("map"), (20, 19, 1));
         assert_eq!(store.subtasks("map").len(), 3);
         let f = store.subtasks("map")[0].figures();

@@ -814,7 +814,7 @@ pub async fn run_source(
             let mut out = Vec::with_capacity(BATCH_SIZE);
             let skipped_before = sctx.skipped;
             let bytes_before = sctx.bytes_read;
-            let metrics = Arc::clone(&chain.nodes[0].metrics);
+            let metrics = &chain.nodes[0].metrics;
             let clock = metrics.detailed.then(Instant::now);
             let poll = source.poll(&mut out, &mut sctx)?;
             if sctx.skipped > skipped_before {
