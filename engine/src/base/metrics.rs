@@ -90,15 +90,13 @@ impl SubtaskMetrics {
 
     /// Adds to the record counters (and notes when the first record entered).
     pub fn add(&self, records_in: u64, records_out: u64, errors: u64) {
-        if records_in > 0 {
-            if self.records_in.fetch_add(records_in, Ordering::Relaxed) == 0 {
-                let _ = self.first_in.compare_exchange(
-                    0,
-                    stamp_now(),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-            }
+        if records_in > 0 && self.records_in.fetch_add(records_in, Ordering::Relaxed) == 0 {
+            let _ = self.first_in.compare_exchange(
+                0,
+                stamp_now(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
         if records_out > 0 {
             self.records_out.fetch_add(records_out, Ordering::Relaxed);
@@ -143,7 +141,7 @@ impl SubtaskMetrics {
     /// Sets the lag (bytes or records behind the end of the input), or forgets it.
     pub fn set_lag(&self, lag: Option<u64>) {
         self.lag
-            .store(lag.unwrap_or(NO_LAG).min(NO_LAG), Ordering::Relaxed);
+            .store(lag.unwrap_or(NO_LAG), Ordering::Relaxed);
     }
 
     /// A snapshot of the record counters `(in, out, errors)`.
