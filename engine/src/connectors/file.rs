@@ -1109,6 +1109,39 @@ mod tests {
     }
 
     #[test]
+    fn lag_and_bytes_read_follow_the_reading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.jsonl");
+        let text: String = (0..3000).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+        std::fs::write(&path, &text).expect("write");
+        let len = text.len() as u64;
+        let mut src = FileSource::new(
+            path,
+            LineParser::new(Default::default(), None),
+            SourceOnError::Fail,
+            false,
+            0,
+            1,
+        );
+        let mut ctx = ctx(0, 1, None);
+        src.open(&mut ctx).expect("open");
+        assert_eq!(src.lag(), Some(len), "nothing read yet");
+        let mut out = Vec::new();
+        assert_eq!(src.poll(&mut out, &mut ctx).expect("poll"), Poll::Ready);
+        let behind = src.lag().expect("a file source knows its lag");
+        assert!(behind > 0 && behind < len, "{behind} of {len}");
+        assert_eq!(ctx.bytes_read + behind, len);
+        loop {
+            out.clear();
+            if src.poll(&mut out, &mut ctx).expect("poll") == Poll::Done {
+                break;
+            }
+        }
+        assert_eq!(src.lag(), Some(0));
+        assert_eq!(ctx.bytes_read, len);
+    }
+
+    #[test]
     fn malformed_line_reports_file_and_line_or_is_skipped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.jsonl");

@@ -1,8 +1,9 @@
 //! The running job as a set of pipeline slots that can change while it runs: one slot per
 //! pipeline of the running version of the file, each holding the current generation of the
-//! pipeline (its supervisor's request channel, live status and metrics) and, once it ended,
-//! its summary. The [`JobControl`] surface is implemented here; applying a hot reload is
-//! `apply_reload`'s.
+//! pipeline (its supervisor's request channel and live status) and, once it ended, its
+//! summary; and, per pipeline id, the metrics store every generation counts into (so the
+//! status, `/metrics` and the summaries cover the whole run). The [`JobControl`] surface is
+//! implemented here; applying a hot reload is `apply_reload`'s.
 //!
 //! Slots are guarded by one std mutex, never held across an await. Supervisors run on the
 //! control runtime; the job only talks to them through their request channels.
