@@ -228,6 +228,18 @@ pub struct JobStatus {
     pub reloads: u64,
     /// The last reload attempt, if any.
     pub last_reload: Option<ReloadOutcome>,
+    /// Reloads refused (invalid file or plan, a savepoint that failed): nothing changed.
+    #[serde(default)]
+    pub reloads_rejected: u64,
+    /// Reloads whose new version failed to start; the old one runs again.
+    #[serde(default)]
+    pub reloads_rolled_back: u64,
+    /// Reloads whose rollback failed too.
+    #[serde(default)]
+    pub reloads_failed: u64,
+    /// The pause of the last reload that paused a pipeline, milliseconds.
+    #[serde(default)]
+    pub last_reload_pause_ms: Option<u64>,
 }
 
 /// One pipeline.
@@ -238,13 +250,13 @@ pub struct PipelineStatus {
     /// `running`, `restarting`, `stopping`, `reloading`, `finished`, `stopped`, `failed` or
     /// `degraded`.
     pub state: String,
-    /// Records produced by its sources so far (this run, since the last reload).
+    /// Records produced by its sources so far (this run, every version across reloads).
     pub source_records: u64,
     /// Records written by its sinks so far.
     pub sink_records: u64,
-    /// Restarts after failures.
+    /// Restarts after failures (this run, every version).
     pub restarts: u32,
-    /// Checkpoints completed.
+    /// Checkpoints completed (this run, every version).
     pub checkpoints: u64,
     /// The latest completed checkpoint's id.
     pub latest_checkpoint: Option<u64>,
@@ -265,6 +277,55 @@ pub struct PipelineStatus {
     /// Every source, operator and sink, in plan order (figures count across reloads/restarts).
     #[serde(default)]
     pub operators: Vec<OperatorStatus>,
+    /// Checkpoints aborted (declined, timed out, failed to write) over the whole run.
+    #[serde(default)]
+    pub checkpoints_failed: u64,
+    /// Checkpoints triggered and neither completed nor aborted yet.
+    #[serde(default)]
+    pub checkpoints_in_progress: u64,
+    /// The last completed checkpoint or savepoint of the run.
+    #[serde(default)]
+    pub last_checkpoint: Option<LastCheckpointStatus>,
+    /// Bytes of state per operator in the last completed checkpoint.
+    #[serde(default)]
+    pub state_sizes: Vec<StateSizeStatus>,
+}
+
+/// The figures of a pipeline's last completed checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastCheckpointStatus {
+    /// Its id.
+    pub id: u64,
+    /// Trigger to completion, milliseconds.
+    pub duration_ms: u64,
+    /// Bytes of every file it references.
+    pub size: u64,
+    /// Bytes the checkpoint before it did not reference.
+    pub new_bytes: u64,
+    /// Barrier alignment per task (named by the head operator of its chain) and subtask.
+    pub alignment: Vec<SubtaskAlignment>,
+}
+
+/// How long one subtask aligned barriers for a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskAlignment {
+    /// The head operator of the task's chain.
+    pub task: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// From the first barrier to the last on its inputs, milliseconds (0 for sources).
+    pub alignment_ms: u64,
+}
+
+/// The state one operator holds, as of the last completed checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StateSizeStatus {
+    /// The operator (or source, sink) id.
+    pub operator: String,
+    /// `memory`, `fs` or `rocksdb`.
+    pub backend: String,
+    /// Bytes of its files in the checkpoint, over every subtask.
+    pub bytes: u64,
 }
 
 /// One source, operator or sink of a pipeline, with its figures per subtask.
@@ -280,7 +341,8 @@ pub struct OperatorStatus {
     pub parallelism: u32,
     /// The ids of the elements feeding it (data and dead-letter edges), in plan order.
     pub inputs: Vec<String>,
-    /// Per subtask, by index.
+    /// Per subtask, by index: every subtask that ran in this run, so after a reload that
+    /// lowered the parallelism the subtasks it dropped are still listed with their counts.
     pub subtasks: Vec<SubtaskStatus>,
 }
 
@@ -302,11 +364,13 @@ pub struct SubtaskStatus {
     pub dead_lettered: u64,
     /// Bytes read (file sources).
     pub bytes_read: u64,
-    /// Time spent processing, milliseconds.
+    /// Time spent processing, milliseconds (0 with `weir run --no-metrics`).
     pub busy_ms: u64,
-    /// Time spent waiting to send downstream (backpressure), milliseconds.
+    /// Time spent waiting for room downstream (backpressure), milliseconds (0 with
+    /// `--no-metrics`).
     pub backpressured_ms: u64,
-    /// How full its input queue is now, 0.0 to 1.0.
+    /// How full its input queue was when it last took a batch, 0.0 to 1.0 (the head of a
+    /// chain: the element whose task reads the channels; 0 for the others).
     pub queue_fill: f64,
     /// Sources only: how far behind the end of its input it is (bytes for files), when known.
     pub lag: Option<u64>,

@@ -89,6 +89,11 @@ pub struct RunArgs {
     /// stays text).
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Do not measure busy and backpressured time, input queue fill or source lag (they stay
+    /// 0 in `/metrics` and `weir status`); record counts, checkpoint, restart and reload
+    /// figures are kept. For measuring what the metrics cost (docs/METRICS.md).
+    #[arg(long)]
+    pub no_metrics: bool,
 }
 
 /// The log section of `weir run --help`.
@@ -184,20 +189,7 @@ fn print_summary(s: &JobSummary) {
                 n.id, n.type_name, n.parallelism, n.records_in, out_col, n.errors
             ));
         }
-        let ms = |d: Option<Duration>| {
-            d.map_or("-".to_owned(), |d| {
-                format!("{:.1}ms", d.as_secs_f64() * 1e3)
-            })
-        };
-        // From the start of `weir run`: a source's first record, the first record through
-        // every operator (sinks left out: after an `emit: final` stage they see records
-        // only at the end), and the first record into a sink.
-        out.push_str(&format!(
-            "  first record in {}, every operator processing after {}, first output in {}\n",
-            ms(p.first_record),
-            ms(p.all_processing),
-            ms(p.first_output)
-        ));
+        out.push_str(&format!("  {}\n", latency_line(p)));
         let mut notes = Vec::new();
         if let Some(c) = p.restored_from {
             notes.push(format!("resumed from checkpoint {c}"));
@@ -237,6 +229,29 @@ fn print_summary(s: &JobSummary) {
             eprintln!("{}", report.trim_end());
         }
     }
+}
+
+/// From the start of `weir run`, over every generation of the pipeline: a source's first
+/// record, the first record through every operator (sinks left out: after an `emit: final`
+/// stage they see records only at the end), and the first record into a sink. A figure that
+/// does not exist is left out rather than shown as `-`.
+fn latency_line(p: &weir_engine::job::PipelineSummary) -> String {
+    let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1e3);
+    let mut parts = Vec::new();
+    if let Some(d) = p.first_record {
+        parts.push(format!("first record in {}", ms(d)));
+    }
+    if let Some(d) = p.all_processing {
+        parts.push(format!("every operator processing after {}", ms(d)));
+    }
+    match p.first_output {
+        Some(d) => parts.push(format!("first output in {}", ms(d))),
+        None => parts.push("no output".to_owned()),
+    }
+    if p.first_record.is_none() {
+        parts.insert(0, "no source record read".to_owned());
+    }
+    parts.join(", ")
 }
 
 /// A miette report for a pipeline that failed for good: the error names the pipeline,
@@ -402,6 +417,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         })),
         render: Some(Arc::new(|d: &[&Diagnostic]| super::validate::render(d))),
         from_savepoints: savepoints,
+        no_metrics: args.no_metrics,
         ..JobOptions::default()
     };
     match job::run(plan, options) {

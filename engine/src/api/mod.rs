@@ -2,7 +2,7 @@
 //! requests into [`JobControl`](crate::control::JobControl) calls (`server`), the blocking
 //! client the CLI verbs (`weir status`, `savepoint`, `stop`, `reload`) use to call it
 //! (`client`), the text rendering of answers shared by the CLI and `weir run`'s logs
-//! (`render`), how flags, environment and the file's `api:` section combine into where it
+//! (`render`), the Prometheus text of `GET /metrics` (`metrics`), how flags, environment and the file's `api:` section combine into where it
 //! listens and its token (`settings`), and who holds a port that is taken (`port_owner`).
 //!
 //! This module owns the wire: routes, status codes, the error body, the request screening
@@ -16,6 +16,7 @@
 //! | method and path                      | body                | answer                |
 //! |--------------------------------------|---------------------|-----------------------|
 //! | `GET /v1/status`                     |                     | `JobStatus`           |
+//! | `GET /metrics`                       |                     | OpenMetrics text      |
 //! | `GET /v1/pipelines/{id}/checkpoints` |                     | `Vec<CheckpointInfo>` |
 //! | `POST /v1/pipelines/{id}/checkpoints`| empty or `{}`      | `CheckpointInfo`      |
 //! | `POST /v1/pipelines/{id}/savepoints` | `SavepointRequest`  | `SavepointInfo`       |
@@ -31,6 +32,7 @@
 //! `application/json` (both with code `invalid`).
 
 pub mod client;
+pub mod metrics;
 pub mod port_owner;
 pub mod render;
 pub mod server;

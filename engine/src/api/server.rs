@@ -43,7 +43,7 @@ use crate::control::{
 };
 
 /// Every route, for the message of an unknown route or a wrong method.
-const ROUTES: &str = "GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoints, \
+const ROUTES: &str = "GET /metrics, GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoints, \
                       POST /v1/pipelines/{id}/savepoints, POST /v1/pipelines/{id}/stop, \
                       GET /v1/pipelines/{id}/tap/{operator}, POST /v1/reload";
 
@@ -185,6 +185,7 @@ impl AppState {
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         .route(
             "/v1/pipelines/{id}/checkpoints",
             get(checkpoints).post(trigger_checkpoint),
@@ -252,6 +253,12 @@ impl IntoResponse for Failure {
 
 async fn status(State(s): State<AppState>) -> Json<JobStatus> {
     Json(s.control.status())
+}
+
+/// The job's figures in the Prometheus (OpenMetrics) text format; open like every `GET`.
+async fn metrics(State(s): State<AppState>) -> Response {
+    let text = super::metrics::render(&s.control.status());
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn checkpoints(

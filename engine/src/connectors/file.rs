@@ -601,10 +601,12 @@ impl FileSource {
             if follow && r.buf.last() != Some(&b'\n') {
                 // A partial line being written: wait for its end.
                 r.pos += n as u64;
+                ctx.bytes_read += n as u64;
                 break;
             }
             let line_start = r.pos - had as u64;
             r.pos += n as u64;
+            ctx.bytes_read += n as u64;
             if let Some(l) = r.line.as_mut() {
                 *l += 1;
             }
@@ -904,6 +906,26 @@ impl Source for FileSource {
         }
     }
 
+    /// Bytes between each split's position and its end (or the file's current end), over
+    /// the open and the pending splits.
+    fn lag(&mut self) -> Option<u64> {
+        let file_len = |path: &Path| std::fs::metadata(path).map(|m| m.len()).ok();
+        let mut behind = 0u64;
+        for r in &self.active {
+            let end = match r.split.end {
+                Some(e) => Some(e),
+                None => r.reader.get_ref().metadata().map(|m| m.len()).ok(),
+            };
+            behind += end.map_or(0, |e| e.saturating_sub(r.pos));
+        }
+        for q in &self.pending {
+            let start = q.resume.as_ref().map_or(q.split.start, |r| r.offset);
+            let end = q.split.end.or_else(|| file_len(&q.split.path));
+            behind += end.map_or(0, |e| e.saturating_sub(start));
+        }
+        Some(behind)
+    }
+
     /// Encodes [`FileSourceState`].
     fn snapshot(&mut self) -> Result<Vec<u8>> {
         crate::record::encode(&self.state()).map_err(|e| {
@@ -1065,6 +1087,7 @@ mod tests {
                     subtask: s,
                     parallelism: p,
                     skipped: 0,
+                    bytes_read: 0,
                     restored_from: None,
                 };
                 src.open(&mut ctx).expect("open");
@@ -1086,6 +1109,39 @@ mod tests {
     }
 
     #[test]
+    fn lag_and_bytes_read_follow_the_reading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.jsonl");
+        let text: String = (0..3000).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+        std::fs::write(&path, &text).expect("write");
+        let len = text.len() as u64;
+        let mut src = FileSource::new(
+            path,
+            LineParser::new(Default::default(), None),
+            SourceOnError::Fail,
+            false,
+            0,
+            1,
+        );
+        let mut ctx = ctx(0, 1, None);
+        src.open(&mut ctx).expect("open");
+        assert_eq!(src.lag(), Some(len), "nothing read yet");
+        let mut out = Vec::new();
+        assert_eq!(src.poll(&mut out, &mut ctx).expect("poll"), Poll::Ready);
+        let behind = src.lag().expect("a file source knows its lag");
+        assert!(behind > 0 && behind < len, "{behind} of {len}");
+        assert_eq!(ctx.bytes_read + behind, len);
+        loop {
+            out.clear();
+            if src.poll(&mut out, &mut ctx).expect("poll") == Poll::Done {
+                break;
+            }
+        }
+        assert_eq!(src.lag(), Some(0));
+        assert_eq!(ctx.bytes_read, len);
+    }
+
+    #[test]
     fn malformed_line_reports_file_and_line_or_is_skipped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.jsonl");
@@ -1096,6 +1152,7 @@ mod tests {
             subtask: 0,
             parallelism: 1,
             skipped: 0,
+            bytes_read: 0,
             restored_from: None,
         };
         let mut src = FileSource::new(
@@ -1131,6 +1188,7 @@ mod tests {
             subtask: s,
             parallelism: p,
             skipped: 0,
+            bytes_read: 0,
             restored_from,
         }
     }

@@ -423,6 +423,7 @@ mod tests {
                 subtask: s,
                 parallelism: p,
                 skipped: 0,
+                bytes_read: 0,
                 restored_from: None,
             };
             loop {
@@ -466,6 +467,7 @@ mod tests {
             subtask: s,
             parallelism: p,
             skipped: 0,
+            bytes_read: 0,
             restored_from,
         }
     }

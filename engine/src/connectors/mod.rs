@@ -40,6 +40,8 @@ pub struct SourceContext {
     pub parallelism: u32,
     /// Malformed inputs skipped under `on_error: skip`.
     pub skipped: u64,
+    /// Bytes read so far (sources that read bytes add to it; the task turns it into a metric).
+    pub bytes_read: u64,
     /// The checkpoint this run restored from (`None` on a fresh start).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     pub restored_from: Option<u64>,
@@ -102,6 +104,13 @@ pub trait Source: Send {
                 ctx.parallelism
             ),
         })
+    }
+
+    /// How far behind the end of its input the source is (bytes for files), when it can
+    /// tell; `None` by default. Called about once a second, between polls, only when detailed
+    /// metrics are on: it may ask the file system.
+    fn lag(&mut self) -> Option<u64> {
+        None
     }
 
     /// Releases resources.

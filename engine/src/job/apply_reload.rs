@@ -432,8 +432,20 @@ impl Job {
         outcome.result = result.as_str().to_owned();
         outcome.at_ms = now_ms();
         if !plan_only {
-            if result == ReloadResult::Applied {
-                self.reloads.fetch_add(1, Ordering::Relaxed);
+            let counter = match result {
+                ReloadResult::Applied => Some(&self.reloads),
+                ReloadResult::Rejected => Some(&self.reload_counts.rejected),
+                ReloadResult::RolledBack => Some(&self.reload_counts.rolled_back),
+                ReloadResult::Failed => Some(&self.reload_counts.failed),
+                _ => None,
+            };
+            if let Some(c) = counter {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(ms) = outcome.pause_ms {
+                self.reload_counts
+                    .last_pause_ms
+                    .store(ms, Ordering::Relaxed);
             }
             if let Ok(mut last) = self.last_reload.lock() {
                 *last = Some(outcome.clone());

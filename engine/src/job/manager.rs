@@ -1,8 +1,9 @@
 //! The running job as a set of pipeline slots that can change while it runs: one slot per
 //! pipeline of the running version of the file, each holding the current generation of the
-//! pipeline (its supervisor's request channel, live status and metrics) and, once it ended,
-//! its summary. The [`JobControl`] surface is implemented here; applying a hot reload is
-//! `apply_reload`'s.
+//! pipeline (its supervisor's request channel and live status) and, once it ended, its
+//! summary; and, per pipeline id, the metrics store every generation counts into (so the
+//! status, `/metrics` and the summaries cover the whole run). The [`JobControl`] surface is
+//! implemented here; applying a hot reload is `apply_reload`'s.
 //!
 //! Slots are guarded by one std mutex, never held across an await. Supervisors run on the
 //! control runtime; the job only talks to them through their request channels.
@@ -19,11 +20,12 @@ use super::pipeline::{
     AfterSavepoint, LiveState, LiveStatus, Request, SharedStatus, StartWatch, SupervisorLinks,
 };
 use super::{JobOptions, NodeSummary, PipelineSummary, RecoveryOptions, RenderFn, run_pipeline};
-use crate::base::metrics::{NodeMetrics, NodeReport};
+use crate::base::metrics::{NodeReport, PipelineMetrics};
 use crate::control::{
-    BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, OperatorStatus, PipelineStatus,
-    ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest, StopOutcome, StopRequest,
-    SubtaskStatus, TapRequest, TapStream,
+    BoxFuture, CheckpointInfo, ControlError, JobControl, JobStatus, LastCheckpointStatus,
+    OperatorStatus, PipelineStatus, ReloadOutcome, ReloadRequest, SavepointInfo, SavepointRequest,
+    StateSizeStatus, StopOutcome, StopRequest, SubtaskAlignment, SubtaskStatus, TapRequest,
+    TapStream,
 };
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
@@ -35,7 +37,6 @@ pub(super) struct Slot {
     pub(super) generation: u64,
     pub(super) requests: mpsc::UnboundedSender<Request>,
     pub(super) status: SharedStatus,
-    pub(super) reports: Arc<Vec<NodeReport>>,
     pub(super) control: Arc<Control>,
     /// Its summary once the current generation ended.
     pub(super) ended: Option<PipelineSummary>,
@@ -78,6 +79,33 @@ pub(super) struct Job {
     pub(super) api_spec: Option<weir_schema::ApiSpec>,
     /// Open taps by pipeline id: they outlive generations (see `tap`).
     pub(super) taps: Mutex<HashMap<String, Arc<crate::runtime::tap::TapRegistry>>>,
+    /// Per pipeline id, its figures over every generation (reloads) and restart.
+    pub(super) metrics: Mutex<HashMap<String, Arc<PipelineMetrics>>>,
+    /// Per pipeline id, what the summaries of its ended generations carry on.
+    earlier: Mutex<HashMap<String, Earlier>>,
+    /// Whether the optional per-batch figures are measured.
+    detailed_metrics: bool,
+    /// Reloads that did not apply (applied ones are `reloads`), and the last pause.
+    pub(super) reload_counts: ReloadCounts,
+}
+
+/// Reloads by result, besides the applied ones.
+#[derive(Debug, Default)]
+pub(super) struct ReloadCounts {
+    pub(super) rejected: AtomicU64,
+    pub(super) rolled_back: AtomicU64,
+    pub(super) failed: AtomicU64,
+    /// The pause of the last reload that paused a pipeline, milliseconds (`u64::MAX`: none).
+    pub(super) last_pause_ms: AtomicU64,
+}
+
+/// What the summary of a pipeline's last generation takes from its earlier ones.
+#[derive(Default)]
+struct Earlier {
+    /// Statistics of every checkpoint completed so far.
+    stats: Vec<super::CheckpointStats>,
+    /// The checkpoint the first generation resumed from.
+    restored_from: Option<Option<u64>>,
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -87,7 +115,8 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn reports_of(plan: &PipelinePlan) -> Arc<Vec<NodeReport>> {
+/// The reports of `plan`'s nodes, their counters taken from the pipeline's `store`.
+fn reports_of(plan: &PipelinePlan, store: &PipelineMetrics) -> Arc<Vec<NodeReport>> {
     Arc::new(
         plan.nodes
             .iter()
@@ -96,17 +125,18 @@ fn reports_of(plan: &PipelinePlan) -> Arc<Vec<NodeReport>> {
                 role: n.kind.role(),
                 type_name: n.type_name(),
                 parallelism: n.parallelism,
-                metrics: Arc::new(NodeMetrics::new(n.parallelism)),
+                metrics: store.node(&n.id, n.parallelism),
             })
             .collect(),
     )
 }
 
-fn node_summaries(reports: &[NodeReport]) -> Vec<NodeSummary> {
+/// Each node's totals over every generation and every subtask that ever ran.
+fn node_summaries(reports: &[NodeReport], store: &PipelineMetrics) -> Vec<NodeSummary> {
     reports
         .iter()
         .map(|r| {
-            let (i, o, e) = r.metrics.read();
+            let (i, o, e) = store.totals(&r.id);
             NodeSummary {
                 id: r.id.clone(),
                 role: r.role,
@@ -153,7 +183,26 @@ impl Job {
             allow_any_savepoint_dir: options.allow_any_savepoint_dir,
             api_spec: options.api_spec.clone(),
             taps: Mutex::default(),
+            metrics: Mutex::default(),
+            earlier: Mutex::default(),
+            detailed_metrics: !options.no_metrics,
+            reload_counts: ReloadCounts {
+                last_pause_ms: AtomicU64::new(u64::MAX),
+                ..ReloadCounts::default()
+            },
         })
+    }
+
+    /// The figures of pipeline `id` over the whole run (created on first use).
+    pub(super) fn pipeline_metrics(&self, id: &str) -> Arc<PipelineMetrics> {
+        let mut all = self
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(
+            all.entry(id.to_owned())
+                .or_insert_with(|| Arc::new(PipelineMetrics::new(self.detailed_metrics))),
+        )
     }
 
     pub(super) fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
@@ -175,7 +224,8 @@ impl Job {
         start: StartWatch,
     ) -> Ended {
         let plan = Arc::new(plan);
-        let reports = reports_of(&plan);
+        let store = self.pipeline_metrics(&plan.id);
+        let reports = reports_of(&plan, &store);
         let control = Arc::new(Control::default());
         if self.stop.load(Ordering::Relaxed) {
             control.stop.store(true, Ordering::Relaxed);
@@ -193,7 +243,6 @@ impl Job {
                 generation,
                 requests: requests_tx,
                 status: Arc::clone(&status),
-                reports: Arc::clone(&reports),
                 control: Arc::clone(&control),
                 ended: None,
                 stopped: false,
@@ -220,6 +269,7 @@ impl Job {
             start,
             handover: Some(Arc::clone(&self.handover)),
             taps: Some(self.tap_registry(&plan.id)),
+            metrics: Arc::clone(&store),
         };
         let (ended_tx, ended_rx) = oneshot::channel();
         let job = Arc::clone(self);
@@ -239,18 +289,28 @@ impl Job {
             )
             .await;
             let error = outcome.error.as_ref().map(ToString::to_string);
+            let (checkpoint_stats, restored_from) = {
+                let mut earlier = job
+                    .earlier
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let e = earlier.entry(id.clone()).or_default();
+                e.stats.extend(outcome.stats);
+                let first = *e.restored_from.get_or_insert(outcome.restored_from);
+                (e.stats.clone(), first)
+            };
             let summary = PipelineSummary {
                 id: id.clone(),
-                nodes: node_summaries(&reports),
+                nodes: node_summaries(&reports, &store),
                 error: outcome.error,
                 wall: outcome.wall,
                 first_output: outcome.first_output,
                 first_record: outcome.first_record,
-                restarts: outcome.restarts,
-                checkpoints: outcome.checkpoints,
-                restored_from: outcome.restored_from,
+                restarts: store.restarts.load(Ordering::Relaxed) as u32,
+                checkpoints: store.checkpoints().completed,
+                restored_from,
                 degraded: outcome.degraded,
-                checkpoint_stats: outcome.stats,
+                checkpoint_stats,
                 all_processing: outcome.all_processing,
                 reloads: 0,
             };
@@ -317,8 +377,12 @@ impl Job {
             .filter(|s| !s.removed)
             .map(|s| super::PipelineProgress {
                 id: s.plan.id.clone(),
-                source_records: role_records(&s.reports, Role::Source),
-                sink_records: role_records(&s.reports, Role::Sink),
+                source_records: role_records(
+                    &s.plan,
+                    &self.pipeline_metrics(&s.plan.id),
+                    Role::Source,
+                ),
+                sink_records: role_records(&s.plan, &self.pipeline_metrics(&s.plan.id), Role::Sink),
                 finished: s.ended.is_some(),
             })
             .collect()
@@ -477,20 +541,20 @@ impl Job {
     }
 }
 
-fn role_records(reports: &[NodeReport], role: Role) -> u64 {
-    reports
+/// Records into the nodes of `role` over the whole run.
+fn role_records(plan: &PipelinePlan, store: &PipelineMetrics, role: Role) -> u64 {
+    plan.nodes
         .iter()
-        .filter(|n| n.role == role)
-        .map(|n| n.metrics.read().0)
+        .filter(|n| n.kind.role() == role)
+        .map(|n| store.totals(&n.id).0)
         .sum()
 }
 
-/// Every node of `plan` with its figures per subtask, in plan order.
-fn operator_statuses(plan: &PipelinePlan, reports: &[NodeReport]) -> Vec<OperatorStatus> {
+/// Every node of `plan` with its figures per subtask (every generation), in plan order.
+fn operator_statuses(plan: &PipelinePlan, store: &PipelineMetrics) -> Vec<OperatorStatus> {
     plan.nodes
         .iter()
-        .zip(reports)
-        .map(|(node, report)| {
+        .map(|node| {
             let mut inputs: Vec<String> = Vec::new();
             for e in plan.edges.iter().filter(|e| e.to == node.index) {
                 let from = &plan.nodes[e.from.0].id;
@@ -500,29 +564,72 @@ fn operator_statuses(plan: &PipelinePlan, reports: &[NodeReport]) -> Vec<Operato
             }
             OperatorStatus {
                 id: node.id.clone(),
-                role: report.role.as_str().to_owned(),
-                type_name: report.type_name.to_owned(),
+                role: node.kind.role().as_str().to_owned(),
+                type_name: node.type_name().to_owned(),
                 parallelism: node.parallelism,
                 inputs,
-                subtasks: report
-                    .metrics
-                    .subtasks
+                subtasks: store
+                    .subtasks(&node.id)
                     .iter()
                     .enumerate()
                     .map(|(i, m)| {
-                        let (records_in, records_out, errors) = m.read();
+                        let f = m.figures();
                         SubtaskStatus {
                             subtask: i as u32,
-                            records_in,
-                            records_out,
-                            errors,
-                            ..SubtaskStatus::default()
+                            records_in: f.records_in,
+                            records_out: f.records_out,
+                            errors: f.errors,
+                            skipped: f.skipped,
+                            dead_lettered: f.dead_lettered,
+                            bytes_read: f.bytes_read,
+                            busy_ms: f.busy.as_millis() as u64,
+                            backpressured_ms: f.backpressured.as_millis() as u64,
+                            queue_fill: f.queue_fill,
+                            lag: f.lag,
                         }
                     })
                     .collect(),
             }
         })
         .collect()
+}
+
+/// The checkpoint and state figures of `store` for the status.
+fn checkpoint_status(
+    store: &PipelineMetrics,
+) -> (
+    u64,
+    u64,
+    u64,
+    Option<LastCheckpointStatus>,
+    Vec<StateSizeStatus>,
+) {
+    let c = store.checkpoints();
+    let last = c.last.map(|l| LastCheckpointStatus {
+        id: l.id,
+        duration_ms: l.duration.as_millis() as u64,
+        size: l.size,
+        new_bytes: l.new_bytes,
+        alignment: c
+            .alignment
+            .iter()
+            .map(|(task, subtask, d)| SubtaskAlignment {
+                task: task.clone(),
+                subtask: *subtask,
+                alignment_ms: d.as_millis() as u64,
+            })
+            .collect(),
+    });
+    let sizes = store
+        .state_sizes()
+        .into_iter()
+        .map(|s| StateSizeStatus {
+            operator: s.operator,
+            backend: s.backend,
+            bytes: s.bytes,
+        })
+        .collect();
+    (c.completed, c.failed, c.in_progress, last, sizes)
 }
 
 impl JobControl for Arc<Job> {
@@ -546,25 +653,37 @@ impl JobControl for Arc<Job> {
                         None if s.reloading => ("reloading".to_owned(), None),
                         None => (live.state.as_str().to_owned(), None),
                     };
+                    let store = self.pipeline_metrics(&s.plan.id);
+                    let (completed, failed, in_progress, last_checkpoint, state_sizes) =
+                        checkpoint_status(&store);
                     PipelineStatus {
                         id: s.plan.id.clone(),
                         state,
-                        source_records: role_records(&s.reports, Role::Source),
-                        sink_records: role_records(&s.reports, Role::Sink),
-                        restarts: live.restarts,
-                        checkpoints: live.checkpoints,
+                        source_records: role_records(&s.plan, &store, Role::Source),
+                        sink_records: role_records(&s.plan, &store, Role::Sink),
+                        restarts: store.restarts.load(Ordering::Relaxed) as u32,
+                        checkpoints: completed,
                         latest_checkpoint: live.latest,
                         restored_from: live.restored_from,
                         error,
                         consecutive_failures: live.consecutive_failures,
                         failing: live.failing,
                         last_error: live.last_error,
-                        operators: operator_statuses(&s.plan, &s.reports),
+                        operators: operator_statuses(&s.plan, &store),
+                        checkpoints_failed: failed,
+                        checkpoints_in_progress: in_progress,
+                        last_checkpoint,
+                        state_sizes,
                     }
                 })
                 .collect(),
             reloads: self.reloads.load(Ordering::Relaxed),
             last_reload: self.last_reload.lock().ok().and_then(|l| l.clone()),
+            reloads_rejected: self.reload_counts.rejected.load(Ordering::Relaxed),
+            reloads_rolled_back: self.reload_counts.rolled_back.load(Ordering::Relaxed),
+            reloads_failed: self.reload_counts.failed.load(Ordering::Relaxed),
+            last_reload_pause_ms: Some(self.reload_counts.last_pause_ms.load(Ordering::Relaxed))
+                .filter(|&ms| ms != u64::MAX),
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::base::error::{Result, RunError};
 use crate::base::human::{Elapsed, OneLine};
-use crate::base::metrics::{NodeMetrics, NodeReport};
+use crate::base::metrics::{NodeReport, PipelineMetrics};
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
 use crate::runtime::task::Control;
@@ -79,6 +79,9 @@ pub struct JobOptions {
     pub render: Option<RenderFn>,
     /// Savepoints to start pipelines from: `(pipeline id, savepoint directory)`.
     pub from_savepoints: Vec<(String, PathBuf)>,
+    /// Skip the optional per-batch measurements (busy and backpressured time, input queue
+    /// fill, source lag; `weir run --no-metrics`). Record counts are always kept.
+    pub no_metrics: bool,
 }
 
 /// Renders diagnostics as text.
@@ -378,8 +381,6 @@ pub(super) struct PipelineOutcome {
     wall: Duration,
     first_output: Option<Duration>,
     first_record: Option<Duration>,
-    restarts: u32,
-    checkpoints: u64,
     restored_from: Option<u64>,
     degraded: usize,
     stats: Vec<CheckpointStats>,
@@ -398,47 +399,10 @@ pub(super) async fn run_pipeline(
     links: pipeline::SupervisorLinks,
 ) -> PipelineOutcome {
     let id = plan.id.clone();
-    // Watch for the first record out of a source and into a sink (latency figures).
-    let of_role = |role: Role| -> Vec<Arc<NodeMetrics>> {
-        reports
-            .iter()
-            .filter(|r| r.role == role)
-            .map(|r| Arc::clone(&r.metrics))
-            .collect()
-    };
-    let (sources, sinks) = (of_role(Role::Source), of_role(Role::Sink));
-    // Operators only: a sink after an `emit: final` stage sees its first record at the end.
-    let downstream: Vec<Arc<NodeMetrics>> = reports
-        .iter()
-        .filter(|r| r.role == Role::Operator)
-        .map(|r| Arc::clone(&r.metrics))
-        .collect();
-    type Firsts = (Option<Duration>, Option<Duration>, Option<Duration>);
-    let first = Arc::new(std::sync::Mutex::new(Firsts::default()));
-    let watcher = {
-        let first = Arc::clone(&first);
-        tokio::spawn(async move {
-            loop {
-                if let Ok(mut f) = first.lock() {
-                    if f.0.is_none() && sources.iter().any(|m| m.read().0 > 0) {
-                        f.0 = Some(started.elapsed());
-                    }
-                    if f.1.is_none() && sinks.iter().any(|m| m.read().0 > 0) {
-                        f.1 = Some(started.elapsed());
-                    }
-                    if f.2.is_none() && downstream.iter().all(|m| m.read().0 > 0) {
-                        f.2 = Some(started.elapsed());
-                    }
-                    if f.0.is_some() && f.1.is_some() && f.2.is_some() {
-                        break;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-    };
+    let store = Arc::clone(&links.metrics);
+    let elements: Vec<(String, Role)> = reports.iter().map(|r| (r.id.clone(), r.role)).collect();
     let ended = pipeline::supervise(plan, reports, control, recovery, faults, workers, links).await;
-    watcher.abort();
+    store.generation_ended();
     let wall = started.elapsed();
     match &ended.error {
         None => {
@@ -450,7 +414,7 @@ pub(super) async fn run_pipeline(
         }
         Some(e) => tracing::error!(pipeline = %id, error = %OneLine(e), "Pipeline failed."),
     }
-    let (first_record, first_output, all_processing) = first.lock().map(|f| *f).unwrap_or_default();
+    let (first_record, first_output, all_processing) = firsts(&store, &elements, started);
     PipelineOutcome {
         stats: ended.stats,
         all_processing,
@@ -458,8 +422,6 @@ pub(super) async fn run_pipeline(
         wall,
         first_output,
         first_record,
-        restarts: ended.restarts,
-        checkpoints: ended.checkpoints,
         restored_from: ended.restored_from,
         degraded: ended.degraded.len(),
     }
@@ -472,4 +434,34 @@ fn paths(paths: &[std::path::PathBuf]) -> String {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// From `started`: the first record out of a source, the first record into a sink, and the
+/// time every operator had processed a record (sinks left out: after an `emit: final` stage
+/// they see records only at the end), over every generation of the pipeline so far.
+fn firsts(
+    store: &PipelineMetrics,
+    elements: &[(String, Role)],
+    started: Instant,
+) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
+    let since = |t: Instant| t.saturating_duration_since(started);
+    let first_of = |role: Role| {
+        elements
+            .iter()
+            .filter(|(_, r)| *r == role)
+            .filter_map(|(id, _)| store.first_in(id))
+            .min()
+            .map(since)
+    };
+    let operators: Vec<Option<Instant>> = elements
+        .iter()
+        .filter(|(_, r)| *r == Role::Operator)
+        .map(|(id, _)| store.first_in(id))
+        .collect();
+    let all_processing = if operators.iter().all(Option::is_some) {
+        operators.into_iter().flatten().max().map(since)
+    } else {
+        None
+    };
+    (first_of(Role::Source), first_of(Role::Sink), all_processing)
 }

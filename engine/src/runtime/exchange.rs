@@ -1,7 +1,11 @@
 //! Exchanges: how one upstream subtask sends batches along one plan edge to the downstream
-//! subtasks (forward, hash by key group, rebalance, broadcast).
+//! subtasks (forward, hash by key group, rebalance, broadcast). An output also notes how long
+//! it waited for room in a full channel (backpressure), which the task reads once per batch.
+
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::Sender;
+use tokio::sync::mpsc::error::TrySendError;
 
 use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending};
@@ -23,6 +27,8 @@ pub struct Output {
     next: usize,
     pipeline: std::sync::Arc<str>,
     element: std::sync::Arc<str>,
+    /// Time spent waiting for room in a full channel since the last [`Output::take_blocked`].
+    blocked: Duration,
 }
 
 impl Output {
@@ -41,19 +47,35 @@ impl Output {
             next: 0,
             pipeline,
             element,
+            blocked: Duration::ZERO,
         }
     }
 
-    async fn send_to(&self, t: usize, message: Message) -> Result<()> {
-        let target = &self.targets[t];
-        target
-            .sender
-            .send(message)
-            .await
-            .map_err(|_| RunError::Disconnected {
-                pipeline: self.pipeline.to_string(),
-                element: self.element.to_string(),
-            })
+    /// Sends `message` to target `t`; when its channel is full, waits for room and adds the
+    /// wait to the blocked time (the clock is read only then).
+    async fn send_to(&mut self, t: usize, message: Message) -> Result<()> {
+        let sender = &self.targets[t].sender;
+        let message = match sender.try_send(message) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(message)) => message,
+            Err(TrySendError::Closed(_)) => return Err(self.disconnected()),
+        };
+        let waiting = Instant::now();
+        let sent = sender.send(message).await;
+        self.blocked += waiting.elapsed();
+        sent.map_err(|_| self.disconnected())
+    }
+
+    fn disconnected(&self) -> RunError {
+        RunError::Disconnected {
+            pipeline: self.pipeline.to_string(),
+            element: self.element.to_string(),
+        }
+    }
+
+    /// The time spent waiting for room downstream since the last call.
+    pub fn take_blocked(&mut self) -> Duration {
+        std::mem::take(&mut self.blocked)
     }
 
     /// Sends a batch, waiting while the receiving channel is full (backpressure). A batch

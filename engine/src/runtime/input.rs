@@ -51,6 +51,19 @@ impl InputSet {
         self.receivers.is_empty()
     }
 
+    /// How full the input channels are together: messages queued over capacity, 0.0 to 1.0.
+    pub fn fill(&self) -> f64 {
+        let (queued, capacity) = self
+            .receivers
+            .iter()
+            .fold((0usize, 0usize), |(q, c), r| (q + r.len(), c + r.max_capacity()));
+        if capacity == 0 {
+            0.0
+        } else {
+            queued as f64 / capacity as f64
+        }
+    }
+
     /// Whether every input delivered end-of-stream.
     pub fn all_ended(&self) -> bool {
         self.ended.iter().all(|&e| e)

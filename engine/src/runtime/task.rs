@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use rhai::Dynamic;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -114,6 +115,7 @@ impl ChainTask {
             return Ok(());
         }
         let letters = std::mem::take(&mut node.ctx.dead_letters);
+        node.metrics.add_dead_lettered(letters.len() as u64);
         let k = node.dead_letters.len();
         for (j, out) in node.dead_letters.iter_mut().enumerate() {
             if j + 1 == k {
@@ -155,18 +157,28 @@ impl ChainTask {
             let node = &mut self.nodes[i];
             let errors_before = node.ctx.errors;
             let before = input.len();
+            let clock = node.metrics.detailed.then(Instant::now);
             running(&node.ctx.pipeline, &node.ctx.operator);
-            let mut batch = if node.operator.expands() {
+            let processed = if node.operator.expands() {
                 let mut out = Batch::default();
                 node.operator
-                    .process_some(input, &mut out, BATCH_SIZE, &mut node.ctx)?;
-                out
+                    .process_some(input, &mut out, BATCH_SIZE, &mut node.ctx)
+                    .map(|()| out)
             } else {
                 let mut chunk = input.take(BATCH_SIZE);
-                node.operator.process(&mut chunk, &mut node.ctx)?;
-                chunk
+                node.operator
+                    .process(&mut chunk, &mut node.ctx)
+                    .map(|()| chunk)
             };
             let n_in = (before - input.len()) as u64;
+            let mut batch = match processed {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // The records that entered before the failure still count.
+                    node.metrics.add(n_in, 0, node.ctx.errors - errors_before);
+                    return Err(e);
+                }
+            };
             if input.is_empty() {
                 stack.pop();
             } else {
@@ -197,6 +209,16 @@ impl ChainTask {
                 } else {
                     node.outputs[j].send(batch.clone()).await?;
                 }
+            }
+            if let Some(t0) = clock {
+                let blocked = node
+                    .outputs
+                    .iter_mut()
+                    .chain(node.dead_letters.iter_mut())
+                    .map(Output::take_blocked)
+                    .sum::<Duration>();
+                node.metrics
+                    .add_time(t0.elapsed().saturating_sub(blocked), blocked);
             }
             if !last && !batch.is_empty() {
                 self.strike(i + 1, &batch)?;
@@ -765,6 +787,8 @@ pub async fn run_source(
         // Every command goes through `source_command`, wherever it is received, so that a
         // drain or resume that arrives together with other commands is never lost.
         let mut paused = false;
+        // When the source's lag was last asked for (detailed metrics only).
+        let mut lag_at: Option<Instant> = None;
         let flow = 'run: loop {
             while let Ok(cmd) = env.commands.try_recv() {
                 match source_command(cmd, &mut chain, &mut env, &mut source, &mut paused).await? {
@@ -789,11 +813,22 @@ pub async fn run_source(
             }
             let mut out = Vec::with_capacity(BATCH_SIZE);
             let skipped_before = sctx.skipped;
+            let bytes_before = sctx.bytes_read;
+            let metrics = &chain.nodes[0].metrics;
+            let clock = metrics.detailed.then(Instant::now);
             let poll = source.poll(&mut out, &mut sctx)?;
             if sctx.skipped > skipped_before {
-                chain.nodes[0]
-                    .metrics
-                    .add(0, 0, sctx.skipped - skipped_before);
+                metrics.add(0, 0, sctx.skipped - skipped_before);
+            }
+            metrics.add_bytes_read(sctx.bytes_read - bytes_before);
+            if let Some(t0) = clock {
+                metrics.add_time(t0.elapsed(), Duration::ZERO);
+                if lag_at.is_none_or(|at| t0.duration_since(at) >= LAG_EVERY)
+                    || matches!(poll, Poll::Done)
+                {
+                    metrics.set_lag(source.lag());
+                    lag_at = Some(t0);
+                }
             }
             if !out.is_empty() {
                 chain.push(0, Batch::new(out)).await?;
@@ -839,6 +874,9 @@ pub async fn run_source(
     chain.free_state(&env);
     result
 }
+
+/// How often a source task asks its source for its lag.
+const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// What a source task does after a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -940,6 +978,11 @@ pub async fn run_chain(
             };
             let step = match message {
                 Message::Records(batch) => {
+                    if let Some(head) = chain.nodes.first()
+                        && head.metrics.detailed
+                    {
+                        head.metrics.set_queue_fill(inputs.get().fill());
+                    }
                     chain.push(0, batch).await?;
                     continue;
                 }
@@ -1075,6 +1118,7 @@ mod tests {
             subtask: 0,
             parallelism: 1,
             skipped: 0,
+            bytes_read: 0,
             restored_from: None,
         };
         let source = Box::new(Endless {

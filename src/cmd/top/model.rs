@@ -403,6 +403,7 @@ pub(super) mod tests {
                 }],
                 reloads: 0,
                 last_reload: None,
+                ..JobStatus::default()
             },
             checkpoints: HashMap::from([(
                 "p".to_owned(),

@@ -19,6 +19,7 @@ use super::{CheckpointStats, HISTORY, SharedStatus};
 use crate::base::error::ErrorClass;
 use crate::base::human::{Bytes, Elapsed};
 use crate::base::message::{Barrier, BarrierKind};
+use crate::base::metrics::{LastCheckpoint, PipelineMetrics, StateSize};
 use crate::checkpoint::coordinator::AbortReason;
 use crate::checkpoint::retention::CheckpointFiles;
 use crate::checkpoint::savepoint::{savepoint_dir_name, write_savepoint};
@@ -79,6 +80,8 @@ pub(super) struct Checkpoints {
     /// The class of the last checkpoint failure a task or a metadata write reported (a
     /// failover after too many failed checkpoints carries it; storage trouble by default).
     pub failure_class: ErrorClass,
+    /// The pipeline's figures (the job's, across generations, once linked).
+    pub metrics: Arc<PipelineMetrics>,
 }
 
 impl Checkpoints {
@@ -97,12 +100,15 @@ impl Checkpoints {
             internal_rx,
             completed_count: 0,
             failure_class: ErrorClass::Io,
+            metrics: Arc::default(),
         }
     }
 
     /// Notes that checkpoint `id` was triggered now.
     pub(super) fn triggered(&mut self, id: CheckpointId) {
         self.triggered.insert(id, Instant::now());
+        self.metrics
+            .set_checkpoints_in_progress(self.triggered.len() as u64);
     }
 
     /// Notes `task`'s acknowledgement figures for checkpoint `id`.
@@ -158,6 +164,11 @@ impl Checkpoints {
         let id = barrier.checkpoint;
         let duration_ms = self.since_trigger_ms(id);
         self.triggered.remove(&id);
+        if reason.is_failure() {
+            self.metrics.checkpoint_failed();
+        }
+        self.metrics
+            .set_checkpoints_in_progress(self.triggered.len() as u64);
         let mut subtasks = self.acks.remove(&id).unwrap_or_default();
         subtasks.sort_by(|a, b| a.task.cmp(&b.task));
         let info = CheckpointInfo {
@@ -210,6 +221,8 @@ impl Checkpoints {
         ck.metadata.retain(|&k, _| k > id);
         let started = self.triggered.remove(&id);
         self.triggered.retain(|&k, _| k > id);
+        self.metrics
+            .set_checkpoints_in_progress(self.triggered.len() as u64);
         let stats = checkpoint_stats(&meta, ck.latest.as_ref(), started);
         tracing::debug!(
             pipeline = %plan.id,
@@ -235,6 +248,25 @@ impl Checkpoints {
             alignment_ms: subtasks.iter().map(|s| s.alignment_ms).max().unwrap_or(0),
             subtasks,
         };
+        self.metrics.checkpoint_completed(
+            LastCheckpoint {
+                id,
+                duration: stats.duration,
+                size: stats.size,
+                new_bytes: stats.new_bytes,
+            },
+            info.subtasks
+                .iter()
+                .map(|s| {
+                    (
+                        s.task.clone(),
+                        s.subtask,
+                        Duration::from_millis(s.alignment_ms),
+                    )
+                })
+                .collect(),
+        );
+        self.metrics.set_state_sizes(state_sizes(&meta));
         self.stats.push(stats);
         ck.completed.push(CheckpointFiles::from_metadata(&meta));
         let meta = Arc::new(meta);
@@ -446,4 +478,25 @@ fn instant_before(ms: u64) -> Instant {
     Instant::now()
         .checked_sub(Duration::from_millis(ms))
         .unwrap_or_else(Instant::now)
+}
+
+/// Bytes each operator holds in checkpoint `meta` (its subtasks' files summed), under the
+/// backend that wrote them.
+fn state_sizes(meta: &CheckpointMetadata) -> Vec<StateSize> {
+    let backend = meta
+        .backend
+        .map_or_else(|| "none".to_owned(), |b| b.as_str().to_owned());
+    let mut by_operator: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &meta.subtasks {
+        *by_operator.entry(s.operator.as_str()).or_default() +=
+            s.files.iter().map(|f| f.size).sum::<u64>();
+    }
+    by_operator
+        .into_iter()
+        .map(|(operator, bytes)| StateSize {
+            operator: operator.to_owned(),
+            backend: backend.clone(),
+            bytes,
+        })
+        .collect()
 }

@@ -103,6 +103,10 @@ impl Supervisor {
                 };
                 self.tasks.abort_for_restart(&scope);
                 self.restarts += 1;
+                self.checkpoints
+                    .metrics
+                    .restarts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.publish(LiveState::Restarting);
                 // The failure itself was logged just above ("Task failed."): not again.
                 tracing::warn!(

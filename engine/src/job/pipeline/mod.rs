@@ -30,7 +30,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 
 use crate::base::error::RunError;
-use crate::base::metrics::NodeReport;
+use crate::base::metrics::{NodeReport, PipelineMetrics};
 use crate::checkpoint::CheckpointId;
 use crate::checkpoint::TaskId;
 use crate::control::{CheckpointInfo, ControlError, SavepointInfo};
@@ -183,6 +183,8 @@ pub(crate) struct SupervisorLinks {
     pub handover: Option<Arc<Handover>>,
     /// The pipeline's taps, which outlive this generation (`weir tap` across reloads).
     pub taps: Option<Arc<crate::runtime::tap::TapRegistry>>,
+    /// The pipeline's figures, kept by the job across generations.
+    pub metrics: Arc<PipelineMetrics>,
 }
 
 /// Figures of one completed checkpoint.

@@ -507,6 +507,7 @@ impl Tasks {
                         subtask: s,
                         parallelism: p,
                         skipped: 0,
+                        bytes_read: 0,
                         restored_from,
                     };
                     self.join.spawn_on(

@@ -153,6 +153,7 @@ impl Supervisor {
         if let Some(taps) = links.taps {
             self.tasks.taps = taps;
         }
+        self.checkpoints.metrics = links.metrics;
         if let Some(verdict) = links.start.probation {
             self.phase = Phase::Probation(Probation::new(verdict));
         }
