@@ -186,6 +186,7 @@ mod tests {
                 at_ms: 0,
                 ..ReloadOutcome::default()
             }),
+            ..JobStatus::default()
         };
         assert_eq!(
             render(&status),

@@ -91,6 +91,7 @@ pub fn status_fixture() -> JobStatus {
             at_ms: 1_700_000_000_000,
             ..ReloadOutcome::default()
         }),
+        ..JobStatus::default()
     }
 }
 

@@ -101,6 +101,12 @@ impl Running {
             "unexpected reload outcome: {outcome:#?}\nrun log:\n{}",
             self.log()
         );
+        assert_eq!(
+            status.reload_history.last(),
+            Some(&outcome),
+            "the reload history ends with the last reload: {:#?}",
+            status.reload_history
+        );
         (status, outcome)
     }
 

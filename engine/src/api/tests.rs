@@ -92,6 +92,7 @@ fn status_fixture() -> JobStatus {
             at_ms: 1_700_000_000_000,
             ..ReloadOutcome::default()
         }),
+        ..JobStatus::default()
     }
 }
 

@@ -59,6 +59,9 @@ pub(super) struct Job {
     pub(super) generations: AtomicU64,
     pub(super) reloads: AtomicU64,
     pub(super) last_reload: Mutex<Option<ReloadOutcome>>,
+    /// The latest reload attempts, oldest first (at most
+    /// [`RELOAD_HISTORY_KEPT`](crate::control::RELOAD_HISTORY_KEPT)).
+    pub(super) reload_history: Mutex<VecDeque<ReloadOutcome>>,
     pub(super) reload_lock: tokio::sync::Mutex<()>,
     pub(super) started: Instant,
     pub(super) workers: tokio::runtime::Handle,
@@ -141,6 +144,7 @@ impl Job {
             generations: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
             last_reload: Mutex::new(None),
+            reload_history: Mutex::default(),
             reload_lock: tokio::sync::Mutex::new(()),
             started,
             workers,
@@ -565,6 +569,11 @@ impl JobControl for Arc<Job> {
                 .collect(),
             reloads: self.reloads.load(Ordering::Relaxed),
             last_reload: self.last_reload.lock().ok().and_then(|l| l.clone()),
+            reload_history: self
+                .reload_history
+                .lock()
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default(),
         }
     }
 
