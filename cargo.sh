@@ -21,7 +21,7 @@
 #   CC, CXX              the C and C++ compilers (as for cc-rs); default cc and c++
 #   WEIR_CHROMIUM, WEIR_CHROMEDRIVER
 #                        the browser and its driver the web page test starts (default chromium
-#                        and chromedriver on PATH); when set, taken as given
+#                        and chromedriver on PATH); when set, taken as given (never installed)
 set -euo pipefail
 
 say() { printf 'cargo.sh: %s\n' "$*" >&2; }
@@ -143,17 +143,18 @@ if [ "$mode" != skip ]; then
   if [ "$subcommand" = test ]; then
     chromium_bin=${WEIR_CHROMIUM:-chromium}
     driver_bin=${WEIR_CHROMEDRIVER:-chromedriver}
-    if ! command -v "$chromium_bin" >/dev/null 2>&1; then
-      missing+=("a headless browser for the web page test ($chromium_bin)")
+    for var in WEIR_CHROMIUM WEIR_CHROMEDRIVER; do
+      if [ -n "${!var:-}" ] && ! command -v "${!var}" >/dev/null 2>&1; then
+        die "$var=${!var} is not a program." \
+          "Point it at the browser (WEIR_CHROMIUM) or its driver (WEIR_CHROMEDRIVER), or unset" \
+          "it to use chromium and chromedriver from PATH (installed here when missing)."
+      fi
+    done
+    if ! command -v "$chromium_bin" >/dev/null 2>&1 || ! command -v "$driver_bin" >/dev/null 2>&1; then
+      missing+=("a headless browser and its driver for the web page test ($chromium_bin, $driver_bin)")
       packages+=(chromium chromium-driver)
     elif [ "$mode" = dry-run ]; then
-      say "found the browser: $(command -v "$chromium_bin")"
-    fi
-    if ! command -v "$driver_bin" >/dev/null 2>&1; then
-      missing+=("its WebDriver server ($driver_bin)")
-      packages+=(chromium chromium-driver)
-    elif [ "$mode" = dry-run ]; then
-      say "found its driver: $(command -v "$driver_bin")"
+      say "found the browser: $(command -v "$chromium_bin"); its driver: $(command -v "$driver_bin")"
     fi
   fi
 fi

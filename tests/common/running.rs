@@ -47,6 +47,11 @@ impl Running {
         self.run.cli(args)
     }
 
+    /// As [`cli`](Self::cli), with extra environment variables (see [`Run::cli_env`]).
+    pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.run.cli_env(args, env)
+    }
+
     /// `weir status --json`, parsed.
     pub fn status(&self) -> JobStatus {
         let out = self.cli(&["status", "--json"]);
