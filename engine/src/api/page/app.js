@@ -437,6 +437,11 @@
     view.beforeAt = at;
   }
 
+  // `task[subtask]`, unless the task's name already carries its index.
+  function subtaskName(s) {
+    return /\[\d+\]$/.test(s.task) ? s.task : s.task + '[' + s.subtask + ']';
+  }
+
   function updateCheckpoints(view, history) {
     const newest = history.slice(-CHECKPOINT_ROWS).reverse();
     const rows = newest.map((c) => {
@@ -447,7 +452,7 @@
         }
       }
       const slow = slowest === '–' ? '–' :
-        slowest.task + '#' + slowest.subtask + ' (' + millis(slowest.ack_ms) + ', aligned ' +
+        subtaskName(slowest) + ' (' + millis(slowest.ack_ms) + ', aligned ' +
         millis(slowest.alignment_ms) + ')';
       return row([
         '#' + c.id, c.kind, clock(c.trigger_time_ms), millis(c.duration_ms), bytes(c.size),
