@@ -6,6 +6,7 @@
 //!
 //! Needs `chromium` and `chromedriver` (see `common::browser`): without them the test fails and
 //! says what to install.
+#![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
 
