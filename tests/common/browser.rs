@@ -30,6 +30,8 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-crash-reporter",
+    "--disable-breakpad",
 ];
 
 /// How long one WebDriver call may take (starting the browser is the slow one).
@@ -163,7 +165,8 @@ pub struct Browser {
     driver: Child,
     port: u16,
     session: String,
-    _profile: tempfile::TempDir,
+    /// The browser's fresh profile directory, removed with it.
+    profile: tempfile::TempDir,
 }
 
 impl Browser {
@@ -184,7 +187,7 @@ impl Browser {
             driver,
             port,
             session: String::new(),
-            _profile: profile,
+            profile,
         };
         let until = Instant::now() + DEADLINE;
         loop {
@@ -205,7 +208,7 @@ impl Browser {
         let mut args: Vec<String> = CHROMIUM_FLAGS.iter().map(|f| (*f).to_owned()).collect();
         args.push(format!(
             "--user-data-dir={}",
-            browser._profile.path().display()
+            browser.profile.path().display()
         ));
         let capabilities = json!({
             "capabilities": {"alwaysMatch": {
