@@ -342,7 +342,7 @@
       el('p', { class: 'muted', 'data-figure': 'checkpoint_summary' }, ['No checkpoint yet.']),
       el('table', { class: 'checkpoints', hidden: '' }, [
         el('thead', {}, [el('tr', {}, [
-          'id', 'kind', 'triggered', 'duration', 'size', 'new bytes', 'alignment',
+          'id', 'kind', 'status', 'triggered', 'duration', 'size', 'new bytes', 'alignment',
           'slowest subtask',
         ].map((h) => el('th', {}, [h])))]),
         el('tbody'),
@@ -454,14 +454,20 @@
       const slow = slowest === '–' ? '–' :
         subtaskName(slowest) + ' (' + millis(slowest.ack_ms) + ', aligned ' +
         millis(slowest.alignment_ms) + ')';
-      return row([
-        '#' + c.id, c.kind, clock(c.trigger_time_ms), millis(c.duration_ms), bytes(c.size),
-        bytes(c.new_bytes), millis(c.alignment_ms), slow,
+      // Answers of an older `weir run` carry no status: those are completed ones.
+      const status = c.status || 'completed';
+      const tr = row([
+        '#' + c.id, c.kind, c.failure ? status + ': ' + c.failure : status,
+        clock(c.trigger_time_ms), millis(c.duration_ms), bytes(c.size), bytes(c.new_bytes),
+        millis(c.alignment_ms), slow,
       ]);
+      tr.className = 'checkpoint-' + status;
+      return tr;
     });
     fillTable(view.checkpointTable, rows);
+    const failed = history.filter((c) => c.status && c.status !== 'completed').length;
     const summary = history.length === 0 ? 'No checkpoint yet.' :
-      history.length + ' completed kept in memory' +
+      history.length + ' kept in memory (' + failed + ' failed or aborted)' +
       (history.length > CHECKPOINT_ROWS ? ', the latest ' + CHECKPOINT_ROWS + ' shown' : '') + '.';
     setText(figureOf(view, 'checkpoint_summary'), summary);
   }
