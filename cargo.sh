@@ -8,6 +8,8 @@
 #   - a C and a C++ compiler (cc, c++): RocksDB, lz4 and mimalloc are compiled from source;
 #   - libclang and clang's builtin headers: librocksdb-sys generates its Rust bindings with
 #     bindgen on every build (it ships no pre-generated ones), and bindgen loads libclang.
+# Testing it (`./cargo.sh test ...`) also needs a headless browser: the web page test drives
+# Chromium through chromedriver (Debian packages chromium and chromium-driver).
 # What is missing is installed with apt-get (Debian, Ubuntu), through sudo when not root. On other
 # systems, or without the rights to install, it stops and says what to install. Once everything
 # is present it costs a few file tests and nothing is printed.
@@ -17,6 +19,9 @@
 #   WEIR_SETUP=skip      skip the checks and run cargo directly
 #   LIBCLANG_PATH        a directory holding libclang.so* (as for bindgen); taken as given
 #   CC, CXX              the C and C++ compilers (as for cc-rs); default cc and c++
+#   WEIR_CHROMIUM, WEIR_CHROMEDRIVER
+#                        the browser and its driver the web page test starts (default chromium
+#                        and chromedriver on PATH); when set, taken as given (never installed)
 set -euo pipefail
 
 say() { printf 'cargo.sh: %s\n' "$*" >&2; }
@@ -123,6 +128,35 @@ if [ "$mode" != skip ]; then
     missing+=("libclang (bindgen, run by librocksdb-sys, loads it)")
     packages+=(libclang-dev)
   fi
+
+  # The cargo subcommand: the first argument that is not an option or a `+toolchain`.
+  subcommand=
+  for arg in "$@"; do
+    case "$arg" in
+      -* | +*) ;;
+      *)
+        subcommand=$arg
+        break
+        ;;
+    esac
+  done
+  if [ "$subcommand" = test ]; then
+    chromium_bin=${WEIR_CHROMIUM:-chromium}
+    driver_bin=${WEIR_CHROMEDRIVER:-chromedriver}
+    for var in WEIR_CHROMIUM WEIR_CHROMEDRIVER; do
+      if [ -n "${!var:-}" ] && ! command -v "${!var}" >/dev/null 2>&1; then
+        die "$var=${!var} is not a program." \
+          "Point it at the browser (WEIR_CHROMIUM) or its driver (WEIR_CHROMEDRIVER), or unset" \
+          "it to use chromium and chromedriver from PATH (installed here when missing)."
+      fi
+    done
+    if ! command -v "$chromium_bin" >/dev/null 2>&1 || ! command -v "$driver_bin" >/dev/null 2>&1; then
+      missing+=("a headless browser and its driver for the web page test ($chromium_bin, $driver_bin)")
+      packages+=(chromium chromium-driver)
+    elif [ "$mode" = dry-run ]; then
+      say "found the browser: $(command -v "$chromium_bin"); its driver: $(command -v "$driver_bin")"
+    fi
+  fi
 fi
 
 # --- installation -----------------------------------------------------------------------------
@@ -133,9 +167,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 
   if ! command -v apt-get >/dev/null 2>&1; then
     die "no apt-get here, so I cannot install them myself. Install, then run me again:" \
-      "Fedora/RHEL: dnf install clang-devel gcc-c++" \
-      "Arch: pacman -S clang gcc" \
-      "macOS: xcode-select --install (or brew install llvm, then LIBCLANG_PATH=\$(brew --prefix llvm)/lib)"
+      "Fedora/RHEL: dnf install clang-devel gcc-c++ (tests: chromium chromedriver)" \
+      "Arch: pacman -S clang gcc (tests: chromium)" \
+      "macOS: xcode-select --install (or brew install llvm, then LIBCLANG_PATH=\$(brew --prefix llvm)/lib);" \
+      "  tests: brew install --cask chromium chromedriver" \
+      "A browser elsewhere: WEIR_CHROMIUM=/path/to/chrome WEIR_CHROMEDRIVER=/path/to/chromedriver"
   fi
 
   sudo=()
@@ -166,6 +202,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     lib=$(find_libclang) && find_clang_headers "$lib" >/dev/null ||
       die "libclang is still not found after installing ${packages[*]}." \
         "Set LIBCLANG_PATH to the directory of libclang.so and run me again."
+    if [ "$subcommand" = test ]; then
+      command -v "$chromium_bin" >/dev/null 2>&1 && command -v "$driver_bin" >/dev/null 2>&1 ||
+        die "$chromium_bin or $driver_bin is still not on PATH after installing ${packages[*]}." \
+          "Set WEIR_CHROMIUM and WEIR_CHROMEDRIVER to the browser and its driver."
+    fi
     say "installed ${packages[*]}"
   fi
 elif [ "$mode" = dry-run ]; then

@@ -240,7 +240,15 @@ pub struct JobStatus {
     /// The pause of the last reload that paused a pipeline, milliseconds.
     #[serde(default)]
     pub last_reload_pause_ms: Option<u64>,
+    /// The latest reload attempts (applied, unchanged, rejected, rolled back or failed; not
+    /// `plan_only` comparisons), oldest first, at most [`RELOAD_HISTORY_KEPT`]: when, the
+    /// result, what changed per pipeline, the pause and the messages.
+    #[serde(default)]
+    pub reload_history: Vec<ReloadOutcome>,
 }
+
+/// How many reload attempts [`JobStatus::reload_history`] keeps (the oldest go first).
+pub const RELOAD_HISTORY_KEPT: usize = 20;
 
 /// One pipeline.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

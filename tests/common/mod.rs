@@ -5,12 +5,14 @@
 //! comparison), [`files`] (copying pipelines, saving like an editor, growing inputs),
 //! [`in_process`] (plans, file sinks and failures of runs in this process; the reference
 //! pipelines and their golden output), [`control`] (a recording fake
-//! `JobControl` behind the real API server) and [`memory`] (peak RSS from `/proc`).
+//! `JobControl` behind the real API server), [`memory`] (peak RSS from `/proc`) and
+//! [`browser`] (headless Chromium through chromedriver, for the web page).
 //!
 //! Each test binary compiles the whole kit and uses part of it, hence `dead_code`.
 #![allow(clippy::unwrap_used, dead_code)]
 
 pub mod binary;
+pub mod browser;
 pub mod control;
 pub mod files;
 pub mod in_process;

@@ -47,6 +47,11 @@ impl Running {
         self.run.cli(args)
     }
 
+    /// As [`cli`](Self::cli), with extra environment variables (see [`Run::cli_env`]).
+    pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.run.cli_env(args, env)
+    }
+
     /// `weir status --json`, parsed.
     pub fn status(&self) -> JobStatus {
         let out = self.cli(&["status", "--json"]);
@@ -100,6 +105,12 @@ impl Running {
             expected,
             "unexpected reload outcome: {outcome:#?}\nrun log:\n{}",
             self.log()
+        );
+        assert_eq!(
+            status.reload_history.last(),
+            Some(&outcome),
+            "the reload history ends with the last reload: {:#?}",
+            status.reload_history
         );
         (status, outcome)
     }

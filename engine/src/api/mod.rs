@@ -2,8 +2,9 @@
 //! requests into [`JobControl`](crate::control::JobControl) calls (`server`), the blocking
 //! client the CLI verbs (`weir status`, `savepoint`, `stop`, `reload`) use to call it
 //! (`client`), the text rendering of answers shared by the CLI and `weir run`'s logs
-//! (`render`), the Prometheus text of `GET /metrics` (`metrics`), how flags, environment and the file's `api:` section combine into where it
-//! listens and its token (`settings`), and who holds a port that is taken (`port_owner`).
+//! (`render`), the Prometheus text of `GET /metrics` (`metrics`), how flags, environment and
+//! the file's `api:` section combine into where it listens and its token (`settings`), who
+//! holds a port that is taken (`port_owner`), and the web page served at `/` (`page`).
 //!
 //! This module owns the wire: routes, status codes, the error body, the request screening
 //! (`Host`, `Origin`, `Content-Type`, body size) and the bearer-token check.
@@ -23,6 +24,7 @@
 //! | `POST /v1/pipelines/{id}/stop`       | `StopRequest`       | `StopOutcome`         |
 //! | `POST /v1/reload`                    | `ReloadRequest`     | `ReloadOutcome`       |
 //! | `GET /v1/pipelines/{id}/tap/{op}`    | query: `side`, `sample`, `limit` | `TapEvent`s, one JSON per line, streamed |
+//! | `GET /` (and `/ui/app.js`, `.css`)   |                     | the web page          |
 //!
 //! An empty request body stands for the request type's default. Status codes: 404
 //! `no_such_pipeline` (and unknown routes, with code `invalid`), 405 for a known path with the
@@ -33,6 +35,7 @@
 
 pub mod client;
 pub mod metrics;
+mod page;
 pub mod port_owner;
 pub mod render;
 pub mod server;

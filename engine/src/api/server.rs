@@ -3,6 +3,8 @@
 //! token on mutating calls and turns every failure into a JSON error with the status code of
 //! its [`ControlError`] variant.
 //!
+//! It also serves the web page (`page`) at `/`, behind the same screening.
+//!
 //! Every request passes, in order: a `Host` that is a loopback name or an IP address (a web
 //! page that rebinds its own domain to 127.0.0.1 sends its domain: refused, 403); for a
 //! mutating call (anything but `GET`/`HEAD`), no foreign `Origin` (403), `Content-Type:
@@ -36,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::page;
 use crate::base::error::ApiError;
 use crate::control::{
     CheckpointInfo, ControlError, JobControl, JobStatus, ReloadOutcome, ReloadRequest,
@@ -45,7 +48,8 @@ use crate::control::{
 /// Every route, for the message of an unknown route or a wrong method.
 const ROUTES: &str = "GET /metrics, GET /v1/status, GET and POST /v1/pipelines/{id}/checkpoints, \
                       POST /v1/pipelines/{id}/savepoints, POST /v1/pipelines/{id}/stop, \
-                      GET /v1/pipelines/{id}/tap/{operator}, POST /v1/reload";
+                      GET /v1/pipelines/{id}/tap/{operator}, POST /v1/reload, and the \
+                      web page at GET /";
 
 /// How long [`ApiServer::shutdown`] waits for calls in flight before it stops waiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -184,6 +188,9 @@ impl AppState {
 /// The whole API as an axum router: routes, the request checks, the body limit.
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(page::index))
+        .route(page::SCRIPT_PATH, get(page::script))
+        .route(page::STYLE_PATH, get(page::style))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
         .route(

@@ -16,7 +16,9 @@ use tokio::sync::oneshot;
 use super::RecoveryOptions;
 use super::manager::{Job, RELOAD_SAVEPOINTS_KEPT, now_ms};
 use super::pipeline::{AfterSavepoint, LiveState, Request, StartWatch};
-use crate::control::{ControlError, ReloadOutcome, ReloadRequest, StopOutcome, StopRequest};
+use crate::control::{
+    ControlError, RELOAD_HISTORY_KEPT, ReloadOutcome, ReloadRequest, StopOutcome, StopRequest,
+};
 use crate::plan::PipelinePlan;
 use crate::reload::plan::{Change, PipelineDiff};
 
@@ -449,6 +451,12 @@ impl Job {
             }
             if let Ok(mut last) = self.last_reload.lock() {
                 *last = Some(outcome.clone());
+            }
+            if let Ok(mut history) = self.reload_history.lock() {
+                if history.len() >= RELOAD_HISTORY_KEPT {
+                    history.pop_front();
+                }
+                history.push_back(outcome.clone());
             }
         }
         outcome

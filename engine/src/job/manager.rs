@@ -60,6 +60,9 @@ pub(super) struct Job {
     pub(super) generations: AtomicU64,
     pub(super) reloads: AtomicU64,
     pub(super) last_reload: Mutex<Option<ReloadOutcome>>,
+    /// The latest reload attempts, oldest first (at most
+    /// [`RELOAD_HISTORY_KEPT`](crate::control::RELOAD_HISTORY_KEPT)).
+    pub(super) reload_history: Mutex<VecDeque<ReloadOutcome>>,
     pub(super) reload_lock: tokio::sync::Mutex<()>,
     pub(super) started: Instant,
     pub(super) workers: tokio::runtime::Handle,
@@ -171,6 +174,7 @@ impl Job {
             generations: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
             last_reload: Mutex::new(None),
+            reload_history: Mutex::default(),
             reload_lock: tokio::sync::Mutex::new(()),
             started,
             workers,
@@ -684,6 +688,11 @@ impl JobControl for Arc<Job> {
             reloads_failed: self.reload_counts.failed.load(Ordering::Relaxed),
             last_reload_pause_ms: Some(self.reload_counts.last_pause_ms.load(Ordering::Relaxed))
                 .filter(|&ms| ms != u64::MAX),
+            reload_history: self
+                .reload_history
+                .lock()
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default(),
         }
     }
 
