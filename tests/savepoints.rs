@@ -307,6 +307,84 @@ fn incremental_rocksdb_checkpoints_after_a_savepoint_still_restore() {
     );
 }
 
+/// `weir stop` without a savepoint, then `weir run` again, five times over a followed file
+/// with lines appended before each run: every run resumes from a checkpoint that holds the
+/// keyed state and the file position. (A checkpoint that completed after the tasks were told
+/// to stop used to record them all as finished, with no state: the next run then restored
+/// nothing and never read the file again.) Checkpoints every 50 ms make such a late
+/// checkpoint likely in every cycle.
+#[test]
+fn stopping_without_a_savepoint_and_running_again_keeps_state_and_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = r#"version: 1
+pipelines:
+  - id: p
+    state: { backend: rocksdb, incremental: true }
+    checkpoints: { mode: exactly_once, interval: 50ms }
+    sources:
+      - { id: lines, type: file, path: in.jsonl, follow: true }
+    operators:
+      - { id: by_user, type: key_by, input: lines, field: user }
+      - id: running
+        type: process
+        input: by_user
+        state: { clicks: value }
+        script: |
+          fn process(r) {
+              let n = state_get("clicks");
+              if n == () { n = 0; }
+              state_set("clicks", n + 1);
+              emit(#{user: r.user, clicks: n + 1, i: r.i});
+          }
+    sinks:
+      - { id: out, type: file, input: running, path: out }
+"#;
+    let yaml = write_yaml(dir.path(), text);
+    const PER_RUN: usize = 20;
+    for cycle in 0..5 {
+        let lines: String = (cycle * PER_RUN..(cycle + 1) * PER_RUN)
+            .map(|i| format!("{{\"user\":\"u{}\",\"i\":{i}}}\n", i % 4))
+            .collect();
+        append(&dir.path().join("in.jsonl"), &lines);
+        let mut run = Run::start(beside(&yaml), &yaml, &[]);
+        run.wait_for("this run's lines read and a checkpoint after them", |s| {
+            let p = pipeline_of(s, "p");
+            p["source_records"].as_u64().unwrap_or(0) >= PER_RUN as u64
+                && p["checkpoints"].as_u64().unwrap_or(0) >= 3
+        });
+        let out = run.cli(&["stop", "p"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = run.finish_ok();
+        if cycle > 0 {
+            assert!(
+                !log.contains("restored_from=nothing"),
+                "cycle {cycle}: the run did not resume from a checkpoint:\n{log}"
+            );
+        }
+    }
+    // Every line once, and each user's clicks counted on across the five runs.
+    let lines = committed(&dir.path().join("out"));
+    let mut seen: Vec<i64> = lines
+        .iter()
+        .map(|l| parse(l)["i"].as_i64().unwrap_or(-1))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..5 * PER_RUN as i64).collect::<Vec<_>>(),
+        "{lines:#?}"
+    );
+    for l in &lines {
+        let v = parse(l);
+        let i = v["i"].as_i64().unwrap_or(-1);
+        assert_eq!(v["clicks"].as_i64(), Some(i / 4 + 1), "{l}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Rescale 1 -> 3 -> 2
 // ---------------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ impl Supervisor {
         stop.reply = reply;
         self.enter_stopping(stop);
         self.publish(LiveState::Stopping);
-        self.tasks.send_all(TaskCommand::Stop);
+        self.tasks.stop_all();
     }
 
     /// Moves into `Stopping` with `stop`, carrying a probation under way along.
@@ -191,7 +191,7 @@ impl Supervisor {
             Err(e) => {
                 tracing::info!(pipeline = %self.plan.id, reason = %e, "Stop requested; no final checkpoint.");
                 self.enter_stopping(Stopping::new(None, StopCause::Signal));
-                self.tasks.send_all(TaskCommand::Stop);
+                self.tasks.stop_all();
             }
         }
     }
@@ -206,7 +206,7 @@ impl Supervisor {
         }
         stop.deadline = None;
         tracing::warn!(pipeline = %self.plan.id, "The final checkpoint is taking too long; stopping without it (the next run resumes from the last completed one).");
-        self.tasks.send_all(TaskCommand::Stop);
+        self.tasks.stop_all();
     }
 
     /// Checkpoint `id` completed: when the stop stops at it, the tasks stop (or drain).
@@ -231,7 +231,11 @@ impl Supervisor {
             tracing::info!(pipeline = %self.plan.id, checkpoint = id, "Final checkpoint complete; stopping (the next run resumes from it).");
             TaskCommand::Stop
         };
-        self.tasks.send_all(command);
+        if command == TaskCommand::Stop {
+            self.tasks.stop_all();
+        } else {
+            self.tasks.send_all(command);
+        }
     }
 
     /// Checkpoint `id` was aborted: when the stop stops at it, a requested stop is called
@@ -248,7 +252,7 @@ impl Supervisor {
             self.publish(LiveState::Running);
         } else {
             tracing::warn!(pipeline = %self.plan.id, %reason, "The final checkpoint failed; stopping anyway (the next run resumes from the last completed one).");
-            self.tasks.send_all(TaskCommand::Stop);
+            self.tasks.stop_all();
         }
     }
 

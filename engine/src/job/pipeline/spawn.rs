@@ -73,6 +73,10 @@ pub(super) struct Tasks {
     pub finished: BTreeSet<TaskId>,
     /// Tasks left down by a `noop` failover.
     pub degraded: BTreeSet<TaskId>,
+    /// The tasks were told to stop ([`Tasks::stop_all`]): a task that ends from now on was
+    /// stopped, not finished. Its state lives in the last completed checkpoint, so it must
+    /// not be recorded as finished (stateless) in a later one.
+    pub stopped: bool,
     /// Tasks aborted for a restart whose end has not been observed yet.
     aborting: BTreeSet<tokio::task::Id>,
 }
@@ -121,6 +125,7 @@ impl Tasks {
             next_attempt: 0,
             finished: BTreeSet::new(),
             degraded: BTreeSet::new(),
+            stopped: false,
             aborting: BTreeSet::new(),
         }
     }
@@ -147,6 +152,12 @@ impl Tasks {
         for r in self.running.values() {
             let _ = r.commands.send(command);
         }
+    }
+
+    /// Tells every running task to stop (see [`Tasks::stopped`]).
+    pub(super) fn stop_all(&mut self) {
+        self.stopped = true;
+        self.send_all(TaskCommand::Stop);
     }
 
     /// Sends `command` to every running source task.

@@ -411,6 +411,12 @@ impl Supervisor {
 
     fn on_task_finished(&mut self, task: crate::checkpoint::TaskId) {
         self.tasks.finished.insert(task);
+        // A task told to stop did not reach the end of its input: recorded as finished, a
+        // later checkpoint would hold no state for it and a resume would lose that state and
+        // never read its source again.
+        if self.tasks.stopped {
+            return;
+        }
         if let Some(c) = self.checkpoints.coordinator.as_mut() {
             let cmds = c.task_finished(task);
             self.execute_or_end(cmds);
