@@ -216,7 +216,7 @@ impl Version {
       - {{ id: pacer, type: generator, parallelism: 1, {pacer}, fields: {{ pacer: {{ kind: sequence }} }} }}
     operators:
       - {{ id: both, type: union, inputs: [src, pacer] }}
-      - {{ id: clean, type: filter, input: both, script: "fn filter(r) {{ r.pacer == () }}" }}
+      - {{ id: clean, type: filter, input: both, script: "fn filter(r) {{ !(`pacer` in r) }}" }}
 {extra}      - id: shape
         type: map
         input: {shape_input}

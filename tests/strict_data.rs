@@ -136,3 +136,97 @@ fn get_reads_an_optional_field_with_a_default() {
     assert_eq!(lines[1]["total"], 0);
     assert_eq!(lines[1]["has"], false);
 }
+
+/// A file → key_by → aggregate → stdout pipeline summing `field`.
+fn sum_pipeline(field: &str, on_error: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("in.jsonl"),
+        "{\"user\":\"a\",\"amount\":1}\n{\"user\":\"b\",\"amount\":2}\n{\"user\":\"a\",\"amount\":3}\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "version: 1\npipelines:\n  - id: p\n    sources:\n      - {{id: src, type: file, path: in.jsonl}}\n    operators:\n      - {{id: by, type: key_by, input: src, field: user}}\n      - id: op\n        type: aggregate\n        input: by\n        emit: final\n        on_error: {on_error}\n        aggregations: [{{fn: sum, field: {field}, as: total}}]\n    sinks:\n      - {{id: out, type: stdout, input: op}}\n"
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    dir
+}
+
+#[test]
+fn sum_of_a_field_no_record_has_is_an_error_not_zero() {
+    let dir = sum_pipeline("amout", "skip");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "", "no key got a total");
+    assert_eq!(errors_of(&text(&out.stderr), "op"), Some(3));
+
+    let dir = sum_pipeline("amout", "fail");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("missing field `amout`"), "{stderr}");
+    assert!(
+        stderr.contains("amount, user") || stderr.contains("user, amount"),
+        "{stderr}"
+    );
+
+    let dir = sum_pipeline("amount", "fail");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut got: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        ["{\"key\":\"a\",\"total\":4}", "{\"key\":\"b\",\"total\":2}"]
+    );
+}
+
+/// A file → stdout pipeline over `in.<ext>` holding `data`, the source with `on_error`.
+fn source_pipeline(ext: &str, data: &str, on_error: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(format!("in.{ext}")), data).unwrap();
+    let format = if ext == "csv" { "csv" } else { "jsonl" };
+    let yaml = format!(
+        "version: 1\npipelines:\n  - id: p\n    sources:\n      - {{id: src, type: file, path: in.{ext}, format: {format}, on_error: {on_error}}}\n    sinks:\n      - {{id: out, type: stdout, input: src}}\n"
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    dir
+}
+
+#[test]
+fn a_jsonl_line_that_is_an_array_is_a_source_record_error() {
+    let data = "{\"a\":1}\n[1,2]\n\"text\"\n{\"a\":4}\n";
+    let dir = source_pipeline("jsonl", data, "fail");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("in.jsonl:2"), "{stderr}");
+    assert!(stderr.contains("JSON array, not an object"), "{stderr}");
+
+    let dir = source_pipeline("jsonl", data, "skip");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"a\":1}\n{\"a\":4}\n");
+}
+
+#[test]
+fn a_short_csv_row_is_a_source_record_error() {
+    let data = "\u{feff}user,amount\nu1,3\nu2\nu3,5\n";
+    let dir = source_pipeline("csv", data, "fail");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("in.csv:3"), "{stderr}");
+    assert!(
+        stderr.contains("1 field(s), but the header names 2"),
+        "{stderr}"
+    );
+
+    let dir = source_pipeline("csv", data, "skip");
+    let out = weir(dir.path(), &["run", "--no-api", "pipeline.yaml"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"amount\":3,\"user\":\"u1\"}\n{\"amount\":5,\"user\":\"u3\"}\n"
+    );
+}
