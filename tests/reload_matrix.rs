@@ -180,7 +180,7 @@ impl Version {
             (Source::Lines, true) => {
                 r#"fn map(r) { let id = r.line.sub_string(0, r.line.index_of(" ")); let k = r.line.sub_string(r.line.index_of(" ") + 1); #{k: k, id: id} }"#
             }
-            (Source::Generator, false) => r#"fn map(r) { #{id: "g" + r.seq, k: r.k} }"#,
+            (Source::Generator, false) => r#"fn map(r) { #{id: `g${r.seq}`, k: r.k} }"#,
             (Source::Generator, true) => r#"fn map(r) { let id = `g${r.seq}`; #{k: r.k, id: id} }"#,
             (_, false) => r#"fn map(r) { #{id: r.id, k: r.k} }"#,
             (_, true) => r#"fn map(r) { let id = r.id; #{k: r.k, id: id} }"#,
@@ -216,7 +216,7 @@ impl Version {
       - {{ id: pacer, type: generator, parallelism: 1, {pacer}, fields: {{ pacer: {{ kind: sequence }} }} }}
     operators:
       - {{ id: both, type: union, inputs: [src, pacer] }}
-      - {{ id: clean, type: filter, input: both, script: "fn filter(r) {{ r.pacer == () }}" }}
+      - {{ id: clean, type: filter, input: both, script: "fn filter(r) {{ !(`pacer` in r) }}" }}
 {extra}      - id: shape
         type: map
         input: {shape_input}

@@ -153,8 +153,10 @@ impl LineParser {
     /// # Errors
     /// When the header is not valid UTF-8.
     pub fn set_header(&mut self, line: &[u8]) -> std::result::Result<(), String> {
-        let text =
-            std::str::from_utf8(trim_eol(line)).map_err(|e| format!("header is not UTF-8: {e}"))?;
+        let line = trim_eol(line);
+        // A byte-order mark (spreadsheets write one) is not part of the first column's name.
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        let text = std::str::from_utf8(line).map_err(|e| format!("header is not UTF-8: {e}"))?;
         self.columns = split_csv(text, self.delimiter)?.into_iter().collect();
         Ok(())
     }
@@ -170,9 +172,15 @@ impl LineParser {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     return Ok(None);
                 }
-                crate::record::parse_json(line)
-                    .map(Some)
-                    .map_err(|e| e.to_string())
+                let value = crate::record::parse_json(line).map_err(|e| e.to_string())?;
+                if !value.is_map() {
+                    return Err(format!(
+                        "the line is a JSON {}, not an object: every jsonl line must be one \
+                         object (`{{\"field\": value, ...}}`)",
+                        json_kind(&value)
+                    ));
+                }
+                Ok(Some(value))
             }
             RecordFormat::Lines => {
                 let text = String::from_utf8_lossy(line);
@@ -186,6 +194,14 @@ impl LineParser {
                 }
                 let text = std::str::from_utf8(line).map_err(|e| format!("not UTF-8: {e}"))?;
                 let fields = split_csv(text, self.delimiter)?;
+                if self.header && fields.len() != self.columns.len() {
+                    return Err(format!(
+                        "{} field(s), but the header names {}: {}",
+                        fields.len(),
+                        self.columns.len(),
+                        self.columns.join(", ")
+                    ));
+                }
                 let mut m = Map::new();
                 for (i, f) in fields.into_iter().enumerate() {
                     let name = match self.columns.get(i) {
@@ -204,6 +220,21 @@ impl LineParser {
                 Ok(Some(Dynamic::from_map(m)))
             }
         }
+    }
+}
+
+/// What a JSON value that is not an object is, for error messages.
+fn json_kind(v: &Dynamic) -> &'static str {
+    if v.is_array() {
+        "array"
+    } else if v.is_string() {
+        "string"
+    } else if v.is_unit() {
+        "null"
+    } else if v.is_bool() {
+        "boolean"
+    } else {
+        "number"
     }
 }
 
@@ -226,42 +257,23 @@ fn csv_value(f: String) -> Dynamic {
     Dynamic::from(f)
 }
 
-/// Splits one CSV line (RFC 4180 quoting; no newlines inside quotes).
+/// Splits one CSV record with the `csv` crate (RFC 4180: quoted fields, doubled quotes,
+/// delimiters inside quotes). A record is one line: a quote left open at its end is an error.
 fn split_csv(line: &str, delimiter: u8) -> std::result::Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut cur = String::new();
-    let mut chars = line.chars().peekable();
-    let delim = char::from(delimiter);
-    let mut quoted = false;
-    let mut at_start = true;
-    while let Some(c) = chars.next() {
-        if quoted {
-            if c == '"' {
-                if chars.peek() == Some(&'"') {
-                    cur.push('"');
-                    chars.next();
-                } else {
-                    quoted = false;
-                }
-            } else {
-                cur.push(c);
-            }
-        } else if c == '"' && at_start {
-            quoted = true;
-            at_start = false;
-        } else if c == delim {
-            fields.push(std::mem::take(&mut cur));
-            at_start = true;
-        } else {
-            cur.push(c);
-            at_start = false;
-        }
-    }
-    if quoted {
+    if line.bytes().filter(|&b| b == b'"').count() % 2 == 1 {
         return Err("unterminated quoted field".to_owned());
     }
-    fields.push(cur);
-    Ok(fields)
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .delimiter(delimiter)
+        .from_reader(line.as_bytes());
+    let mut record = csv::StringRecord::new();
+    match reader.read_record(&mut record) {
+        Ok(true) => Ok(record.iter().map(str::to_owned).collect()),
+        Ok(false) => Ok(vec![String::new()]),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Appends one CSV field, quoted when needed.
@@ -368,6 +380,33 @@ mod tests {
         assert_eq!(m["price"].as_float(), Ok(2.5));
         assert_eq!(m["note"].to_string(), "say \"hi\"");
         assert!(p.parse(b"1,2,3,4,5").is_err());
+    }
+
+    #[test]
+    fn a_csv_row_with_the_wrong_number_of_fields_is_an_error() {
+        let mut p = LineParser::new(RecordFormat::Csv, None);
+        p.set_header("\u{feff}user,amount\n".as_bytes()).expect("header");
+        let r = p.parse(b"u1,3\n").expect("parse").expect("record");
+        assert_eq!(r.as_map_ref().expect("map")["user"].to_string(), "u1", "no BOM in the name");
+        let e = p.parse(b"u2\n").expect_err("short row");
+        assert!(e.contains("1 field(s), but the header names 2: user, amount"), "{e}");
+        assert!(p.parse(b"u2,1,x\n").is_err(), "long row");
+    }
+
+    #[test]
+    fn a_jsonl_line_that_is_not_an_object_is_an_error() {
+        let p = LineParser::new(RecordFormat::Jsonl, None);
+        for (line, kind) in [
+            ("[1,2]", "array"),
+            ("\"text\"", "string"),
+            ("42", "number"),
+            ("null", "null"),
+            ("true", "boolean"),
+        ] {
+            let e = p.parse(line.as_bytes()).expect_err(line);
+            assert!(e.contains(&format!("the line is a JSON {kind}, not an object")), "{e}");
+        }
+        assert!(p.parse(b"{\"a\":1}").expect("object").is_some());
     }
 
     #[test]

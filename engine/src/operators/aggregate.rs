@@ -35,6 +35,16 @@ impl Aggregation {
         }
     }
 
+    fn function_name(&self) -> &'static str {
+        match self.function {
+            AggregateFunction::Sum => "sum",
+            AggregateFunction::Count => "count",
+            AggregateFunction::Min => "min",
+            AggregateFunction::Max => "max",
+            AggregateFunction::Avg => "avg",
+        }
+    }
+
     fn init(&self) -> Dynamic {
         match self.function {
             AggregateFunction::Sum | AggregateFunction::Count => Dynamic::from(0_i64),
@@ -159,8 +169,12 @@ impl AggregateOperator {
         }
     }
 
-    /// Reads and checks the aggregated fields of `r` into `values` (unit for count or a
-    /// missing field).
+    /// Reads and checks the aggregated fields of `r` into `values` (unit for `count`).
+    ///
+    /// # Errors
+    /// A record error when a field is missing, or holds a value its aggregation cannot take:
+    /// `sum` and `avg` take numbers, `min` and `max` numbers or strings. A field no record has
+    /// is thus an error on every record, never a silent `0`.
     fn extract(
         aggs: &[Aggregation],
         r: &Dynamic,
@@ -168,24 +182,69 @@ impl AggregateOperator {
     ) -> std::result::Result<(), String> {
         values.clear();
         for a in aggs {
-            let v = match &a.field {
-                Some(p) if a.function != AggregateFunction::Count => {
-                    p.get(r).unwrap_or(Dynamic::UNIT)
-                }
-                _ => Dynamic::UNIT,
+            let Some(path) = a.field.as_ref().filter(|_| a.function != AggregateFunction::Count)
+            else {
+                values.push(Dynamic::UNIT);
+                continue;
             };
-            let numeric = matches!(a.function, AggregateFunction::Sum | AggregateFunction::Avg);
-            if numeric && !v.is_unit() && number(&v).is_none() {
-                let field = a.field.as_ref().map_or("", FieldPath::as_str);
+            let field = path.as_str();
+            let what = format!("`{}` ({} of field `{field}`)", a.output, a.function_name());
+            let Some(v) = path.get(r) else {
                 return Err(format!(
-                    "`{}` of field `{field}`: {} is not a number",
-                    a.output,
-                    v.type_name()
+                    "{what}: missing field `{field}`; {}",
+                    fields_of(r, path)
+                ));
+            };
+            let fits = match a.function {
+                AggregateFunction::Sum | AggregateFunction::Avg => number(&v).is_some(),
+                _ => number(&v).is_some() || v.is_string(),
+            };
+            if !fits {
+                let wants = match a.function {
+                    AggregateFunction::Sum | AggregateFunction::Avg => "a number",
+                    _ => "a number or a string",
+                };
+                return Err(format!(
+                    "{what}: the value is {}, not {wants}",
+                    shown_type(&v)
                 ));
             }
             values.push(v);
         }
         Ok(())
+    }
+}
+
+/// "the record has: a, b" for the map the last part of `path` was looked up in.
+fn fields_of(r: &Dynamic, path: &FieldPath) -> String {
+    let parent = path
+        .as_str()
+        .rsplit_once('.')
+        .map_or_else(|| Some(r.clone()), |(head, _)| FieldPath::new(head).get(r));
+    match parent.as_ref().and_then(|p| p.as_map_ref().ok()) {
+        Some(m) if m.is_empty() => "the record has no fields".to_owned(),
+        Some(m) => format!(
+            "the record has: {}",
+            m.keys().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        ),
+        None => "the path does not lead to a map in this record".to_owned(),
+    }
+}
+
+/// A value's type as users know it from JSON.
+fn shown_type(v: &Dynamic) -> &'static str {
+    if v.is_unit() {
+        "null"
+    } else if v.is_string() {
+        "a string"
+    } else if v.is_bool() {
+        "a boolean"
+    } else if v.is_map() {
+        "an object"
+    } else if v.is_array() {
+        "an array"
+    } else {
+        "not a number"
     }
 }
 
@@ -336,5 +395,64 @@ impl Operator for AggregateOperator {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agg(function: AggregateFunction, field: Option<&str>) -> Aggregation {
+        Aggregation::from_spec(&AggregationSpec {
+            function,
+            field: field.map(str::to_owned),
+            output: Some("out".to_owned()),
+        })
+    }
+
+    fn record(json: &str) -> Dynamic {
+        serde_json::from_str(json).expect("json")
+    }
+
+    fn extract(a: Aggregation, json: &str) -> std::result::Result<Vec<Dynamic>, String> {
+        let mut values = Vec::new();
+        AggregateOperator::extract(&[a], &record(json), &mut values).map(|()| values)
+    }
+
+    #[test]
+    fn a_missing_field_is_a_record_error_naming_the_fields() {
+        let e = extract(agg(AggregateFunction::Sum, Some("amount")), r#"{"amt":1,"user":"u"}"#)
+            .expect_err("missing");
+        assert!(e.contains("`out` (sum of field `amount`): missing field `amount`"), "{e}");
+        assert!(e.contains("amt, user"), "{e}");
+        let e = extract(agg(AggregateFunction::Max, Some("o.n")), r#"{"o":{"m":1}}"#)
+            .expect_err("missing");
+        assert!(e.contains("missing field `o.n`; the record has: m"), "{e}");
+        for f in [AggregateFunction::Avg, AggregateFunction::Min] {
+            assert!(extract(agg(f, Some("x")), "{}").is_err());
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_a_record_error() {
+        for (f, json) in [
+            (AggregateFunction::Sum, r#"{"x":"5"}"#),
+            (AggregateFunction::Avg, r#"{"x":null}"#),
+            (AggregateFunction::Sum, r#"{"x":[1]}"#),
+            (AggregateFunction::Min, r#"{"x":true}"#),
+            (AggregateFunction::Max, r#"{"x":{"a":1}}"#),
+        ] {
+            let e = extract(agg(f, Some("x")), json).expect_err(json);
+            assert!(e.contains("the value is"), "{e}");
+        }
+    }
+
+    #[test]
+    fn good_values_and_count_pass() {
+        assert!(extract(agg(AggregateFunction::Sum, Some("x")), r#"{"x":1.5}"#).is_ok());
+        assert!(extract(agg(AggregateFunction::Min, Some("x")), r#"{"x":"b"}"#).is_ok());
+        let counted = extract(agg(AggregateFunction::Count, Some("absent")), "{}").expect("count");
+        assert!(counted[0].is_unit(), "count reads no field");
+        assert!(extract(agg(AggregateFunction::Count, None), "{}").is_ok());
     }
 }

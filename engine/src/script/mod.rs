@@ -47,7 +47,8 @@ pub fn on_script_stack<R: Send>(f: impl FnOnce() -> R + Send) -> std::io::Result
 /// Builds the sandboxed Rhai engine used everywhere (validation and runtime).
 ///
 /// Limits come from the pipeline's `limits:`; `eval` is disabled and no module resolver is
-/// installed, so `import` cannot load anything. The runtime registers its own functions
+/// installed, so `import` cannot load anything. Data errors are strict ([`strict`]): a missing
+/// field or a type mix is an error, not `()` or `false`. The runtime registers its own functions
 /// (`emit`, state access) on the returned engine.
 pub fn build_engine(limits: &ScriptLimitsSpec) -> Engine {
     let mut engine = Engine::new();
@@ -66,6 +67,7 @@ pub fn build_engine(limits: &ScriptLimitsSpec) -> Engine {
     engine.on_debug(runtime::log_debug);
     engine.disable_symbol("eval");
     engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
+    strict::install(&mut engine);
     engine
 }
 
@@ -315,3 +317,4 @@ fn check_functions(
 }
 pub mod fast;
 pub mod runtime;
+pub mod strict;

@@ -27,6 +27,8 @@ use crate::state::{StateBackend, StateId};
 pub struct CompiledScript {
     ast: AST,
     bodies: Vec<FnBody>,
+    /// The script's text, to name what a failing expression read (see [`missing_field`]).
+    text: String,
 }
 
 /// One script function's body as a program whose free variables are the parameters.
@@ -64,7 +66,11 @@ impl CompiledScript {
             .iter_fn_def()
             .filter_map(|def| FnBody::compile(engine, text, &functions, def))
             .collect();
-        Ok(Self { ast, bodies })
+        Ok(Self {
+            ast,
+            bodies,
+            text: text.to_owned(),
+        })
     }
 
     fn body(&self, name: &str, arity: usize) -> Option<&FnBody> {
@@ -137,7 +143,7 @@ fn run_body(
     scope: &mut Scope<'static>,
     body: &FnBody,
     args: &mut [Dynamic],
-) -> Result<Dynamic, String> {
+) -> Result<Dynamic, Box<EvalAltResult>> {
     let base = scope.len();
     for (param, arg) in body.params.iter().zip(args.iter_mut()) {
         scope.push(param.as_str(), std::mem::take(arg));
@@ -148,7 +154,7 @@ fn run_body(
         *arg = scope.remove::<Dynamic>(param).unwrap_or_default();
     }
     scope.rewind(base);
-    result.map_err(|e| describe(&e))
+    result
 }
 
 /// One compiled script, ready to call per record.
@@ -174,10 +180,32 @@ impl ScriptFn {
     /// # Errors
     /// The script's error as text.
     pub fn call(&mut self, name: &str, args: impl FuncArgs) -> Result<Dynamic, String> {
+        let mut values = Vec::new();
+        args.parse(&mut values);
+        self.call_on_copy(name, &values)
+    }
+
+    /// [`call`](Self::call) on copies of `args`, which stay for the error's explanation.
+    fn call_on_copy(&mut self, name: &str, args: &[Dynamic]) -> Result<Dynamic, String> {
         let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
         self.engine
-            .call_fn_with_options::<Dynamic>(options, &mut self.scope, &self.script.ast, name, args)
-            .map_err(|e| describe(&e))
+            .call_fn_with_options::<Dynamic>(
+                options,
+                &mut self.scope,
+                &self.script.ast,
+                name,
+                args.to_vec(),
+            )
+            .map_err(|e| {
+                let params: Vec<String> = self
+                    .script
+                    .ast
+                    .iter_fn_def()
+                    .find(|f| f.name == name && f.params.len() == args.len())
+                    .map(|f| f.params.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default();
+                explain(&e, &self.script.text, &params, args)
+            })
     }
 
     /// Calls `name` on the hot path and hands the arguments back in `args`, as the script left
@@ -200,9 +228,10 @@ impl ScriptFn {
         match self.script.body(name, args.len()) {
             Some(body) => match body.native(args) {
                 Some(value) => Ok(value),
-                None => run_body(&self.engine, &mut self.scope, body, args),
+                None => run_body(&self.engine, &mut self.scope, body, args)
+                    .map_err(|e| explain(&e, &self.script.text, &body.params, args)),
             },
-            None => self.call(name, args.to_vec()),
+            None => self.call_on_copy(name, args),
         }
     }
 
@@ -215,9 +244,13 @@ impl ScriptFn {
         match self.script.body(name, args.len()) {
             Some(body) => match body.native(args) {
                 Some(value) => Ok(value),
-                None => run_body(&self.engine, &mut self.scope, body, &mut args.to_vec()),
+                None => {
+                    let mut copies = args.to_vec();
+                    run_body(&self.engine, &mut self.scope, body, &mut copies)
+                        .map_err(|e| explain(&e, &self.script.text, &body.params, &copies))
+                }
             },
-            None => self.call(name, args.to_vec()),
+            None => self.call_on_copy(name, args),
         }
     }
 
@@ -225,6 +258,66 @@ impl ScriptFn {
     pub fn defines(&self, name: &str, arity: usize) -> bool {
         super::defines(&self.script.ast, name, arity)
     }
+}
+
+/// The message of a script error: [`describe`], and for a missing field the field's name and
+/// the fields the record (or map) it was read from has, when the expression is a property
+/// chain on one of the function's parameters (`r.a.b`): `args` are the parameters' values as
+/// the script left them.
+fn explain(e: &EvalAltResult, text: &str, params: &[String], args: &[Dynamic]) -> String {
+    let EvalAltResult::ErrorPropertyNotFound(name, pos) = e else {
+        return describe(e);
+    };
+    let at = match (pos.line(), pos.position()) {
+        (Some(line), Some(col)) => format!(" (line {line}, position {col})"),
+        _ => String::new(),
+    };
+    let has = match missing_field(text, *pos, params, args) {
+        Some(fields) if fields.is_empty() => "; the record has no fields".to_owned(),
+        Some(fields) => format!("; the record has: {}", fields.join(", ")),
+        None => String::new(),
+    };
+    format!("{MISSING_FIELD}`{name}`{has}{at}")
+}
+
+/// The start of the message of a missing field error.
+pub const MISSING_FIELD: &str = "missing field ";
+
+/// The fields of the map a property chain on a parameter (`r.a.missing`) read `missing` from,
+/// found from the script text before the property at `pos`; `None` when the expression is not
+/// such a chain.
+fn missing_field(
+    text: &str,
+    pos: Position,
+    params: &[String],
+    args: &[Dynamic],
+) -> Option<Vec<String>> {
+    let offset = offset_of(text, pos.line()?, pos.position()?);
+    let mut before = text.get(..offset)?.trim_end();
+    let mut chain = Vec::new();
+    loop {
+        before = before.strip_suffix('.')?.trim_end();
+        let start = before
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| c.is_alphanumeric() || *c == '_')
+            .last()
+            .map(|(i, _)| i)?;
+        chain.push(&before[start..]);
+        before = before[..start].trim_end();
+        if !before.ends_with('.') {
+            break;
+        }
+    }
+    let (root, path) = chain.split_last()?;
+    let index = params.iter().position(|p| p == root)?;
+    let mut value = args.get(index)?.clone();
+    for field in path.iter().rev() {
+        let next = value.as_map_ref().ok()?.get(*field)?.clone();
+        value = next;
+    }
+    let map = value.as_map_ref().ok()?;
+    Some(map.keys().map(ToString::to_string).collect())
 }
 
 fn describe(e: &EvalAltResult) -> String {
@@ -776,6 +869,36 @@ mod tests {
             .expect_err("over budget");
         assert!(e.contains("Too many operations"), "{e}");
         assert_eq!(s.scope.len(), 0);
+    }
+
+    #[test]
+    fn a_missing_field_names_the_fields_the_record_has() {
+        let mut s = script("fn f(r) {\n  r.n + r.amount\n}");
+        let e = s.invoke("f", &mut [record(1)]).expect_err("no amount");
+        assert!(e.starts_with("missing field `amount`"), "{e}");
+        assert!(e.contains("the record has: n, user") || e.contains("the record has: user, n"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let via_call = s.call("f", (record(1),)).expect_err("no amount");
+        assert_eq!(via_call, e, "a plain call explains it the same way");
+
+        let mut nested = script("fn f(r) { r.inner.x }");
+        let mut m = Map::new();
+        m.insert("inner".into(), record(1));
+        let e = nested
+            .invoke("f", &mut [Dynamic::from_map(m)])
+            .expect_err("no x");
+        assert!(e.contains("missing field `x`") && e.contains("n, user"), "{e}");
+
+        let mut optional = script("fn f(r) { get(r, \"amount\", 0) + r.n }");
+        let v = optional.invoke("f", &mut [record(4)]).expect("get with a default");
+        assert_eq!(v.as_int(), Ok(4));
+    }
+
+    #[test]
+    fn a_string_plus_an_int_is_an_error_not_a_concatenation() {
+        let mut s = script("fn f(r) { (r.user + 1) > 0 }");
+        let e = s.invoke_on_copy("f", &[record(1)]).expect_err("mismatch");
+        assert!(e.contains("cannot apply `+` to string and int"), "{e}");
     }
 
     #[test]
