@@ -313,5 +313,6 @@ fn check_functions(
         );
     }
 }
+pub mod api;
 pub mod fast;
 pub mod runtime;
