@@ -203,8 +203,16 @@ pub(crate) fn router(state: AppState) -> Router {
 }
 
 /// Hides every `${secret:...}` value this process loaded from an answer's body (an error
-/// message or a status may quote a path or a description built from one).
+/// message or a status may quote a path or a description built from one). A tap's stream
+/// (NDJSON) carries records, which are data, and is passed through as it streams.
 async fn redact_secrets(response: Response) -> Response {
+    let streamed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/x-ndjson"));
+    if streamed {
+        return response;
+    }
     let (parts, body) = response.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return Response::from_parts(parts, axum::body::Body::empty());
@@ -213,7 +221,7 @@ async fn redact_secrets(response: Response) -> Response {
     let redacted = weir_schema::interpolate::redact(&text);
     let mut parts = parts;
     if redacted != text {
-        parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+        parts.headers.remove(header::CONTENT_LENGTH);
         return Response::from_parts(parts, axum::body::Body::from(redacted));
     }
     Response::from_parts(parts, axum::body::Body::from(bytes))
