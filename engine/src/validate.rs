@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use weir_schema::{Diagnostics, FileSpec, SourceFile, SpanIndex, load};
+use weir_schema::{Diagnostics, FileSpec, Secrets, SourceFile, SpanIndex, load};
 
 use crate::plan::{FilePlan, PlanError, compile_file};
 
@@ -19,8 +19,11 @@ pub struct Validation {
     pub spec: Option<FileSpec>,
     /// Every node's span, when the YAML parsed.
     pub spans: Option<SpanIndex>,
-    /// Every problem found.
+    /// Every problem found (secrets already redacted).
     pub diagnostics: Diagnostics,
+    /// Values that came from `${secret:...}` references: redact them from anything shown
+    /// about this file (plans, status, logs).
+    pub secrets: Secrets,
     /// Directory that relative paths resolve against.
     pub base_dir: PathBuf,
 }
@@ -77,6 +80,7 @@ fn finish(loaded: load::LoadedFile, base_dir: PathBuf) -> Validation {
             &base_dir,
         ));
     }
+    loaded.secrets.redact_diagnostics(&mut diagnostics);
     diagnostics.sort();
     diagnostics.truncate_to(weir_schema::diagnostic::MAX_REPORTED);
     Validation {
@@ -84,6 +88,7 @@ fn finish(loaded: load::LoadedFile, base_dir: PathBuf) -> Validation {
         spec: loaded.spec,
         spans: loaded.spans,
         diagnostics,
+        secrets: loaded.secrets,
         base_dir,
     }
 }

@@ -96,6 +96,11 @@ pub mod codes {
     pub const SCRIPT_MISSING_FUNCTION: &str = "weir::script::missing_function";
     /// An operator option that does not fit its kind (aggregations without field, ...).
     pub const OPERATOR_OPTION: &str = "weir::config::operator_option";
+    /// A `${VAR}` names an environment variable that is not set (and has no default), or a
+    /// `${VAR:?message}` found it unset or empty.
+    pub const ENV_UNDEFINED: &str = "weir::env::undefined";
+    /// A `${...}` reference that is not well formed (`${`, `${1A}`, `${VAR:x}`).
+    pub const ENV_SYNTAX: &str = "weir::env::syntax";
 }
 
 /// How bad a diagnostic is.

@@ -7,6 +7,7 @@
 //! reports through the same [`Diagnostic`] type.
 
 pub mod diagnostic;
+pub mod interpolate;
 pub mod load;
 pub mod model;
 pub mod registry;
@@ -17,6 +18,7 @@ pub mod validate;
 pub mod yaml;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Severity};
+pub use interpolate::Secrets;
 pub use load::{LoadedFile, ReadError, load_bytes, load_file, load_str, read_text};
 pub use model::*;
 pub use span::{PathSeg, PathSuffix, SourceFile, SpanIndex, YamlPath};

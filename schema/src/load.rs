@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::diagnostic::{Diagnostic, Diagnostics, codes};
+use crate::interpolate::{Env, Secrets};
 use crate::model::FileSpec;
 use crate::span::{Node, NodeValue, PathSeg, SourceFile, SpanIndex, YamlPath};
 use crate::yaml::{Document, MAX_FILE_BYTES};
@@ -26,8 +27,11 @@ pub struct LoadedFile {
     pub spans: Option<SpanIndex>,
     /// The typed model, when the YAML parsed and matched the schema.
     pub spec: Option<FileSpec>,
-    /// Problems found while loading (syntax, schema, types).
+    /// Problems found while loading (syntax, `${VAR}` references, schema, types).
     pub diagnostics: Diagnostics,
+    /// Values that came from `${secret:...}` references, to redact wherever they would be
+    /// shown (already done in `diagnostics`).
+    pub secrets: Secrets,
 }
 
 /// Reads and loads a pipeline file from disk: a regular file of at most
@@ -160,6 +164,7 @@ fn unread(source: SourceFile, diagnostics: Diagnostics) -> LoadedFile {
         spans: None,
         spec: None,
         diagnostics,
+        secrets: Secrets::default(),
     }
 }
 
@@ -196,6 +201,7 @@ fn load_bytes_from(name: &str, bytes: Vec<u8>, path: Option<&Path>) -> LoadedFil
                 spans: None,
                 spec: None,
                 diagnostics,
+                secrets: Secrets::default(),
             }
         }
     }
@@ -206,9 +212,26 @@ pub fn load_str(name: &str, text: &str) -> LoadedFile {
     load_source(Arc::new(SourceFile::new(name, text)))
 }
 
-/// Loads an already-read source file. Every path that loads a pipeline file ends here, so
-/// the limits of [`crate::yaml`] hold for all of them.
+/// Loads an already-read source file, expanding `${VAR}` references from the process
+/// environment. Every path that loads a pipeline file ends here, so the limits of
+/// [`crate::yaml`] and the expansion of [`crate::interpolate`] hold for all of them.
 pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
+    let loaded = load_source_with_env(source, &crate::interpolate::process_env);
+    crate::interpolate::remember(&loaded.secrets);
+    loaded
+}
+
+/// [`load_source`] with `${VAR}` references looked up in `env` instead of the process
+/// environment.
+pub fn load_source_with_env(source: Arc<SourceFile>, env: Env<'_>) -> LoadedFile {
+    let mut loaded = load_expanded(source, env);
+    let secrets = std::mem::take(&mut loaded.secrets);
+    secrets.redact_diagnostics(&mut loaded.diagnostics);
+    loaded.secrets = secrets;
+    loaded
+}
+
+fn load_expanded(source: Arc<SourceFile>, env: Env<'_>) -> LoadedFile {
     let mut diagnostics = Diagnostics::new();
     if source.text.len() > MAX_FILE_BYTES {
         diagnostics.push(
@@ -229,18 +252,28 @@ pub fn load_source(source: Arc<SourceFile>) -> LoadedFile {
             spans: None,
             spec: None,
             diagnostics,
+            secrets: Secrets::default(),
         };
     }
-    let spans = parse_yaml(&source, &mut diagnostics);
+    let mut spans = parse_yaml(&source, &mut diagnostics);
+    let mut secrets = Secrets::default();
+    if let Some(spans) = &mut spans
+        && !diagnostics.has_errors()
+    {
+        secrets = crate::interpolate::expand_tree(spans.root_mut(), &source, env, &mut diagnostics);
+    }
     let mut loaded = LoadedFile {
         source,
         spans,
         spec: None,
         diagnostics,
+        secrets,
     };
     let Some(spans) = &loaded.spans else {
         return loaded;
     };
+    // A YAML error, or a `${VAR}` that could not be expanded: the values are not known, so a
+    // schema check would only report the same places again, worse.
     if loaded.diagnostics.has_errors() {
         return loaded;
     }

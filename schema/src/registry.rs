@@ -347,7 +347,7 @@ macro_rules! operator_spec {
 operator_spec! {
     /// `map`: the script defines `fn map(r)` returning the new record.
     MapSpec {
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.
@@ -359,7 +359,7 @@ operator_spec! {
 operator_spec! {
     /// `filter`: the script defines `fn filter(r)` returning `true` to keep the record.
     FilterSpec {
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.
@@ -372,7 +372,7 @@ operator_spec! {
     /// `flat_map`: the script defines `fn flat_map(r)` returning an array of records (possibly
     /// empty).
     FlatMapSpec {
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.
@@ -389,7 +389,7 @@ operator_spec! {
         /// A field path such as `user` or `customer.id`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         field: Option<String>,
-        /// Inline Rhai script defining `fn key(r)`.
+        /// Inline Rhai script defining `fn key(r)`. The script API: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file defining `fn key(r)`, relative to the pipeline file.
@@ -405,7 +405,7 @@ operator_spec! {
     /// `fn migrate(name, old)`) rewrites each accumulator restored from a savepoint taken
     /// with another version of the script (returning `()` drops it).
     ReduceSpec {
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.
@@ -428,7 +428,7 @@ operator_spec! {
         /// Built-in aggregations, each `{fn, field, as}`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         aggregations: Vec<AggregationSpec>,
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.
@@ -451,7 +451,7 @@ operator_spec! {
     /// state value restored from a savepoint taken with another version of the script, and an
     /// optional `fn on_end(key)` runs per key at the end of a bounded input.
     ProcessSpec {
-        /// Inline Rhai script.
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script: Option<String>,
         /// Rhai script file, relative to the pipeline file.

@@ -248,6 +248,11 @@ impl SpanIndex {
         &self.root
     }
 
+    /// The document root, to change in place while loading (`${VAR}` expansion).
+    pub(crate) fn root_mut(&mut self) -> &mut Node {
+        &mut self.root
+    }
+
     /// The node at a path.
     pub fn node(&self, path: &YamlPath) -> Option<&Node> {
         path.0.iter().try_fold(&self.root, |n, seg| n.child(seg))

@@ -632,6 +632,20 @@ fn scalar_bytes(node: &Node) -> usize {
     }
 }
 
+/// The value a plain (unquoted) scalar with this text has: a number, a boolean, null or a
+/// string, as YAML resolves it. Used after `${VAR}` expansion, so that `port: ${PORT}` is a
+/// number when `PORT=9092`.
+pub(crate) fn resolve_plain(text: &str) -> serde_json::Value {
+    match Scalar::parse_from_cow_and_metadata(
+        Cow::Borrowed(text),
+        saphyr_parser::ScalarStyle::Plain,
+        None,
+    ) {
+        Some(s) => scalar_to_json(&s),
+        None => serde_json::Value::String(text.to_owned()),
+    }
+}
+
 fn scalar_to_json(s: &Scalar<'_>) -> serde_json::Value {
     match s {
         Scalar::Null => serde_json::Value::Null,

@@ -49,6 +49,6 @@ pub fn run(args: &GraphArgs) -> ExitCode {
         GraphFormat::Dot => render::dot(&plan),
         GraphFormat::Mermaid => render::mermaid(&plan),
     };
-    print!("{text}");
+    print!("{}", validation.secrets.redact(&text));
     ExitCode::SUCCESS
 }

@@ -116,13 +116,29 @@ fn init_logs(args: &RunArgs) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| RedactingStderr);
     let _ = match args.log_format {
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
             .try_init(),
         LogFormat::Json => builder.json().with_ansi(false).try_init(),
     };
+}
+
+/// Standard error with every `${secret:...}` value the process loaded replaced by `***`:
+/// the log's writer (each event arrives in one write).
+struct RedactingStderr;
+
+impl Write for RedactingStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(weir_schema::interpolate::redact(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 fn status_line(p: &[PipelineProgress], elapsed: Duration) -> String {
@@ -221,12 +237,13 @@ fn print_summary(s: &JobSummary) {
         }
     }
     out.push_str(&format!("total wall time {:.3}s\n", s.wall.as_secs_f64()));
-    eprint!("{out}");
+    let redact = weir_schema::interpolate::redact;
+    eprint!("{}", redact(&out));
     for p in &s.pipelines {
         if let Some(e) = &p.error {
             // Not wrapped: a record excerpt in the message stays whole and greppable.
             let report = super::api_args::render(failure_report(&p.id, e).as_ref());
-            eprintln!("{}", report.trim_end());
+            eprintln!("{}", redact(report.trim_end()));
         }
     }
 }

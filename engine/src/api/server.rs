@@ -206,7 +206,33 @@ pub(crate) fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), screen))
+        .layer(middleware::map_response(redact_secrets))
         .with_state(state)
+}
+
+/// Hides every `${secret:...}` value this process loaded from an answer's body (an error
+/// message or a status may quote a path or a description built from one). A tap's stream
+/// (NDJSON) carries records, which are data, and is passed through as it streams.
+async fn redact_secrets(response: Response) -> Response {
+    let streamed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/x-ndjson"));
+    if streamed {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let redacted = weir_schema::interpolate::redact(&text);
+    let mut parts = parts;
+    if redacted != text {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, axum::body::Body::from(redacted));
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
 }
 
 /// The JSON body of every error answer: `{"error": {"code": ..., "message": ...}}`.

@@ -315,6 +315,7 @@ fn check_functions(
         );
     }
 }
+pub mod api;
 pub mod fast;
 pub mod runtime;
 pub mod strict;

@@ -1,0 +1,685 @@
+//! The script API reference, as data: every function Weir registers on the Rhai engine
+//! ([`HOST_FUNCTIONS`]) and every function a script defines for its operator to call
+//! ([`ENTRY_POINTS`]), each with its signature, meaning, errors and an example.
+//!
+//! This table is the single source of truth: [`render_markdown`] turns it into
+//! `docs/SCRIPT_API.md`, and the tests check it against the engine both ways (every function
+//! the runtime engine registers beyond Rhai's standard library has an entry, every entry is
+//! registered with its arity), run every example and check what it emits, and fail when
+//! `docs/SCRIPT_API.md` differs from the rendering. Regenerate the file with
+//! `WEIR_BLESS=1 cargo test -p weir-engine --release script_api`.
+
+/// A function Weir registers for scripts to call.
+#[derive(Clone, Copy, Debug)]
+pub struct HostFn {
+    /// The name scripts call.
+    pub name: &'static str,
+    /// Parameter names and types, as written in the signature.
+    pub params: &'static [&'static str],
+    /// The returned type.
+    pub returns: &'static str,
+    /// What it does.
+    pub meaning: &'static str,
+    /// When it fails (the record then fails under the operator's `on_error`).
+    pub errors: &'static str,
+    /// The operator types whose scripts may call it.
+    pub operators: &'static [&'static str],
+    /// A `process` script over the keyed records `1`, `2`, `3` of key `"u"`, with the states
+    /// `count` (value), `seen` (list) and `by` (map) declared.
+    pub example: &'static str,
+    /// What the example emits, as JSON lines joined by `, `.
+    pub emits: &'static str,
+}
+
+/// Where a function may be called from: every keyed `process` script.
+const PROCESS: &[&str] = &["process"];
+
+/// Every function Weir registers, in the order the reference lists them.
+pub const HOST_FUNCTIONS: &[HostFn] = &[
+    HostFn {
+        name: "emit",
+        params: &["record: any"],
+        returns: "()",
+        meaning: "Sends `record` downstream. A `process` function emits zero or more records \
+                  per input record (its return value is ignored); `on_end` may emit too.",
+        errors: "Called outside a `process` operator; called more than \
+                 `limits.max_outputs_per_record` times for one input record.",
+        operators: PROCESS,
+        example: "fn process(r) { if r != 2 { emit(#{n: r}); } }",
+        emits: r#"{"n":1}, {"n":3}"#,
+    },
+    HostFn {
+        name: "key",
+        params: &[],
+        returns: "any",
+        meaning: "The key of the record being processed (as `key_by` produced it: a string \
+                  or an integer), or `()` where there is no current key.",
+        errors: "None.",
+        operators: &["process", "reduce", "aggregate"],
+        example: "fn process(r) { emit(`${key()}:${r}`); }",
+        emits: r#""u:1", "u:2", "u:3""#,
+    },
+    HostFn {
+        name: "state_get",
+        params: &["state: string"],
+        returns: "any",
+        meaning: "The current key's value in the value state `state`, or `()` when unset.",
+        errors: "`state` is not declared in the operator's `state:`; called outside a keyed \
+                 `process` operator.",
+        operators: PROCESS,
+        example: "fn process(r) { let c = state_get(\"count\"); if c == () { c = 0; } \
+                  state_set(\"count\", c + r); emit(c + r); }",
+        emits: "1, 3, 6",
+    },
+    HostFn {
+        name: "state_set",
+        params: &["state: string", "value: any"],
+        returns: "()",
+        meaning: "Stores `value` for the current key in the value state `state`.",
+        errors: "As `state_get`; the value exceeds `limits.max_string_size`, \
+                 `max_array_size` or `max_map_size`.",
+        operators: PROCESS,
+        example: "fn process(r) { state_set(\"count\", r * 10); emit(state_get(\"count\")); }",
+        emits: "10, 20, 30",
+    },
+    HostFn {
+        name: "state_clear",
+        params: &["state: string"],
+        returns: "()",
+        meaning: "Removes the current key's entry from the state `state` (of any kind).",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { state_set(\"count\", r); if r == 2 { state_clear(\"count\"); } \
+                  emit(state_get(\"count\")); }",
+        emits: "1, null, 3",
+    },
+    HostFn {
+        name: "list_push",
+        params: &["state: string", "item: any"],
+        returns: "()",
+        meaning: "Appends `item` to the current key's list in the list state `state`.",
+        errors: "As `state_get`; the list would exceed a `limits:` size (keep it bounded with \
+                 `list_trim` or `list_pop`).",
+        operators: PROCESS,
+        example: "fn process(r) { list_push(\"seen\", r); emit(list_get(\"seen\")); }",
+        emits: "[1], [1,2], [1,2,3]",
+    },
+    HostFn {
+        name: "list_get",
+        params: &["state: string"],
+        returns: "array",
+        meaning: "The current key's whole list (empty when unset).",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { list_push(\"seen\", r * r); emit(list_get(\"seen\").len()); }",
+        emits: "1, 2, 3",
+    },
+    HostFn {
+        name: "list_len",
+        params: &["state: string"],
+        returns: "int",
+        meaning: "The number of items in the current key's list.",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { list_push(\"seen\", r); emit(list_len(\"seen\")); }",
+        emits: "1, 2, 3",
+    },
+    HostFn {
+        name: "list_pop",
+        params: &["state: string"],
+        returns: "any",
+        meaning: "Removes and returns the newest (last) item of the current key's list, or \
+                  `()` when it is empty.",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { list_push(\"seen\", r); if r == 3 { emit(list_pop(\"seen\")); \
+                  emit(list_get(\"seen\")); } }",
+        emits: "3, [1,2]",
+    },
+    HostFn {
+        name: "list_trim",
+        params: &["state: string", "keep: int"],
+        returns: "int",
+        meaning: "Keeps only the newest `keep` items of the current key's list; returns how \
+                  many were removed.",
+        errors: "As `state_get`; `keep` is negative.",
+        operators: PROCESS,
+        example: "fn process(r) { list_push(\"seen\", r); let dropped = list_trim(\"seen\", 2); \
+                  emit([dropped, list_get(\"seen\")]); }",
+        emits: "[0,[1]], [0,[1,2]], [1,[2,3]]",
+    },
+    HostFn {
+        name: "map_put",
+        params: &["state: string", "field: string", "value: any"],
+        returns: "()",
+        meaning: "Sets `field` to `value` in the current key's map in the map state `state`.",
+        errors: "As `state_get`; the map would exceed a `limits:` size (keep it bounded with \
+                 `map_remove`).",
+        operators: PROCESS,
+        example: "fn process(r) { map_put(\"by\", `f${r % 2}`, r); emit(map_get(\"by\", \"f1\")); }",
+        emits: "1, 1, 3",
+    },
+    HostFn {
+        name: "map_get",
+        params: &["state: string", "field: string"],
+        returns: "any",
+        meaning: "The value of `field` in the current key's map, or `()` when absent.",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { emit(map_get(\"by\", \"last\")); map_put(\"by\", \"last\", r); }",
+        emits: "null, 1, 2",
+    },
+    HostFn {
+        name: "map_remove",
+        params: &["state: string", "field: string"],
+        returns: "()",
+        meaning: "Removes `field` from the current key's map (nothing when absent).",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { map_put(\"by\", `f${r}`, r); map_remove(\"by\", \"f1\"); \
+                  emit(map_len(\"by\")); }",
+        emits: "0, 1, 2",
+    },
+    HostFn {
+        name: "map_len",
+        params: &["state: string"],
+        returns: "int",
+        meaning: "The number of fields in the current key's map.",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { map_put(\"by\", \"same\", r); emit(map_len(\"by\")); }",
+        emits: "1, 1, 1",
+    },
+    HostFn {
+        name: "map_keys",
+        params: &["state: string"],
+        returns: "array",
+        meaning: "The fields of the current key's map.",
+        errors: "As `state_get`.",
+        operators: PROCESS,
+        example: "fn process(r) { map_put(\"by\", `f${r}`, r); if r == 3 { let k = map_keys(\"by\"); \
+                  k.sort(); emit(k); } }",
+        emits: r#"["f1","f2","f3"]"#,
+    },
+];
+
+/// A function a script defines for its operator to call.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryPoint {
+    /// The operator `type:`.
+    pub operator: &'static str,
+    /// The function's name.
+    pub name: &'static str,
+    /// Its parameters.
+    pub params: &'static [&'static str],
+    /// Whether the operator needs it (optional ones are called when defined).
+    pub required: bool,
+    /// What the operator does with it.
+    pub meaning: &'static str,
+    /// What a failure does.
+    pub errors: &'static str,
+    /// A whole script; the tests run it on the records `#{n: 1}`, `#{n: 2}`, `#{n: 3}` (all
+    /// of key `"u"` where the operator is keyed; `process` with the states of
+    /// [`HostFn::example`]).
+    pub example: &'static str,
+    /// What the operator outputs for the example, as JSON lines joined by `, `.
+    pub emits: &'static str,
+}
+
+/// What a failing call does, for every entry point.
+const FAILS_RECORD: &str = "A throw, a runtime error or a broken `limits:` fails the record \
+                            under the operator's `on_error` (`fail`, `skip` or a dead letter).";
+
+/// Every entry point, by operator type.
+pub const ENTRY_POINTS: &[EntryPoint] = &[
+    EntryPoint {
+        operator: "map",
+        name: "map",
+        params: &["r"],
+        required: true,
+        meaning: "Returns the record that replaces `r`.",
+        errors: FAILS_RECORD,
+        example: "fn map(r) { #{n: r.n, double: r.n * 2} }",
+        emits: r#"{"double":2,"n":1}, {"double":4,"n":2}, {"double":6,"n":3}"#,
+    },
+    EntryPoint {
+        operator: "filter",
+        name: "filter",
+        params: &["r"],
+        required: true,
+        meaning: "Returns `true` to keep `r`, `false` to drop it.",
+        errors: FAILS_RECORD,
+        example: "fn filter(r) { r.n != 2 }",
+        emits: r#"{"n":1}, {"n":3}"#,
+    },
+    EntryPoint {
+        operator: "flat_map",
+        name: "flat_map",
+        params: &["r"],
+        required: true,
+        meaning: "Returns an array of records (possibly empty) that replace `r`.",
+        errors: FAILS_RECORD,
+        example: "fn flat_map(r) { if r.n == 2 { [] } else { [r, #{n: -r.n}] } }",
+        emits: r#"{"n":1}, {"n":-1}, {"n":3}, {"n":-3}"#,
+    },
+    EntryPoint {
+        operator: "key_by",
+        name: "key",
+        params: &["r"],
+        required: true,
+        meaning: "Returns the record's key (a string or an integer), when `field:` is not \
+                  given.",
+        errors: FAILS_RECORD,
+        example: "fn key(r) { `k${r.n % 2}` }",
+        emits: r#""k1", "k0", "k1""#,
+    },
+    EntryPoint {
+        operator: "reduce",
+        name: "reduce",
+        params: &["acc", "r"],
+        required: true,
+        meaning: "Folds `r` into the key's accumulator `acc` (`r` itself for the key's first \
+                  record) and returns the new accumulator; its output is the accumulator with \
+                  the key added.",
+        errors: FAILS_RECORD,
+        example: "fn reduce(acc, r) { #{n: acc.n + r.n} }",
+        emits: r#"{"key":"u","n":1}, {"key":"u","n":3}, {"key":"u","n":6}"#,
+    },
+    EntryPoint {
+        operator: "aggregate",
+        name: "init",
+        params: &[],
+        required: true,
+        meaning: "Returns the empty accumulator of a new key (a scripted aggregate, without \
+                  `aggregations:`).",
+        errors: FAILS_RECORD,
+        example: "fn init() { 0 }\nfn add(acc, r) { acc + r.n }",
+        emits: r#"{"key":"u","value":1}, {"key":"u","value":3}, {"key":"u","value":6}"#,
+    },
+    EntryPoint {
+        operator: "aggregate",
+        name: "add",
+        params: &["acc", "r"],
+        required: true,
+        meaning: "Adds `r` to the accumulator and returns it.",
+        errors: FAILS_RECORD,
+        example: "fn init() { [] }\nfn add(acc, r) { acc + [r.n] }",
+        emits: r#"{"key":"u","value":[1]}, {"key":"u","value":[1,2]}, {"key":"u","value":[1,2,3]}"#,
+    },
+    EntryPoint {
+        operator: "aggregate",
+        name: "finish",
+        params: &["acc"],
+        required: false,
+        meaning: "Turns the accumulator into the output value (without it the accumulator is \
+                  the output).",
+        errors: FAILS_RECORD,
+        example: "fn init() { #{sum: 0, count: 0} }\n\
+                  fn add(acc, r) { #{sum: acc.sum + r.n, count: acc.count + 1} }\n\
+                  fn finish(acc) { acc.sum / acc.count }",
+        emits: r#"{"key":"u","value":1}, {"key":"u","value":1}, {"key":"u","value":2}"#,
+    },
+    EntryPoint {
+        operator: "process",
+        name: "process",
+        params: &["r"],
+        required: true,
+        meaning: "Handles `r` with the key's named state (`state_*`, `list_*`, `map_*`) and \
+                  sends records with `emit`; the return value is ignored.",
+        errors: FAILS_RECORD,
+        example: "fn process(r) { list_push(\"seen\", r.n); emit(#{seen: list_len(\"seen\")}); }",
+        emits: r#"{"seen":1}, {"seen":2}, {"seen":3}"#,
+    },
+    EntryPoint {
+        operator: "process",
+        name: "on_end",
+        params: &["key"],
+        required: false,
+        meaning: "Called once per key holding state when a bounded input ends; may read the \
+                  key's state and `emit`.",
+        errors: "As `process`; the record in the error is the key.",
+        example: "fn process(r) { list_push(\"seen\", r.n); }\n\
+                  fn on_end(key) { emit(#{key: key, all: list_get(\"seen\")}); }",
+        emits: r#"{"all":[1,2,3],"key":"u"}"#,
+    },
+    EntryPoint {
+        operator: "reduce, aggregate, process",
+        name: "migrate",
+        params: &["old"],
+        required: false,
+        meaning: "On a restore from a savepoint or checkpoint, called once per stored value \
+                  (accumulator or state entry) with the old value; returns the new one, or \
+                  `()` to delete it. A `migrate(name, old)` form also receives the state's \
+                  name; the one-parameter form wins when both are defined.",
+        errors: "A failure stops the restore, naming the state and the value.",
+        example: "fn reduce(acc, r) { #{n: acc.n + r.n} }\nfn migrate(old) { #{n: old.n * 10} }",
+        emits: "",
+    },
+];
+
+/// The signature of a function: `name(a, b)`.
+fn signature(name: &str, params: &[&str]) -> String {
+    format!("{name}({})", params.join(", "))
+}
+
+/// `docs/SCRIPT_API.md`.
+pub fn render_markdown() -> String {
+    let mut out = String::from(
+        "<!-- Generated from engine/src/script/api.rs: do not edit. Regenerate with\n     \
+         WEIR_BLESS=1 cargo test -p weir-engine --release script_api -->\n\
+         # Weir script API\n\n\
+         Scripts are [Rhai](https://rhai.rs/book/) with its standard library (strings, arrays, \
+         maps, math), sandboxed by the pipeline's `limits:`; `print(x)` and `debug(x)` write \
+         log lines, never to stdout. This page lists \
+         what Weir adds: the functions a script defines for its operator \
+         ([entry points](#entry-points)) and the functions Weir provides \
+         ([functions](#functions)). Every example below is run by the test suite.\n\n\
+         ## Entry points\n\n\
+         | Operator | Function | Required | Meaning |\n|---|---|---|---|\n",
+    );
+    for e in ENTRY_POINTS {
+        out.push_str(&format!(
+            "| `{}` | [`fn {}`](#{}) | {} | {} |\n",
+            e.operator,
+            signature(e.name, e.params),
+            anchor(&format!("fn {}", signature(e.name, e.params))),
+            if e.required { "yes" } else { "no" },
+            first_sentence(e.meaning),
+        ));
+    }
+    for e in ENTRY_POINTS {
+        out.push_str(&format!(
+            "\n### fn {}\n\nOperator: `{}`{}.\n\n{}\n\n**Errors:** {}\n\n```rhai\n{}\n```\n",
+            signature(e.name, e.params),
+            e.operator,
+            if e.required { "" } else { " (optional)" },
+            e.meaning,
+            e.errors,
+            e.example,
+        ));
+        if !e.emits.is_empty() {
+            out.push_str(&format!(
+                "\nOn `{{n: 1}}`, `{{n: 2}}`, `{{n: 3}}` (key `\"u\"`) it outputs: `{}`\n",
+                e.emits
+            ));
+        }
+    }
+    out.push_str(
+        "\n## Functions\n\n\
+         State functions work on the current record's key in the states the operator declares \
+         (`state: {count: value, seen: list, by: map}`); the examples run in such a `process` \
+         operator on the records `1`, `2`, `3` of key `\"u\"`.\n\n\
+         | Function | Returns | Operators | Meaning |\n|---|---|---|---|\n",
+    );
+    for f in HOST_FUNCTIONS {
+        out.push_str(&format!(
+            "| [`{}`](#{}) | `{}` | {} | {} |\n",
+            signature(f.name, f.params),
+            anchor(f.name),
+            f.returns,
+            f.operators
+                .iter()
+                .map(|o| format!("`{o}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            first_sentence(f.meaning),
+        ));
+    }
+    for f in HOST_FUNCTIONS {
+        out.push_str(&format!(
+            "\n### {}\n\n`{} -> {}`\n\n{}\n\n**Errors:** {}\n\n```rhai\n{}\n```\n\nEmits: `{}`\n",
+            f.name,
+            signature(f.name, f.params),
+            f.returns,
+            f.meaning,
+            f.errors,
+            f.example,
+            f.emits,
+        ));
+    }
+    out
+}
+
+/// The first sentence of a text, for summary tables.
+fn first_sentence(text: &str) -> &str {
+    text.find(". ").map_or(text, |i| &text[..=i])
+}
+
+/// GitHub's anchor for a heading.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '_' => Some(c),
+            ' ' => Some('-'),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use rhai::Dynamic;
+    use weir_schema::{EmitMode, ScriptLimitsSpec, StateKind};
+
+    use super::*;
+    use crate::base::message::Batch;
+    use crate::element::{Harness, Operator};
+    use crate::operators::reduce::tests::{key, keyed_ctx, script};
+    use crate::record::excerpt;
+
+    /// `(name, arity)` of every function the runtime engine has beyond Rhai's own.
+    fn registered() -> BTreeSet<(String, usize)> {
+        let engine = crate::script::runtime::runtime_engine(&ScriptLimitsSpec::default());
+        engine
+            .gen_fn_signatures(false)
+            .into_iter()
+            .map(|sig| {
+                let name = sig[..sig.find('(').expect("a signature")].to_owned();
+                let params = &sig[sig.find('(').expect("(") + 1..sig.rfind(')').expect(")")];
+                let arity = if params.trim().is_empty() {
+                    0
+                } else {
+                    params.split(',').count()
+                };
+                (name, arity)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn script_api_table_matches_the_registered_functions() {
+        let documented: BTreeSet<(String, usize)> = HOST_FUNCTIONS
+            .iter()
+            .map(|f| (f.name.to_owned(), f.params.len()))
+            .collect();
+        let registered = registered();
+        let undocumented: Vec<_> = registered.difference(&documented).collect();
+        let missing: Vec<_> = documented.difference(&registered).collect();
+        assert!(
+            undocumented.is_empty(),
+            "registered but not in HOST_FUNCTIONS (engine/src/script/api.rs): {undocumented:?}"
+        );
+        assert!(
+            missing.is_empty(),
+            "in HOST_FUNCTIONS but not registered: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn script_api_entry_points_match_the_operators() {
+        // Every function an operator requires (schema registry) is an entry point.
+        for (operator, name, arity) in [
+            ("map", "map", 1),
+            ("filter", "filter", 1),
+            ("flat_map", "flat_map", 1),
+            ("key_by", "key", 1),
+            ("reduce", "reduce", 2),
+            ("aggregate", "init", 0),
+            ("aggregate", "add", 2),
+            ("process", "process", 1),
+        ] {
+            assert!(
+                ENTRY_POINTS.iter().any(|e| e.operator == operator
+                    && e.name == name
+                    && e.params.len() == arity
+                    && e.required),
+                "{operator}: fn {name} with {arity} parameters"
+            );
+        }
+        let spec = |yaml: &str| -> weir_schema::OperatorSpec {
+            serde_json::from_value(serde_json::from_str(yaml).expect("json")).expect("spec")
+        };
+        let required: BTreeSet<(&str, usize)> = [
+            r#"{"type":"map","id":"a","script":"x"}"#,
+            r#"{"type":"filter","id":"a","script":"x"}"#,
+            r#"{"type":"flat_map","id":"a","script":"x"}"#,
+            r#"{"type":"key_by","id":"a","script":"x"}"#,
+            r#"{"type":"reduce","id":"a","script":"x"}"#,
+            r#"{"type":"aggregate","id":"a","script":"x"}"#,
+            r#"{"type":"process","id":"a","script":"x"}"#,
+        ]
+        .iter()
+        .flat_map(|y| spec(y).required_functions().iter().copied())
+        .collect();
+        let documented: BTreeSet<(&str, usize)> = ENTRY_POINTS
+            .iter()
+            .filter(|e| e.required)
+            .map(|e| (e.name, e.params.len()))
+            .collect();
+        assert_eq!(required, documented);
+    }
+
+    fn declared() -> Vec<(String, StateKind)> {
+        vec![
+            ("count".to_owned(), StateKind::Value),
+            ("seen".to_owned(), StateKind::List),
+            ("by".to_owned(), StateKind::Map),
+        ]
+    }
+
+    fn keyed(records: Vec<Dynamic>) -> Batch {
+        Batch {
+            keys: records.iter().map(|_| key("u")).collect(),
+            records,
+        }
+    }
+
+    fn shown(out: &[Dynamic]) -> String {
+        out.iter().map(excerpt).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Runs `op` on `records` one batch per record, then ends the input.
+    fn run(op: Box<dyn Operator>, records: &[Dynamic], keyed_input: bool) -> String {
+        let mut h = Harness::new(op, keyed_ctx()).expect("opens");
+        let mut out = Vec::new();
+        for r in records {
+            let batch = if keyed_input {
+                keyed(vec![r.clone()])
+            } else {
+                Batch {
+                    records: vec![r.clone()],
+                    keys: Vec::new(),
+                }
+            };
+            out.extend(h.push(batch).expect("runs").records);
+        }
+        assert_eq!(h.ctx.errors, 0, "the example fails a record");
+        out.extend(h.finish().expect("ends"));
+        shown(&out)
+    }
+
+    #[test]
+    fn script_api_function_examples_emit_what_they_say() {
+        let ints: Vec<Dynamic> = (1..=3_i64).map(Dynamic::from).collect();
+        for f in HOST_FUNCTIONS {
+            let op = crate::operators::process::ProcessOperator::new(
+                script(f.example),
+                declared(),
+                10,
+            );
+            assert_eq!(run(Box::new(op), &ints, true), f.emits, "{}", f.name);
+        }
+    }
+
+    #[test]
+    fn script_api_entry_point_examples_output_what_they_say() {
+        use crate::operators::{aggregate, filter, flat_map, map, process, reduce};
+        let records: Vec<Dynamic> = (1..=3_i64)
+            .map(|n| {
+                let mut m = rhai::Map::new();
+                m.insert("n".into(), Dynamic::from(n));
+                Dynamic::from_map(m)
+            })
+            .collect();
+        for e in ENTRY_POINTS {
+            let s = || script(e.example);
+            let (op, keyed_input): (Box<dyn Operator>, bool) = match (e.operator, e.name) {
+                ("map", _) => (Box::new(map::MapOperator::new(s())), false),
+                ("filter", _) => (Box::new(filter::FilterOperator::new(s())), false),
+                ("flat_map", _) => (Box::new(flat_map::FlatMapOperator::new(s(), 10)), false),
+                ("reduce", _) => (
+                    Box::new(reduce::ReduceOperator::new(
+                        s(),
+                        EmitMode::Updates,
+                        "key".to_owned(),
+                    )),
+                    true,
+                ),
+                ("aggregate", _) => (
+                    Box::new(aggregate::AggregateOperator::scripted(
+                        s(),
+                        EmitMode::Updates,
+                        "key".to_owned(),
+                    )),
+                    true,
+                ),
+                ("process", _) => (
+                    Box::new(process::ProcessOperator::new(s(), declared(), 10)),
+                    true,
+                ),
+                ("key_by", _) => {
+                    let mut f = s();
+                    let keys: Vec<String> = records
+                        .iter()
+                        .map(|r| excerpt(&f.call("key", (r.clone(),)).expect("key")))
+                        .collect();
+                    assert_eq!(keys.join(", "), e.emits, "fn key");
+                    continue;
+                }
+                (_, "migrate") => {
+                    let f = s();
+                    assert!(f.defines("migrate", 1), "{}", e.example);
+                    continue;
+                }
+                other => panic!("no runner for {other:?}"),
+            };
+            assert_eq!(
+                run(op, &records, keyed_input),
+                e.emits,
+                "fn {} of {}",
+                e.name,
+                e.operator
+            );
+        }
+    }
+
+    #[test]
+    fn script_api_docs_are_current() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SCRIPT_API.md");
+        let generated = render_markdown();
+        if std::env::var_os("WEIR_BLESS").is_some() {
+            std::fs::write(&path, &generated).expect("write docs/SCRIPT_API.md");
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == generated,
+            "docs/SCRIPT_API.md is stale: run \
+             `WEIR_BLESS=1 cargo test -p weir-engine --release script_api` and commit it"
+        );
+    }
+}
