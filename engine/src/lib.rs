@@ -64,6 +64,15 @@ pub mod error {
 
 pub use checkpoint::savepoint::savepoint_pipeline;
 
+/// The script API reference: every function Weir registers for Rhai scripts and every entry
+/// point per operator type, with signature, meaning, errors and an example (the source of
+/// `docs/SCRIPT_API.md`, for tools such as editors that show it).
+pub mod script_api {
+    pub use crate::script::api::{
+        ENTRY_POINTS, EntryPoint, HOST_FUNCTIONS, HostFn, render_markdown,
+    };
+}
+
 /// Declares internal modules: crate-private, and public with the `testkit` feature.
 macro_rules! internal {
     ($($name:ident),* $(,)?) => {
