@@ -140,8 +140,8 @@ pub enum TapEvent {
         /// The record.
         value: serde_json::Value,
     },
-    /// Sampled records were dropped because the reader fell behind (the pipeline did not
-    /// wait for it): the total so far.
+    /// Sampled records were dropped, beyond the tap's rate bound or because the reader fell
+    /// behind (the pipeline did not wait for it): the total so far.
     Dropped {
         /// Records dropped since the tap opened.
         total: u64,

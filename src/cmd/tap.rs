@@ -96,8 +96,9 @@ pub fn run(args: &TapArgs) -> ExitCode {
         }
         TapEvent::Dropped { total } => {
             eprintln!(
-                "weir tap: {total} record(s) dropped so far: this reader fell behind (the \
-                 pipeline did not wait; use --sample to see fewer)"
+                "weir tap: {total} record(s) dropped so far: beyond the tap's 1000 records a \
+                 second, or this reader fell behind (the pipeline did not wait; use --sample \
+                 for an even spread)"
             );
             true
         }
