@@ -192,3 +192,30 @@ pub fn duration(ms: u64) -> String {
 pub fn bytes(n: u64) -> String {
     bytesize::ByteSize(n).display().iec().to_string()
 }
+
+/// The lines of a table (no newlines): each column as wide as its widest cell, cells two
+/// spaces apart, right-aligned where `right` says, the last column not padded.
+pub fn table_lines<const N: usize>(rows: &[[String; N]], right: [bool; N]) -> Vec<String> {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(widths)
+                .zip(right)
+                .enumerate()
+                .map(|(i, ((cell, w), r))| match (r, i + 1 == N) {
+                    (true, _) => format!("{cell:>w$}"),
+                    (false, true) => cell.clone(),
+                    (false, false) => format!("{cell:<w$}"),
+                })
+                .collect();
+            cells.join("  ")
+        })
+        .collect()
+}

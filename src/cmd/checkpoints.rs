@@ -109,30 +109,13 @@ pub fn render(pipeline: &str, history: &[CheckpointInfo]) -> String {
             slowest.map_or("-".to_owned(), |s| api_args::duration(s.alignment_ms)),
         ]);
     }
-    let mut widths = [0usize; 10];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
     // Numbers align right, text left; the last column is not padded.
     let right = [
         true, false, false, false, false, true, true, true, false, true,
     ];
     let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .zip(right)
-            .enumerate()
-            .map(|(i, ((cell, w), r))| match (r, i + 1 == row.len()) {
-                (true, _) => format!("{cell:>w$}"),
-                (false, true) => cell.clone(),
-                (false, false) => format!("{cell:<w$}"),
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
+    for line in api_args::table_lines(&rows, right) {
+        out.push_str(line.trim_end());
         out.push('\n');
     }
     for c in history.iter().filter(|c| c.failed()) {

@@ -72,31 +72,14 @@ pub fn render(status: &JobStatus) -> String {
             p.restored_from.clone().unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    let mut widths = [0usize; 8];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
     // Numbers align right, text left; the last column is not padded.
     let right = [false, false, true, true, true, true, true, false];
     let mut out = format!("file: {}\n", status.file.display());
     if status.pipelines.is_empty() {
         out.push_str("no pipelines\n");
     } else {
-        for row in &rows {
-            let cells: Vec<String> = row
-                .iter()
-                .zip(widths)
-                .zip(right)
-                .enumerate()
-                .map(|(i, ((cell, w), r))| match (r, i + 1 == row.len()) {
-                    (true, _) => format!("{cell:>w$}"),
-                    (false, true) => cell.clone(),
-                    (false, false) => format!("{cell:<w$}"),
-                })
-                .collect();
-            out.push_str(&cells.join("  "));
+        for line in api_args::table_lines(&rows, right) {
+            out.push_str(&line);
             out.push('\n');
         }
     }
