@@ -188,10 +188,12 @@ impl AggregateOperator {
                 continue;
             };
             let field = path.as_str();
-            let what = format!("`{}` ({} of field `{field}`)", a.output, a.function_name());
+            // Built only for an error: this runs for every record.
+            let what = || format!("`{}` ({} of field `{field}`)", a.output, a.function_name());
             let Some(v) = path.get(r) else {
                 return Err(format!(
-                    "{what}: missing field `{field}`; {}",
+                    "{}: missing field `{field}`; {}",
+                    what(),
                     fields_of(r, path)
                 ));
             };
@@ -205,7 +207,8 @@ impl AggregateOperator {
                     _ => "a number or a string",
                 };
                 return Err(format!(
-                    "{what}: the value is {}, not {wants}",
+                    "{}: the value is {}, not {wants}",
+                    what(),
                     shown_type(&v)
                 ));
             }

@@ -3,7 +3,10 @@
 //! A [`TapRegistry`] belongs to a pipeline, not to one run of its tasks: the job keeps one per
 //! pipeline id and hands it to every generation (restarts, hot reloads), so a tap opened
 //! before a reload keeps receiving from the new version's tasks. Tasks look at it once per
-//! batch: while no tap is open that is one relaxed atomic load ([`TapRegistry::is_active`]).
+//! batch: while no tap is open that is one relaxed atomic load ([`TapRegistry::is_active`]),
+//! and while one is open, one more load per node ([`TapRegistry::offer_cached`]: each task
+//! keeps the list of taps on its own nodes in a [`TapCursor`] and looks at the shared list
+//! only when a tap opens or closes).
 //! An open tap samples records (every record, or a deterministic fraction by a counter) and
 //! offers copies with `try_send` into its bounded channel: a task never waits for a tap. When
 //! the channel is full the record is dropped and counted ([`TapReceiver::dropped`]), so a
@@ -77,17 +80,21 @@ impl Tap {
         if self.second.swap(now, Ordering::Relaxed) != now {
             self.in_second.store(0, Ordering::Relaxed);
         }
+        if self.in_second.load(Ordering::Relaxed) >= MAX_RECORDS_PER_SECOND {
+            // Over the bound for this second: the whole batch is dropped, counted without
+            // looking at a record.
+            let left = sampled_count(start, records.len() as u64, self.rate);
+            self.dropped.fetch_add(left, Ordering::Relaxed);
+            return;
+        }
         for (i, record) in records.iter().enumerate() {
             if !sampled(start + i as u64, self.rate) {
                 continue;
             }
             if self.in_second.fetch_add(1, Ordering::Relaxed) >= MAX_RECORDS_PER_SECOND {
-                let left = records[i..]
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| sampled(start + (i + j) as u64, self.rate))
-                    .count();
-                self.dropped.fetch_add(left as u64, Ordering::Relaxed);
+                let at = start + i as u64;
+                let left = sampled_count(at, records.len() as u64 - i as u64, self.rate);
+                self.dropped.fetch_add(left, Ordering::Relaxed);
                 return;
             }
             match self.sender.try_reserve() {
@@ -113,6 +120,25 @@ pub fn sampled(n: u64, rate: f64) -> bool {
     ((n + 1) as f64 * rate).floor() > (n as f64 * rate).floor()
 }
 
+/// How many of the records `from..from + len` are [`sampled`] at `rate` (the count telescopes:
+/// `floor((from + len) * rate) - floor(from * rate)`).
+fn sampled_count(from: u64, len: u64, rate: f64) -> u64 {
+    if rate >= 1.0 {
+        return len;
+    }
+    ((from + len) as f64 * rate).floor() as u64 - (from as f64 * rate).floor() as u64
+}
+
+/// One task's view of the taps open on one side of one of its nodes, refreshed from the
+/// registry only when a tap opens or closes ([`TapRegistry::offer_cached`]).
+#[derive(Debug, Default)]
+pub struct TapCursor {
+    /// The registry's version the list was taken at (`0`, like a registry no tap ever opened
+    /// on: both lists empty).
+    version: u64,
+    taps: Vec<Arc<Tap>>,
+}
+
 /// The open taps of one pipeline, shared by all its generations' tasks.
 #[derive(Debug, Default)]
 pub struct TapRegistry {
@@ -120,6 +146,9 @@ pub struct TapRegistry {
     active: AtomicUsize,
     taps: Mutex<Vec<Arc<Tap>>>,
     next_id: AtomicU64,
+    /// Bumped (under the lock) whenever a tap opens or closes: the tasks' [`TapCursor`]s
+    /// compare it with theirs.
+    version: AtomicU64,
 }
 
 impl TapRegistry {
@@ -162,6 +191,7 @@ impl TapRegistry {
         let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
         taps.push(tap);
         self.active.store(taps.len(), Ordering::Relaxed);
+        self.version.fetch_add(1, Ordering::Release);
         TapReceiver {
             records,
             dropped,
@@ -176,23 +206,52 @@ impl TapRegistry {
         if records.is_empty() {
             return;
         }
-        let taps: Vec<Arc<Tap>> = self
-            .taps
+        for tap in self.taps_on(operator, side) {
+            tap.offer(subtask, records);
+        }
+    }
+
+    /// [`offer`](Self::offer) for a task that calls it for every batch: the taps on
+    /// `operator`'s `side` are taken from `cursor`, which is refreshed from the shared list
+    /// only when a tap opened or closed since. A task whose nodes nobody taps thus pays one
+    /// atomic load, no lock and no allocation, while another operator is tapped.
+    pub fn offer_cached(
+        &self,
+        cursor: &mut TapCursor,
+        operator: &str,
+        side: TapSide,
+        subtask: u32,
+        records: &[Record],
+    ) {
+        // Read before the list: a change after this load is seen at the next batch.
+        let version = self.version.load(Ordering::Acquire);
+        if version != cursor.version {
+            cursor.taps = self.taps_on(operator, side);
+            cursor.version = version;
+        }
+        if records.is_empty() {
+            return;
+        }
+        for tap in &cursor.taps {
+            tap.offer(subtask, records);
+        }
+    }
+
+    fn taps_on(&self, operator: &str, side: TapSide) -> Vec<Arc<Tap>> {
+        self.taps
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .filter(|t| t.side == side && t.operator == operator)
             .cloned()
-            .collect();
-        for tap in taps {
-            tap.offer(subtask, records);
-        }
+            .collect()
     }
 
     fn close(&self, id: u64) {
         let mut taps = self.taps.lock().unwrap_or_else(PoisonError::into_inner);
         taps.retain(|t| t.id != id);
         self.active.store(taps.len(), Ordering::Relaxed);
+        self.version.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -286,6 +345,66 @@ mod tests {
             .collect();
         assert_eq!(taken, [1, 3, 5]);
         assert_eq!(half.dropped(), 0);
+    }
+
+    #[test]
+    fn the_sampled_count_of_a_range_is_what_sampled_takes() {
+        for rate in [1.0, 0.5, 0.3, 0.1, 0.01, 0.001] {
+            for from in [0, 1, 7, 99, 1000, 123_456] {
+                for len in [0, 1, 2, 10, 333, 1024] {
+                    let counted = (from..from + len).filter(|&n| sampled(n, rate)).count();
+                    assert_eq!(
+                        sampled_count(from, len, rate),
+                        counted as u64,
+                        "rate {rate}, from {from}, len {len}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cursor_follows_taps_opening_and_closing_and_ignores_other_operators() {
+        let registry = Arc::new(TapRegistry::default());
+        let mut map_out = TapCursor::default();
+        let mut sink_in = TapCursor::default();
+        registry.offer_cached(&mut map_out, "map", TapSide::Output, 0, &records(0..2));
+        assert!(map_out.taps.is_empty());
+        let mut rx = registry.open("map", TapSide::Output, 1.0, 16);
+        registry.offer_cached(&mut map_out, "map", TapSide::Output, 0, &records(0..2));
+        registry.offer_cached(&mut sink_in, "sink", TapSide::Input, 0, &records(5..9));
+        assert_eq!(map_out.taps.len(), 1);
+        assert!(sink_in.taps.is_empty());
+        let got: Vec<i64> = std::iter::from_fn(|| rx.try_recv())
+            .filter_map(|r| r.record.as_int().ok())
+            .collect();
+        assert_eq!(got, [0, 1]);
+        // A second tap on the same operator reaches the cursor at its next batch.
+        let mut second = registry.open("map", TapSide::Output, 1.0, 16);
+        registry.offer_cached(&mut map_out, "map", TapSide::Output, 1, &records(2..3));
+        assert_eq!(rx.try_recv().map(|r| r.subtask), Some(1));
+        assert_eq!(second.try_recv().map(|r| r.subtask), Some(1));
+        // Closing both leaves the cursor empty again.
+        drop(rx);
+        drop(second);
+        registry.offer_cached(&mut map_out, "map", TapSide::Output, 0, &records(3..4));
+        assert!(map_out.taps.is_empty());
+    }
+
+    #[test]
+    fn over_the_bound_a_whole_batch_is_counted_as_dropped() {
+        let registry = Arc::new(TapRegistry::default());
+        let mut rx = registry.open("map", TapSide::Input, 0.5, 10_000);
+        let n = (2 * MAX_RECORDS_PER_SECOND) as i64;
+        registry.offer("map", TapSide::Input, 0, &records(0..n));
+        let first = std::iter::from_fn(|| rx.try_recv()).count() as u64;
+        // Another batch in the same second: nothing more gets through, all of it counted.
+        registry.offer("map", TapSide::Input, 0, &records(n..n + 101));
+        let second = std::iter::from_fn(|| rx.try_recv()).count() as u64;
+        let sampled_in_all = sampled_count(0, n as u64 + 101, 0.5);
+        assert_eq!(first + second + rx.dropped(), sampled_in_all);
+        // Unless the second turned between the batches, only the first delivered.
+        assert!(second == 0 || first + second <= 2 * MAX_RECORDS_PER_SECOND);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use super::exchange::Output;
 use super::fault::{Fault, FaultKind};
 use super::input::{InputLease, Received};
-use super::tap::{TapRegistry, TapSide};
+use super::tap::{TapCursor, TapRegistry, TapSide};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
@@ -66,6 +66,8 @@ pub struct ChainTask {
     pub nodes: Vec<ChainNode>,
     /// The pipeline's taps (`weir tap`), looked at once per batch.
     pub taps: Arc<TapRegistry>,
+    /// This task's view of the taps on each node's input and output (filled on first use).
+    pub tap_cursors: Vec<[TapCursor; 2]>,
 }
 
 impl ChainTask {
@@ -193,13 +195,9 @@ impl ChainTask {
             };
             node.metrics.add(n_in, out, node.ctx.errors - errors_before);
             if tapping && node.counts_output {
-                self.taps.offer(
-                    &node.ctx.operator,
-                    TapSide::Output,
-                    node.ctx.subtask,
-                    &batch.records,
-                );
+                self.tap(i, TapSide::Output, &batch.records);
             }
+            let node = &mut self.nodes[i];
             Self::flush_dead_letters(node).await?;
             let last = i + 1 == n;
             let k = node.outputs.len();
@@ -232,9 +230,14 @@ impl ChainTask {
     }
 
     /// Offers `records` to the taps open on `side` of node `i`.
-    fn tap(&self, i: usize, side: TapSide, records: &[Dynamic]) {
+    fn tap(&mut self, i: usize, side: TapSide, records: &[Dynamic]) {
+        if self.tap_cursors.len() < self.nodes.len() {
+            self.tap_cursors.resize_with(self.nodes.len(), Default::default);
+        }
         let ctx = &self.nodes[i].ctx;
-        self.taps.offer(&ctx.operator, side, ctx.subtask, records);
+        let cursor = &mut self.tap_cursors[i][usize::from(side == TapSide::Output)];
+        self.taps
+            .offer_cached(cursor, &ctx.operator, side, ctx.subtask, records);
     }
 
     /// Counts `batch` into node `i`'s injected fault, if any, and strikes when it is due.
@@ -1111,6 +1114,7 @@ mod tests {
                 fault: None,
             }],
             taps: Arc::default(),
+            tap_cursors: Vec::new(),
         };
         let sctx = SourceContext {
             pipeline: "p".into(),
@@ -1199,6 +1203,7 @@ mod tests {
                 node(Box::new(probe), "probe", Vec::new()),
             ],
             taps: Arc::default(),
+            tap_cursors: Vec::new(),
         };
         let reader = tokio::spawn(async move {
             let (mut largest, mut records) = (0, 0);

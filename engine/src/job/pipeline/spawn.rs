@@ -468,6 +468,7 @@ impl Tasks {
             ChainTask {
                 nodes,
                 taps: Arc::clone(&self.taps),
+                tap_cursors: Vec::new(),
             },
             received,
         ))
