@@ -22,12 +22,13 @@ one() { # wl variant
     ( for i in $(seq 200); do $AFTER tap w1 totals --input --api 127.0.0.1:$port > $d/tap.out 2> $d/tap.err && break; grep -q "records" $d/tap.err 2>/dev/null && break; sleep 0.02; done ) &
     tp=$!
   fi
-  ( cd $d && /usr/bin/time -f "TIME %e %M" $bin run --no-progress --api-port $port $extra $d/pipeline.yaml > $d/stdout 2> $d/log ) || { tail $d/log; exit 1; }
+  ( cd $d && /usr/bin/time -f "TIME %e %U %S %M" $bin run --no-progress --api-port $port $extra $d/pipeline.yaml > $d/stdout 2> $d/log ) || { tail $d/log; exit 1; }
   [ -n "$tp" ] && { wait $tp || true; }
-  local t=$(grep '^TIME' $d/log | awk '{print $2}')
+  # Wall time, and CPU time (user + system), which a busy machine disturbs less.
+  local t=$(grep '^TIME' $d/log | awk '{print $2}') cpu=$(grep '^TIME' $d/log | awk '{printf "%.2f", $3 + $4}')
   local ok=$(python3 $CHECK $kind $d/out $W/n$N.expected.json | cut -d' ' -f1)
   local info=""; [ $v = tap ] && info="tapped=$(wc -l < $d/tap.out)"
-  echo "$r $wl $v $t $ok $info"
+  echo "$r $wl $v $t cpu=$cpu $ok $info"
 }
 for r in $(seq $ROUNDS); do
   for wl in w1_builtin w1_ckpt; do for v in before after off tap; do one $wl $v; done; done
