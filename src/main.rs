@@ -54,6 +54,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Rust ignores SIGPIPE, so printing to a reader that went away (`weir schema | head -1`)
+    // panics. A command that only prints gets the Unix default instead: it ends quietly.
+    // `weir run` keeps ignoring it: a closed stdout is a sink error there, reported as such,
+    // and the rest of the job must not die with it.
+    if !matches!(cli.command, Command::Run(_)) {
+        sigpipe::reset();
+    }
     match cli.command {
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Schema(args) => cmd::schema::run(&args),

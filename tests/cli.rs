@@ -286,3 +286,38 @@ fn validate_and_graph_state_each_pipelines_guarantee() {
     let reference = weir(&["graph", "pipelines/orders_totals.yaml"]);
     assert!(String::from_utf8_lossy(&reference.stdout).contains("guarantee: exactly-once"));
 }
+
+/// A reader that goes away early (`weir schema | head -1`) ends the command quietly, as with
+/// any Unix tool: no panic about a broken pipe.
+#[test]
+fn printing_to_a_reader_that_went_away_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    for args in [&["schema"][..], &["graph", "pipelines/wordcount.yaml"][..]] {
+        let mut child = plain()
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run weir");
+        let mut first = [0u8; 1];
+        child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_exact(&mut first)
+            .expect("a first byte");
+        // The pipe's reading end is closed here; `schema` has far more to print than a pipe
+        // buffer holds, so its next writes meet the closed pipe.
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(13),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+}
