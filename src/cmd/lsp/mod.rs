@@ -1,0 +1,299 @@
+//! `weir lsp`: a language server over standard input and output for pipeline files and test
+//! files (`*.test.yaml`).
+//!
+//! The transport (Content-Length framing, the initialize handshake, shutdown) is
+//! rust-analyzer's `lsp-server`; the messages are `lsp-types`. This module is the dispatcher:
+//! it keeps the open documents' text (full sync), publishes diagnostics on open and on every
+//! change, and answers hover, completion and definition requests from [`analysis`]. Any other
+//! request gets a `MethodNotFound` error; a panic while answering becomes an `InternalError`
+//! response (or an empty diagnostic list), never a dead server. Diagnostics come from the
+//! same function as `weir validate`; this module must not grow checks of its own.
+
+mod analysis;
+mod outline;
+mod schema_nav;
+mod text;
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+
+use clap::Args;
+use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response};
+use lsp_types::notification::{
+    DidChangeTextDocument, DidCloseTextDocument, DidOpenTextDocument, Notification as _,
+    PublishDiagnostics,
+};
+use lsp_types::request::{Completion, GotoDefinition, HoverRequest, Request as _};
+use lsp_types::{
+    CompletionOptions, CompletionParams, CompletionResponse, DidChangeTextDocumentParams,
+    DidCloseTextDocumentParams, DidOpenTextDocumentParams, GotoDefinitionParams,
+    GotoDefinitionResponse, HoverParams, HoverProviderCapability, OneOf, PublishDiagnosticsParams,
+    ServerCapabilities, TextDocumentPositionParams, TextDocumentSyncCapability,
+    TextDocumentSyncKind, Uri,
+};
+
+use analysis::Doc;
+use text::LineIndex;
+
+/// Arguments of `weir lsp`.
+#[derive(Args, Debug)]
+pub struct LspArgs {
+    /// Accepted for editors that pass it; standard input and output are the only transport.
+    #[arg(long)]
+    pub stdio: bool,
+}
+
+/// Runs `weir lsp` until the client says `exit` (status 0 after `shutdown`, 1 without) or
+/// closes standard input.
+pub fn run(_: &LspArgs) -> ExitCode {
+    let (connection, io_threads) = Connection::stdio();
+    let outcome = serve(&connection);
+    drop(connection);
+    let joined = io_threads.join();
+    match (outcome, joined) {
+        (Ok(Ended::Shutdown), Ok(())) => ExitCode::SUCCESS,
+        (Ok(Ended::Shutdown), Err(e)) => {
+            eprintln!("weir lsp: {e}");
+            ExitCode::SUCCESS
+        }
+        (Ok(Ended::Exit), _) => ExitCode::FAILURE,
+        (Err(e), _) => {
+            eprintln!("weir lsp: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How the session ended.
+enum Ended {
+    /// `shutdown`, then `exit`.
+    Shutdown,
+    /// `exit` without `shutdown`, or standard input closed.
+    Exit,
+}
+
+fn capabilities() -> ServerCapabilities {
+    ServerCapabilities {
+        text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
+        hover_provider: Some(HoverProviderCapability::Simple(true)),
+        completion_provider: Some(CompletionOptions {
+            trigger_characters: Some(vec![":".into(), " ".into(), ".".into(), "[".into()]),
+            ..CompletionOptions::default()
+        }),
+        definition_provider: Some(OneOf::Left(true)),
+        ..ServerCapabilities::default()
+    }
+}
+
+fn serve(connection: &Connection) -> Result<Ended, String> {
+    let (id, _params) = connection.initialize_start().map_err(|e| e.to_string())?;
+    let result = serde_json::json!({
+        "capabilities": capabilities(),
+        "serverInfo": { "name": "weir", "version": env!("CARGO_PKG_VERSION") },
+    });
+    connection
+        .initialize_finish(id, result)
+        .map_err(|e| e.to_string())?;
+    let mut server = Server::default();
+    let mut pending: VecDeque<Message> = VecDeque::new();
+    loop {
+        let message = match pending.pop_front() {
+            Some(m) => m,
+            None => match connection.receiver.recv() {
+                Ok(m) => m,
+                Err(_) => return Ok(Ended::Exit),
+            },
+        };
+        match message {
+            Message::Request(req) => {
+                if connection
+                    .handle_shutdown(&req)
+                    .map_err(|e| e.to_string())?
+                {
+                    return Ok(Ended::Shutdown);
+                }
+                let response = server.request(req);
+                send(connection, response.into())?;
+            }
+            Message::Notification(n) if n.method == "exit" => return Ok(Ended::Exit),
+            Message::Notification(n) => {
+                let Some(uri) = server.notification(n) else {
+                    continue;
+                };
+                // Messages already waiting are read first: a newer text of the same document
+                // makes checking this one pointless (typing fast must not queue validations).
+                while let Ok(m) = connection.receiver.try_recv() {
+                    pending.push_back(m);
+                }
+                if pending.iter().any(|m| touches(m, &uri)) {
+                    continue;
+                }
+                let params = server.publish(&uri);
+                let note = Notification::new(PublishDiagnostics::METHOD.to_owned(), params);
+                send(connection, note.into())?;
+            }
+            Message::Response(_) => {}
+        }
+    }
+}
+
+fn send(connection: &Connection, message: Message) -> Result<(), String> {
+    connection
+        .sender
+        .send(message)
+        .map_err(|_| "the client's connection closed".to_owned())
+}
+
+/// A result that does not serialize (it always does).
+fn internal(e: serde_json::Error) -> (ErrorCode, String) {
+    (ErrorCode::InternalError, e.to_string())
+}
+
+/// Whether a message changes or closes the document `uri`.
+fn touches(message: &Message, uri: &Uri) -> bool {
+    let Message::Notification(n) = message else {
+        return false;
+    };
+    if n.method != DidChangeTextDocument::METHOD && n.method != DidCloseTextDocument::METHOD {
+        return false;
+    }
+    n.params
+        .get("textDocument")
+        .and_then(|d| d.get("uri"))
+        .and_then(|u| u.as_str())
+        == Some(uri.as_str())
+}
+
+/// The open documents.
+#[derive(Default)]
+struct Server {
+    docs: HashMap<Uri, Document>,
+}
+
+struct Document {
+    text: String,
+    version: Option<i32>,
+}
+
+impl Server {
+    /// Applies a notification; returns the document whose diagnostics are now due.
+    fn notification(&mut self, n: Notification) -> Option<Uri> {
+        match n.method.as_str() {
+            DidOpenTextDocument::METHOD => {
+                let p: DidOpenTextDocumentParams = serde_json::from_value(n.params).ok()?;
+                let d = p.text_document;
+                self.docs.insert(
+                    d.uri.clone(),
+                    Document {
+                        text: d.text,
+                        version: Some(d.version),
+                    },
+                );
+                Some(d.uri)
+            }
+            DidChangeTextDocument::METHOD => {
+                let p: DidChangeTextDocumentParams = serde_json::from_value(n.params).ok()?;
+                // Full sync: the last change holds the whole text.
+                let text = p.content_changes.into_iter().last()?.text;
+                let uri = p.text_document.uri;
+                self.docs.insert(
+                    uri.clone(),
+                    Document {
+                        text,
+                        version: Some(p.text_document.version),
+                    },
+                );
+                Some(uri)
+            }
+            DidCloseTextDocument::METHOD => {
+                let p: DidCloseTextDocumentParams = serde_json::from_value(n.params).ok()?;
+                self.docs.remove(&p.text_document.uri);
+                Some(p.text_document.uri)
+            }
+            _ => None,
+        }
+    }
+
+    /// The diagnostics to publish for `uri` (none once it is closed).
+    fn publish(&self, uri: &Uri) -> PublishDiagnosticsParams {
+        let Some(doc) = self.docs.get(uri) else {
+            return PublishDiagnosticsParams::new(uri.clone(), Vec::new(), None);
+        };
+        let found = catch_unwind(AssertUnwindSafe(|| {
+            analysis::diagnostics(Doc {
+                uri,
+                text: &doc.text,
+            })
+        }));
+        let diagnostics = found.unwrap_or_else(|_| {
+            eprintln!("weir lsp: checking {} panicked", uri.as_str());
+            Vec::new()
+        });
+        PublishDiagnosticsParams::new(uri.clone(), diagnostics, doc.version)
+    }
+
+    /// Answers a request.
+    fn request(&self, req: Request) -> Response {
+        let id = req.id.clone();
+        let answered = catch_unwind(AssertUnwindSafe(|| self.answer(req)));
+        match answered {
+            Ok(Ok(value)) => Response::new_ok(id, value),
+            Ok(Err((code, message))) => Response::new_err(id, code as i32, message),
+            Err(_) => Response::new_err(
+                id,
+                ErrorCode::InternalError as i32,
+                "weir lsp failed to answer this request (a bug; please report it)".to_owned(),
+            ),
+        }
+    }
+
+    fn answer(&self, req: Request) -> Result<serde_json::Value, (ErrorCode, String)> {
+        let invalid = |e: serde_json::Error| (ErrorCode::InvalidParams, e.to_string());
+        match req.method.as_str() {
+            HoverRequest::METHOD => {
+                let p: HoverParams = serde_json::from_value(req.params).map_err(invalid)?;
+                serde_json::to_value(self.at(&p.text_document_position_params, analysis::hover))
+                    .map_err(internal)
+            }
+            Completion::METHOD => {
+                let p: CompletionParams = serde_json::from_value(req.params).map_err(invalid)?;
+                let items = self
+                    .at(&p.text_document_position, |d, o| {
+                        Some(analysis::completion(d, o))
+                    })
+                    .unwrap_or_default();
+                serde_json::to_value(CompletionResponse::Array(items)).map_err(internal)
+            }
+            GotoDefinition::METHOD => {
+                let p: GotoDefinitionParams =
+                    serde_json::from_value(req.params).map_err(invalid)?;
+                let found = self.at(&p.text_document_position_params, analysis::definition);
+                serde_json::to_value(found.map(GotoDefinitionResponse::Scalar)).map_err(internal)
+            }
+            other => Err((
+                ErrorCode::MethodNotFound,
+                format!("weir lsp does not handle `{other}`"),
+            )),
+        }
+    }
+
+    /// Runs `f` on the open document at a position (its byte offset); `None` for a document
+    /// that is not open.
+    fn at<T>(
+        &self,
+        p: &TextDocumentPositionParams,
+        f: impl Fn(Doc<'_>, usize) -> Option<T>,
+    ) -> Option<T> {
+        let uri = &p.text_document.uri;
+        let doc = self.docs.get(uri)?;
+        let offset = LineIndex::new(&doc.text).offset(p.position);
+        f(
+            Doc {
+                uri,
+                text: &doc.text,
+            },
+            offset,
+        )
+    }
+}
