@@ -381,6 +381,20 @@ pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
             if key_of(&o, entry) == Some("script") {
                 return script_hover(&o, text, entry, offset, &index);
             }
+            if let Some((_, id, r)) = reference_at(&o, text, offset)
+                && let Some(target) = pipeline_of(&o, entry)
+                    .and_then(|p| elements(&o, p).into_iter().find(|e| e.id == id))
+            {
+                let kind = target.section.trim_end_matches('s');
+                let ty = o
+                    .child_value(Some(target.entry), "type")
+                    .map_or_else(String::new, |t| format!(" (`{t}`)"));
+                let line = index.position(target.id_range.start).line + 1;
+                return Some(markdown(
+                    format!("**`{id}`**: the {kind}{ty} defined on line {line}"),
+                    index.range(&r),
+                ));
+            }
             let value = o.value(entry)?;
             let key = key_of(&o, entry).map(str::to_owned);
             let parent = o.entries[entry].parent;
@@ -851,12 +865,23 @@ fn first_line_fields(path: &Path, csv: bool, header: bool, delimiter: char) -> V
 // ---- definition ----------------------------------------------------------------------------
 
 /// The definition of the input id (or dead-letter sink) under the cursor: the `id:` value of
-/// the source, operator or sink of the same pipeline.
+/// the source, operator or sink of the same pipeline; from a `script_file:`, the file.
 pub fn definition(doc: Doc<'_>, offset: usize) -> Option<Location> {
     if doc.kind() != Kind::Pipeline {
         return None;
     }
     let o = Outline::new(doc.text);
+    if let Context::Value { entry, .. } = o.context(offset)
+        && key_of(&o, entry) == Some("script_file")
+    {
+        // The script file itself.
+        let path = doc.base_dir().join(o.value(entry)?);
+        return path
+            .is_file()
+            .then(|| file_uri(&path))
+            .flatten()
+            .map(|uri| Location::new(uri, Range::default()));
+    }
     let (entry, id, _) = reference_at(&o, doc.text, offset)?;
     let pipeline = pipeline_of(&o, entry)?;
     let target = elements(&o, pipeline).into_iter().find(|e| e.id == id)?;
@@ -903,6 +928,32 @@ pipelines:
 
     fn at(text: &str, needle: &str, plus: usize) -> usize {
         text.find(needle).expect("needle") + plus
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Pipeline-like text with random edits: every feature answers at every offset.
+        #[test]
+        fn any_text_at_any_offset_is_answered(
+            cut in 0usize..600,
+            insert in "[ -~\n\t{}\\[\\],:#|>é😀-]{0,40}",
+            step in 1usize..7,
+        ) {
+            let mut text = PIPE.to_owned();
+            let mut cut = cut.min(text.len());
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.insert_str(cut, &insert);
+            let u = uri();
+            let d = doc(&u, &text);
+            let _ = diagnostics(d);
+            for offset in (0..=text.len()).step_by(step).filter(|&o| text.is_char_boundary(o)) {
+                let _ = hover(d, offset);
+                let _ = completion(d, offset);
+                let _ = definition(d, offset);
+            }
+        }
     }
 
     #[test]
@@ -957,6 +1008,14 @@ pipelines:
         assert_eq!(ids, ["gen", "m"]);
         let fields = labels(completion(d, at(PIPE, "r.user", 2)));
         assert!(fields.contains(&"user".to_owned()) && fields.contains(&"total".to_owned()));
+        let h = hover(d, at(PIPE, "input: gen", 8)).expect("hover");
+        let HoverContents::Markup(m) = h.contents else {
+            panic!("markup")
+        };
+        assert_eq!(
+            m.value,
+            "**`gen`**: the source (`generator`) defined on line 5"
+        );
         let def = definition(d, at(PIPE, "input: gen", 8)).expect("definition");
         let line = PIPE
             .lines()

@@ -40,6 +40,8 @@ pub struct Entry {
     pub block: bool,
     /// Byte offset just after the key's `:` (or the item's dash): where a value starts.
     pub after_colon: usize,
+    /// A key inside a flow mapping (`{id: a, type: map}`): it never holds block children.
+    pub flow: bool,
 }
 
 /// The outline of one text.
@@ -57,6 +59,9 @@ pub struct Outline<'a> {
     /// Per entry: its children, in order.
     children: Vec<Vec<usize>>,
 }
+
+/// How deep one-line flow mappings are read (`{a: {b: {c: 1}}}`).
+const MAX_FLOW_DEPTH: u32 = 16;
 
 /// A line split into indentation, dashes and a key/value.
 struct Parsed {
@@ -145,6 +150,7 @@ impl<'a> Outline<'a> {
                     },
                     block: inline && p.block,
                     after_colon: start + dash + 1,
+                    flow: false,
                 });
                 item_counts.push(0);
                 parent = Some(out.entries.len() - 1);
@@ -162,9 +168,11 @@ impl<'a> Outline<'a> {
                     value: p.value.as_ref().map(|v| start + v.start..start + v.end),
                     block: p.block,
                     after_colon: start + after,
+                    flow: false,
                 });
                 item_counts.push(0);
             }
+            out.add_flow_children(first, start, &mut item_counts);
             out.line_entries[line] = first..out.entries.len();
             if let Some(last) = out.entries.last()
                 && out.entries.len() > first
@@ -192,6 +200,70 @@ impl<'a> Outline<'a> {
         self.text[start..end.max(start)].trim_end_matches('\r')
     }
 
+    /// Adds the keys of the one-line flow mappings (`{id: a, type: map}`) written as values of
+    /// the entries from `first` on, as their children (nested ones too, to a bounded depth).
+    fn add_flow_children(&mut self, first: usize, line_start: usize, item_counts: &mut Vec<usize>) {
+        let is_map = |o: &Self, i: usize| {
+            o.entries[i]
+                .value
+                .as_ref()
+                .is_some_and(|r| o.text[r.clone()].starts_with('{'))
+        };
+        let mut work: Vec<(usize, u32)> = (first..self.entries.len())
+            .filter(|&i| is_map(self, i))
+            .map(|i| (i, 0))
+            .collect();
+        while let Some((parent, depth)) = work.pop() {
+            let Some(r) = self.entries[parent].value.clone() else {
+                continue;
+            };
+            if depth >= MAX_FLOW_DEPTH {
+                continue;
+            }
+            let s = &self.text[r.clone()];
+            let inner_end = if s.len() >= 2 && s.ends_with('}') {
+                r.end - 1
+            } else {
+                r.end
+            };
+            let inner_start = r.start + 1;
+            for part in split_top(&self.text[inner_start..inner_end]) {
+                let at = inner_start + part.start..inner_start + part.end;
+                let piece = &self.text[at.clone()];
+                if piece.is_empty() {
+                    continue;
+                }
+                let (key, key_len, colon, after, value) = match key_end(piece) {
+                    Some((key_len, colon_at)) => {
+                        let v = &piece[colon_at + 1..];
+                        let lead = v.len() - v.trim_start().len();
+                        let vs = at.start + colon_at + 1 + lead;
+                        let value = (!v.trim().is_empty()).then(|| vs..vs + v.trim().len());
+                        let after = at.start + colon_at + 1;
+                        (unquote(&piece[..key_len]), key_len, true, after, value)
+                    }
+                    None => (piece.to_owned(), piece.len(), false, at.end, None),
+                };
+                self.entries.push(Entry {
+                    parent: Some(parent),
+                    seg: Seg::Key(key),
+                    col: at.start - line_start,
+                    key_range: at.start..at.start + key_len,
+                    colon,
+                    value,
+                    block: false,
+                    after_colon: after,
+                    flow: true,
+                });
+                item_counts.push(0);
+                let i = self.entries.len() - 1;
+                if is_map(self, i) {
+                    work.push((i, depth + 1));
+                }
+            }
+        }
+    }
+
     /// The entry that a node starting at `col` on the next line belongs to.
     fn parent_for(&self, col: usize, dash: bool) -> Option<usize> {
         self.climb(self.entries.len().checked_sub(1), col, dash)
@@ -202,7 +274,7 @@ impl<'a> Outline<'a> {
     fn climb(&self, mut at: Option<usize>, col: usize, dash: bool) -> Option<usize> {
         while let Some(i) = at {
             let e = &self.entries[i];
-            let open = e.value.is_none() && !e.block;
+            let open = e.value.is_none() && !e.block && !e.flow;
             let holds = match e.seg {
                 Seg::Key(_) => e.colon && open && (e.col < col || (dash && e.col == col)),
                 Seg::Index(_) => open && e.col < col,
@@ -285,10 +357,13 @@ impl<'a> Outline<'a> {
             };
         }
         // The innermost entry of the line that starts at or before the cursor.
-        let Some(e) = on_line.clone().rev().find(|&i| {
-            let en = &self.entries[i];
-            en.key_range.start <= offset || matches!(en.seg, Seg::Index(_))
-        }) else {
+        let Some(e) = on_line
+            .filter(|&i| {
+                let en = &self.entries[i];
+                en.key_range.start <= offset || matches!(en.seg, Seg::Index(_))
+            })
+            .max_by_key(|&i| (self.entries[i].key_range.start.min(offset), i))
+        else {
             return Context::None;
         };
         let en = &self.entries[e];
@@ -302,8 +377,31 @@ impl<'a> Outline<'a> {
                 if en.block {
                     return Context::Block { entry: e };
                 }
-                let range = en.value.clone().unwrap_or(offset..offset);
-                Context::Value { entry: e, range }
+                match en.value.clone() {
+                    // Right after the `{` of a flow mapping: its first key.
+                    Some(r) if offset > r.start && self.text[r.clone()].starts_with('{') => {
+                        Context::Key {
+                            mapping: Some(e),
+                            entry: None,
+                            range: offset..offset,
+                        }
+                    }
+                    // After a `,` in a flow mapping: its next key.
+                    Some(r)
+                        if en.flow && offset > r.end && self.text[r.end..offset].contains(',') =>
+                    {
+                        Context::Key {
+                            mapping: en.parent,
+                            entry: None,
+                            range: offset..offset,
+                        }
+                    }
+                    Some(range) => Context::Value { entry: e, range },
+                    None => Context::Value {
+                        entry: e,
+                        range: offset..offset,
+                    },
+                }
             }
             _ => Context::None,
         }
@@ -517,15 +615,41 @@ pub fn flow_items(text: &str, range: Range<usize>) -> Vec<(String, Range<usize>)
         return vec![(unquote(s), range)];
     };
     let inner = inner.strip_suffix(']').unwrap_or(inner);
+    let at = range.start + 1;
+    split_top(inner)
+        .into_iter()
+        .map(|r| (unquote(&inner[r.clone()]), at + r.start..at + r.end))
+        .collect()
+}
+
+/// The comma-separated parts of a flow collection's inside, trimmed: commas inside quotes or
+/// nested brackets do not split. Relative byte ranges.
+fn split_top(s: &str) -> Vec<Range<usize>> {
     let mut out = Vec::new();
-    let mut at = range.start + 1;
-    for part in inner.split(',') {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut start = 0;
+    let push = |a: usize, b: usize, out: &mut Vec<Range<usize>>| {
+        let part = &s[a..b];
         let lead = part.len() - part.trim_start().len();
         let t = part.trim();
-        let start = at + lead;
-        out.push((unquote(t), start..start + t.len()));
-        at += part.len() + 1;
+        out.push(a + lead..a + lead + t.len());
+    };
+    for (i, c) in s.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '[' | '{') => depth += 1,
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            (None, ',') if depth == 0 => {
+                push(start, i, &mut out);
+                start = i + 1;
+            }
+            _ => {}
+        }
     }
+    push(start, s.len(), &mut out);
     out
 }
 
@@ -668,6 +792,55 @@ pipelines:
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn flow_mappings_hold_their_keys() {
+        let text = "pipelines:\n  - id: p\n    operators:\n      - {id: k, type: key_by, input: src, inputs: [a, \"b,c\"], x: {y: 1}}\n";
+        let o = Outline::new(text);
+        let item = 4;
+        assert_eq!(o.child_value(Some(item), "id").as_deref(), Some("k"));
+        assert_eq!(o.child_value(Some(item), "type").as_deref(), Some("key_by"));
+        let inputs = o
+            .child(Some(item), "inputs")
+            .and_then(|i| o.entries[i].value.clone());
+        let items = flow_items(text, inputs.unwrap_or_default());
+        assert_eq!(
+            items.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(),
+            ["a", "b,c"]
+        );
+        let x = o.child(Some(item), "x");
+        assert_eq!(o.child_value(x, "y").as_deref(), Some("1"));
+        let at = |needle: &str, plus: usize| text.find(needle).unwrap_or_default() + plus;
+        match o.context(at("src", 1)) {
+            Context::Value { entry, .. } => {
+                assert_eq!(o.path(entry).last(), Some(&Seg::Key("input".into())))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match o.context(at("type", 2)) {
+            Context::Key { mapping, .. } => assert_eq!(mapping, Some(item)),
+            other => panic!("unexpected {other:?}"),
+        }
+        // Right after `{`, and after a `,`: a new key of the flow mapping.
+        let text = "a:\n  - {\n  - {id: k, \n";
+        let o = Outline::new(text);
+        assert!(matches!(
+            o.context(text.find('{').unwrap_or_default() + 1),
+            Context::Key {
+                mapping: Some(1),
+                entry: None,
+                ..
+            }
+        ));
+        assert!(matches!(
+            o.context(text.find("k, ").unwrap_or_default() + 3),
+            Context::Key {
+                mapping: Some(2),
+                entry: None,
+                ..
+            }
+        ));
     }
 
     #[test]
