@@ -533,6 +533,74 @@ fn an_editor_session_gets_diagnostics_hover_completion_and_definitions() {
 }
 
 #[test]
+fn every_reference_pipeline_and_example_gets_validates_diagnostics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut c = Client::start();
+    c.initialize();
+    let mut seen = 0;
+    for dir in ["pipelines", "examples"] {
+        let mut files: Vec<_> = std::fs::read_dir(root.join(dir))
+            .expect("dir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let uri = uri_of(&path);
+            c.open(&uri, &text);
+            let lsp = c.diagnostics(&uri);
+            assert_same_as_validate(&text, &lsp, &validate_json(&path));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 5, "{seen} files");
+    assert_eq!(c.shutdown(), 0);
+}
+
+#[test]
+fn flow_mappings_complete_and_resolve_like_block_ones() {
+    let text = "\
+version: 1
+pipelines:
+  - id: orders_totals
+    sources:
+      - {id: orders, type: file, path: data/orders.jsonl, format: jsonl}
+    operators:
+      - {id: by_user, type: key_by, input: orders, field: user}
+    sinks:
+      - {id: out, type: stdout, inputs: [by_user]}
+";
+    let uri = "file:///nonexistent/weir-lsp/flow.yaml";
+    let mut c = Client::start();
+    c.initialize();
+    c.open(uri, text);
+    let _ = c.diagnostics(uri);
+    let d = c.at(
+        "textDocument/definition",
+        uri,
+        pos(text, "orders, field", 2),
+    );
+    let (l, ch) = pos(text, "orders, type", 0);
+    assert_eq!(d["range"]["start"], json!({"line": l, "character": ch}));
+    let d = c.at("textDocument/definition", uri, pos(text, "[by_user]", 3));
+    let (l, ch) = pos(text, "by_user, type", 0);
+    assert_eq!(d["range"]["start"], json!({"line": l, "character": ch}));
+    let h = c.at("textDocument/hover", uri, pos(text, "key_by", 2));
+    let value = h["contents"]["value"].as_str().unwrap_or_default();
+    assert!(value.starts_with("**`key_by`**"), "{value}");
+    let items = c.at("textDocument/completion", uri, pos(text, "[by_user]", 1));
+    let labels: Vec<&str> = items
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["label"].as_str())
+        .collect();
+    assert_eq!(labels, ["orders", "by_user"]);
+    assert_eq!(c.shutdown(), 0);
+}
+
+#[test]
 fn hostile_text_gives_diagnostics_and_the_server_keeps_answering() {
     let mut c = Client::start();
     c.initialize();
