@@ -518,9 +518,11 @@ fn an_editor_session_gets_diagnostics_hover_completion_and_definitions() {
         Value::Null
     );
 
-    // An unknown request is an error, not silence.
+    // An unknown request is an error, not silence; so are parameters that do not parse.
     let r = c.request("workspace/symbol", json!({"query": ""}));
     assert_eq!(r["error"]["code"], -32601, "{r}");
+    let r = c.request("textDocument/hover", json!({"textDocument": {"uri": uri}}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
 
     // Closing clears the file's diagnostics.
     c.notify(

@@ -242,6 +242,11 @@ fn candidates_for(o: &Outline<'_>, entry: Option<usize>) -> Candidates<'static> 
     c
 }
 
+/// The children of an entry that is there; none for one that is not (never the root's).
+fn below(o: &Outline<'_>, entry: Option<usize>) -> Vec<usize> {
+    entry.map(|e| o.children(Some(e))).unwrap_or_default()
+}
+
 fn key_of<'o>(o: &'o Outline<'_>, entry: usize) -> Option<&'o str> {
     match &o.entries[entry].seg {
         Seg::Key(k) => Some(k),
@@ -287,7 +292,7 @@ struct Element {
 fn elements(o: &Outline<'_>, pipeline: usize) -> Vec<Element> {
     let mut out = Vec::new();
     for section in ["sources", "operators", "sinks"] {
-        for item in o.children(o.child(Some(pipeline), section)) {
+        for item in below(o, o.child(Some(pipeline), section)) {
             if let Some(id) = o.child(Some(item), "id")
                 && let (Some(v), Some(r)) = (o.value(id), o.entries[id].value.clone())
             {
@@ -446,7 +451,16 @@ fn script_hover(
         return None;
     }
     let operator = o.child_value(o.entries[entry].parent, "type");
-    let doc = if let Some(f) = HOST_FUNCTIONS.iter().find(|f| f.name == name) {
+    // `fn key(r)` defines the entry point; `key()` elsewhere calls the host function.
+    let defined = text[..word.start].trim_end().ends_with("fn");
+    let host = HOST_FUNCTIONS.iter().find(|f| {
+        f.name == name
+            && !defined
+            && operator.as_deref().is_none_or(|op| {
+                f.operators.contains(&op) || !ENTRY_POINTS.iter().any(|e| e.name == name)
+            })
+    });
+    let doc = if let Some(f) = host {
         format!(
             "```rhai\n{}({}) -> {}\n```\n{}\n\n**Errors:** {}\n\n**Operators:** {}\n\n```rhai\n{}\n```",
             f.name,
@@ -505,15 +519,32 @@ fn item(
 
 /// The completions at byte `offset`: keys the schema allows in the mapping there, values of a
 /// `type:` (and of other enumerated fields), input ids, record field names, and the script
-/// API in scripts.
-pub fn completion(doc: Doc<'_>, offset: usize) -> Vec<CompletionItem> {
+/// API in scripts. `trigger` is the character whose typing asked (`:`, `.`, `[`), if any: each
+/// asks only where it starts something (a value, a field, a list of ids), so that typing it
+/// elsewhere (a `:` in a script's map literal) opens no list.
+pub fn completion(doc: Doc<'_>, offset: usize, trigger: Option<&str>) -> Vec<CompletionItem> {
     if doc.kind() != Kind::Pipeline {
         return Vec::new();
     }
     let text = doc.text;
     let o = Outline::new(text);
     let index = LineIndex::new(text);
-    match o.context(offset) {
+    let context = o.context(offset);
+    let script = match &context {
+        Context::Block { .. } => true,
+        Context::Value { entry, .. } => key_of(&o, *entry) == Some("script"),
+        _ => false,
+    };
+    let wanted = match trigger {
+        None => true,
+        Some(".") => script,
+        Some(":" | "[") => matches!(context, Context::Value { .. }) && !script,
+        Some(_) => false,
+    };
+    if !wanted {
+        return Vec::new();
+    }
+    match context {
         Context::Key {
             mapping,
             entry,
@@ -592,6 +623,23 @@ fn value_items(
             })
     };
     let lsp_range = index.range(&range);
+    // Right after `key:` a value needs a space before it.
+    let pad = if range.is_empty() && text[..offset].ends_with(':') {
+        " "
+    } else {
+        ""
+    };
+    let value_item = |label: String, kind, description, detail: Option<String>| {
+        let mut it = item(
+            label.clone(),
+            kind,
+            description,
+            format!("{pad}{label}"),
+            lsp_range,
+        );
+        it.detail = detail;
+        it
+    };
     if is_input(o, entry) || key.as_deref() == Some("dead_letter") {
         let Some(pipeline) = pipeline_of(o, entry) else {
             return Vec::new();
@@ -603,23 +651,12 @@ fn value_items(
             .filter(|e| Some(e.entry) != own)
             .filter(|e| (e.section == "sinks") == sinks)
             .map(|e| {
-                let kind = match e.section {
-                    "sources" => "source",
-                    "operators" => "operator",
-                    _ => "sink",
-                };
-                let mut it = item(
-                    e.id.clone(),
-                    CompletionItemKind::REFERENCE,
-                    None,
-                    e.id.clone(),
-                    lsp_range,
-                );
-                it.detail = Some(match o.child_value(Some(e.entry), "type") {
+                let kind = e.section.trim_end_matches('s');
+                let detail = match o.child_value(Some(e.entry), "type") {
                     Some(t) => format!("{kind} ({t})"),
                     None => kind.to_owned(),
-                });
-                it
+                };
+                value_item(e.id, CompletionItemKind::REFERENCE, None, Some(detail))
             })
             .collect();
     }
@@ -628,7 +665,7 @@ fn value_items(
     {
         return known_fields(o, doc, pipeline)
             .into_iter()
-            .map(|f| item(f.clone(), CompletionItemKind::FIELD, None, f, lsp_range))
+            .map(|f| value_item(f, CompletionItemKind::FIELD, None, None))
             .collect();
     }
     let mut values: Vec<ValueInfo> = match key.as_deref() {
@@ -644,12 +681,11 @@ fn value_items(
     let mut out: Vec<CompletionItem> = values
         .into_iter()
         .map(|v| {
-            item(
-                v.value.clone(),
+            value_item(
+                v.value,
                 CompletionItemKind::ENUM_MEMBER,
                 v.description,
-                v.value,
-                lsp_range,
+                None,
             )
         })
         .collect();
@@ -737,8 +773,8 @@ fn known_fields(o: &Outline<'_>, doc: Doc<'_>, pipeline: usize) -> Vec<String> {
             out.push(f);
         }
     };
-    for source in o.children(o.child(Some(pipeline), "sources")) {
-        for f in o.children(o.child(Some(source), "fields")) {
+    for source in below(o, o.child(Some(pipeline), "sources")) {
+        for f in below(o, o.child(Some(source), "fields")) {
             if let Some(k) = key_of(o, f) {
                 add(k.to_owned());
             }
@@ -748,9 +784,12 @@ fn known_fields(o: &Outline<'_>, doc: Doc<'_>, pipeline: usize) -> Vec<String> {
         {
             let csv = o.child_value(Some(source), "format").as_deref() == Some("csv");
             let csv_options = o.child(Some(source), "csv");
-            let header = o.child_value(csv_options, "header").as_deref() != Some("false");
-            let delimiter = o
-                .child_value(csv_options, "delimiter")
+            let header = csv_options
+                .and_then(|c| o.child_value(Some(c), "header"))
+                .as_deref()
+                != Some("false");
+            let delimiter = csv_options
+                .and_then(|c| o.child_value(Some(c), "delimiter"))
                 .and_then(|d| d.chars().next())
                 .unwrap_or(',');
             for f in first_line_fields(&doc.base_dir().join(path), csv, header, delimiter) {
@@ -758,13 +797,13 @@ fn known_fields(o: &Outline<'_>, doc: Doc<'_>, pipeline: usize) -> Vec<String> {
             }
         }
     }
-    for op in o.children(o.child(Some(pipeline), "operators")) {
+    for op in below(o, o.child(Some(pipeline), "operators")) {
         if let Some(script) = o.child(Some(op), "script") {
             for f in script_fields(script_text(o, doc.text, script)) {
                 add(f);
             }
         }
-        for agg in o.children(o.child(Some(op), "aggregations")) {
+        for agg in below(o, o.child(Some(op), "aggregations")) {
             if let Some(name) = o
                 .child_value(Some(agg), "as")
                 .or_else(|| o.child_value(Some(agg), "fn"))
@@ -950,10 +989,58 @@ pipelines:
             let _ = diagnostics(d);
             for offset in (0..=text.len()).step_by(step).filter(|&o| text.is_char_boundary(o)) {
                 let _ = hover(d, offset);
-                let _ = completion(d, offset);
+                let _ = completion(d, offset, None);
+                let _ = completion(d, offset, Some(":"));
                 let _ = definition(d, offset);
             }
         }
+    }
+
+    #[test]
+    fn fields_come_from_a_csv_header_and_triggers_open_lists_only_where_they_start_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("orders.csv"),
+            "\u{feff}user;amount;\"note\"\n1;2;x\n",
+        )
+        .expect("write");
+        let text = "\
+pipelines:
+  - id: p
+    sources:
+      - {id: src, type: file, path: orders.csv, format: csv, csv: {delimiter: \";\"}}
+    operators:
+      - id: k
+        type: key_by
+        input: src
+        field:
+        script: |
+          fn key(r) { #{a: 1} }
+";
+        let u: Uri = format!("file://{}/p.yaml", dir.path().display())
+            .parse()
+            .expect("uri");
+        let d = doc(&u, text);
+        let labels = |items: Vec<CompletionItem>| -> Vec<String> {
+            items.into_iter().map(|i| i.label).collect()
+        };
+        let field = at(text, "field:", 6);
+        let items = completion(d, field, Some(":"));
+        assert_eq!(labels(items.clone()), ["user", "amount", "note", "a"]);
+        // Right after the colon, the value comes with its space.
+        let Some(CompletionTextEdit::Edit(edit)) = &items[0].text_edit else {
+            panic!("an edit")
+        };
+        assert_eq!(edit.new_text, " user");
+        // A `:` in a script, a `.` in a YAML key, a `[` on a key: no list.
+        assert_eq!(completion(d, at(text, "a: 1", 2), Some(":")), Vec::new());
+        assert_eq!(completion(d, at(text, "input", 2), Some(".")), Vec::new());
+        // An entry point in a script: its reference entry.
+        let h = hover(d, at(text, "key(r)", 1)).expect("hover");
+        let HoverContents::Markup(m) = h.contents else {
+            panic!("markup")
+        };
+        assert!(m.value.starts_with("```rhai\nfn key(r)"), "{}", m.value);
     }
 
     #[test]
@@ -1002,11 +1089,11 @@ pipelines:
         let labels = |items: Vec<CompletionItem>| -> Vec<String> {
             items.into_iter().map(|i| i.label).collect()
         };
-        let types = labels(completion(d, at(PIPE, "map\n", 0)));
+        let types = labels(completion(d, at(PIPE, "map\n", 0), None));
         assert!(types.contains(&"filter".to_owned()) && types.contains(&"aggregate".to_owned()));
-        let ids = labels(completion(d, at(PIPE, "[m]", 1)));
+        let ids = labels(completion(d, at(PIPE, "[m]", 1), None));
         assert_eq!(ids, ["gen", "m"]);
-        let fields = labels(completion(d, at(PIPE, "r.user", 2)));
+        let fields = labels(completion(d, at(PIPE, "r.user", 2), Some(".")));
         assert!(fields.contains(&"user".to_owned()) && fields.contains(&"total".to_owned()));
         let h = hover(d, at(PIPE, "input: gen", 8)).expect("hover");
         let HoverContents::Markup(m) = h.contents else {

@@ -78,7 +78,7 @@ fn capabilities() -> ServerCapabilities {
         text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
         hover_provider: Some(HoverProviderCapability::Simple(true)),
         completion_provider: Some(CompletionOptions {
-            trigger_characters: Some(vec![":".into(), " ".into(), ".".into(), "[".into()]),
+            trigger_characters: Some(vec![":".into(), ".".into(), "[".into()]),
             ..CompletionOptions::default()
         }),
         definition_provider: Some(OneOf::Left(true)),
@@ -258,9 +258,10 @@ impl Server {
             }
             Completion::METHOD => {
                 let p: CompletionParams = serde_json::from_value(req.params).map_err(invalid)?;
+                let trigger = p.context.and_then(|c| c.trigger_character);
                 let items = self
                     .at(&p.text_document_position, |d, o| {
-                        Some(analysis::completion(d, o))
+                        Some(analysis::completion(d, o, trigger.as_deref()))
                     })
                     .unwrap_or_default();
                 serde_json::to_value(CompletionResponse::Array(items)).map_err(internal)
