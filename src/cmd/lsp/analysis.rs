@@ -1,7 +1,8 @@
 //! What `weir lsp` answers about one open document: its diagnostics (exactly `weir
 //! validate`'s, from the same function), hover text, completions and the definition of an
-//! input id. Pure functions of the document's URI and text, so the server loop stays a
-//! dispatcher and these are unit-tested without a client.
+//! input id. Functions of the document's URI and text (and of the files it names: script
+//! files, a CSV source's header), so the server loop stays a dispatcher and these are
+//! unit-tested without a client.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use lsp_types::{
     DiagnosticSeverity, Documentation, Hover, HoverContents, Location, MarkupContent, MarkupKind,
     NumberOrString, Range, TextEdit, Uri,
 };
+use serde_json::Value;
 use weir_engine::script_api::{ENTRY_POINTS, HOST_FUNCTIONS};
 use weir_engine::validate::validate_str;
 use weir_schema::{Diagnostic, Severity, SourceFile, SpanIndex};
@@ -140,10 +142,12 @@ pub fn diagnostics(doc: Doc<'_>) -> Vec<lsp_types::Diagnostic> {
 
 /// The diagnostics of a test file.
 ///
-/// TODO(issue 18, `weir test`): call the test-file validator here once it lands (it checks
-/// a test file as `validate` checks a pipeline: schema, pipeline reference, steps). Until then
-/// only the YAML itself is checked: the loader's `weir::yaml::*` diagnostics (syntax,
-/// encoding, size, depth), never the pipeline schema, which a test file does not follow.
+/// TODO(issue 18, `weir test`): call the test-file validator here once it lands (on the
+/// `weir test` branch: `weir_schema::test_file::load_test_str(&doc.name(), doc.text)
+/// .diagnostics`), and return its JSON Schema from [`schema_of`] for hover and key/value
+/// completion. Until then only the YAML itself is checked: the loader's `weir::yaml::*`
+/// diagnostics (syntax, encoding, size, depth), never the pipeline schema, which a test file
+/// does not follow.
 fn test_file_diagnostics(doc: Doc<'_>) -> Vec<Diagnostic> {
     let loaded = weir_schema::load_str(&doc.name(), doc.text);
     loaded
@@ -152,6 +156,15 @@ fn test_file_diagnostics(doc: Doc<'_>) -> Vec<Diagnostic> {
         .filter(|d| d.code.starts_with("weir::yaml::"))
         .cloned()
         .collect()
+}
+
+/// The JSON Schema that hover and completion walk for a document of this kind.
+fn schema_of(kind: Kind) -> Option<&'static Value> {
+    match kind {
+        Kind::Pipeline => Some(weir_schema::schema::json_schema()),
+        // TODO(issue 18, `weir test`): `Some(weir_schema::test_file::test_json_schema())`.
+        Kind::Test => None,
+    }
 }
 
 fn to_lsp(
@@ -227,14 +240,18 @@ fn to_lsp(
 
 /// The schemas describing the node of `entry` (`None`: the root), walking from the root
 /// with each mapping's written `type:` selecting its branch.
-fn candidates_for(o: &Outline<'_>, entry: Option<usize>) -> Candidates<'static> {
+fn candidates_for(
+    o: &Outline<'_>,
+    schema: &'static Value,
+    entry: Option<usize>,
+) -> Candidates<'static> {
     let mut chain = Vec::new();
     let mut at = entry;
     while let Some(i) = at {
         chain.push(i);
         at = o.entries[i].parent;
     }
-    let mut c = Candidates::root();
+    let mut c = Candidates::root(schema);
     for &i in chain.iter().rev() {
         let parent = o.entries[i].parent;
         c = c.child(&o.entries[i].seg, &|k| o.child_value(parent, k));
@@ -358,9 +375,8 @@ fn markdown(value: String, range: Range) -> Hover {
 /// The hover at byte `offset`: the schema's description of the key (or of the chosen
 /// `type:`/enum value), or the script API entry of a function name in a script.
 pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
-    if doc.kind() != Kind::Pipeline {
-        return None;
-    }
+    let schema = schema_of(doc.kind())?;
+    let pipeline = doc.kind() == Kind::Pipeline;
     let text = doc.text;
     let o = Outline::new(text);
     let index = LineIndex::new(text);
@@ -371,11 +387,11 @@ pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
             ..
         } => {
             let key = key_of(&o, e)?.to_owned();
-            let c = candidates_for(&o, Some(e));
+            let c = candidates_for(&o, schema, Some(e));
             let described = c.description().or_else(|| {
                 // A discriminator: the description of the branch it selects.
                 let value = o.value(e)?;
-                branch_description(&o, mapping, &key, &value)
+                branch_description(&o, schema, mapping, &key, &value)
             })?;
             Some(markdown(
                 format!("**`{key}`**\n\n{described}"),
@@ -383,10 +399,11 @@ pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
             ))
         }
         Context::Value { entry, range } => {
-            if key_of(&o, entry) == Some("script") {
+            if pipeline && key_of(&o, entry) == Some("script") {
                 return script_hover(&o, text, entry, offset, &index);
             }
-            if let Some((_, id, r)) = reference_at(&o, text, offset)
+            if pipeline
+                && let Some((_, id, r)) = reference_at(&o, text, offset)
                 && let Some(target) = pipeline_of(&o, entry)
                     .and_then(|p| elements(&o, p).into_iter().find(|e| e.id == id))
             {
@@ -405,21 +422,21 @@ pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
             let parent = o.entries[entry].parent;
             let described = key
                 .as_deref()
-                .and_then(|k| branch_description(&o, parent, k, &value))
+                .and_then(|k| branch_description(&o, schema, parent, k, &value))
                 .or_else(|| {
-                    candidates_for(&o, Some(entry))
+                    candidates_for(&o, schema, Some(entry))
                         .values()
                         .into_iter()
                         .find(|v| v.value == value)
                         .and_then(|v| v.description)
                 })
-                .or_else(|| candidates_for(&o, Some(entry)).description())?;
+                .or_else(|| candidates_for(&o, schema, Some(entry)).description())?;
             Some(markdown(
                 format!("**`{value}`**\n\n{described}"),
                 index.range(&range),
             ))
         }
-        Context::Block { entry } => script_hover(&o, text, entry, offset, &index),
+        Context::Block { entry } if pipeline => script_hover(&o, text, entry, offset, &index),
         _ => None,
     }
 }
@@ -427,11 +444,12 @@ pub fn hover(doc: Doc<'_>, offset: usize) -> Option<Hover> {
 /// The description of the `oneOf` branch that `key: value` selects in the mapping `mapping`.
 fn branch_description(
     o: &Outline<'_>,
+    schema: &'static Value,
     mapping: Option<usize>,
     key: &str,
     value: &str,
 ) -> Option<String> {
-    candidates_for(o, mapping)
+    candidates_for(o, schema, mapping)
         .discriminator_values(key)
         .into_iter()
         .find(|v| v.value == value)
@@ -523,9 +541,9 @@ fn item(
 /// asks only where it starts something (a value, a field, a list of ids), so that typing it
 /// elsewhere (a `:` in a script's map literal) opens no list.
 pub fn completion(doc: Doc<'_>, offset: usize, trigger: Option<&str>) -> Vec<CompletionItem> {
-    if doc.kind() != Kind::Pipeline {
+    let Some(schema) = schema_of(doc.kind()) else {
         return Vec::new();
-    }
+    };
     let text = doc.text;
     let o = Outline::new(text);
     let index = LineIndex::new(text);
@@ -552,23 +570,28 @@ pub fn completion(doc: Doc<'_>, offset: usize, trigger: Option<&str>) -> Vec<Com
         } => {
             let range = index.range(&range);
             let colon = entry.is_some_and(|e| o.entries[e].colon);
-            key_items(&o, mapping, entry, range, colon)
+            key_items(&o, schema, mapping, entry, range, colon)
         }
-        Context::Value { entry, range } => value_items(&o, doc, entry, range, offset, &index),
-        Context::Block { entry } => script_items(&o, doc, entry, offset, &index),
-        Context::None => Vec::new(),
+        Context::Value { entry, range } => {
+            value_items(&o, schema, doc, entry, range, offset, &index)
+        }
+        Context::Block { entry } if doc.kind() == Kind::Pipeline => {
+            script_items(&o, doc, entry, offset, &index)
+        }
+        Context::Block { .. } | Context::None => Vec::new(),
     }
 }
 
 fn key_items(
     o: &Outline<'_>,
+    schema: &'static Value,
     mapping: Option<usize>,
     entry: Option<usize>,
     range: Range,
     colon: bool,
 ) -> Vec<CompletionItem> {
     let present: Vec<usize> = o.children(mapping);
-    candidates_for(o, mapping)
+    candidates_for(o, schema, mapping)
         .keys(&|k| o.child_value(mapping, k))
         .into_iter()
         .filter(|k| {
@@ -597,6 +620,7 @@ fn key_items(
 
 fn value_items(
     o: &Outline<'_>,
+    schema: &'static Value,
     doc: Doc<'_>,
     entry: usize,
     range: std::ops::Range<usize>,
@@ -606,7 +630,8 @@ fn value_items(
     let text = doc.text;
     let key = key_of(o, entry).map(str::to_owned);
     let parent = o.entries[entry].parent;
-    if key.as_deref() == Some("script") {
+    let pipeline = doc.kind() == Kind::Pipeline;
+    if pipeline && key.as_deref() == Some("script") {
         return script_items(o, doc, entry, offset, index);
     }
     // The item of a flow sequence under the cursor, or the whole value.
@@ -640,7 +665,7 @@ fn value_items(
         it.detail = detail;
         it
     };
-    if is_input(o, entry) || key.as_deref() == Some("dead_letter") {
+    if pipeline && (is_input(o, entry) || key.as_deref() == Some("dead_letter")) {
         let Some(pipeline) = pipeline_of(o, entry) else {
             return Vec::new();
         };
@@ -660,7 +685,8 @@ fn value_items(
             })
             .collect();
     }
-    if matches!(key.as_deref(), Some("field" | "key_field"))
+    if pipeline
+        && matches!(key.as_deref(), Some("field" | "key_field"))
         && let Some(pipeline) = pipeline_of(o, entry)
     {
         return known_fields(o, doc, pipeline)
@@ -670,11 +696,11 @@ fn value_items(
     }
     let mut values: Vec<ValueInfo> = match key.as_deref() {
         Some(k @ ("type" | "backend" | "strategy" | "kind")) => {
-            candidates_for(o, parent).discriminator_values(k)
+            candidates_for(o, schema, parent).discriminator_values(k)
         }
         _ => Vec::new(),
     };
-    let here = candidates_for(o, Some(entry));
+    let here = candidates_for(o, schema, Some(entry));
     if values.is_empty() {
         values = here.values();
     }
@@ -691,7 +717,7 @@ fn value_items(
         .collect();
     // `- ` in a sequence of mappings: the item's first key.
     if key.is_none() && here.is_object() {
-        out.extend(key_items(o, Some(entry), None, lsp_range, false));
+        out.extend(key_items(o, schema, Some(entry), None, lsp_range, false));
     }
     out
 }

@@ -1,5 +1,5 @@
-//! A tolerant outline of a block-style YAML text: every key and sequence item with its config
-//! path, its line, and the byte ranges of its key and inline value.
+//! A tolerant outline of a YAML text: every key and sequence item with its parent, and the
+//! byte ranges of its key and inline value.
 //!
 //! The editor features (hover, completion, definition) need to know where the cursor is in the
 //! config while the user types, when the file often does not parse: `ty` half-typed on a new
@@ -7,8 +7,10 @@
 //! pass (the parent of a line is found by climbing from the previous entry, at most the
 //! nesting depth), and never fails; diagnostics still come from the real loader. It
 //! understands block mappings and sequences (also indentless ones), `- key: value` items,
-//! block scalars (their lines belong to their key), comments, and quoted keys and values; a
-//! flow collection (`[a, b]`) is an inline value whose items [`flow_items`] splits.
+//! block scalars (their lines belong to their key), comments, quoted keys and values, and
+//! one-line flow mappings (`- {id: a, type: map}`: their keys become the item's children); a
+//! flow sequence (`[a, b]`) is an inline value whose items [`flow_items`] splits. Flow
+//! collections spread over several lines are not followed.
 
 use std::ops::Range;
 

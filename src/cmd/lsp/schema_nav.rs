@@ -1,6 +1,6 @@
-//! Walking the pipeline file's JSON Schema (`weir_schema::schema::json_schema`, what `weir
-//! schema` prints) along a config path: the descriptions hover shows, the keys and values
-//! completion offers.
+//! Walking a JSON Schema along a config path (the pipeline file's,
+//! `weir_schema::schema::json_schema`, what `weir schema` prints; any other generated the same
+//! way): the descriptions hover shows, the keys and values completion offers.
 //!
 //! The schema is schemars' draft 2020-12 output: `$ref`s into `$defs`, `anyOf` for optional
 //! values, `oneOf` for the kinds a `type:` (or `backend:`, `strategy:`, `kind:`) selects.
@@ -13,9 +13,13 @@ use super::outline::Seg;
 /// The keys whose value selects a `oneOf` branch.
 const DISCRIMINATORS: [&str; 4] = ["type", "backend", "strategy", "kind"];
 
-/// The schemas that may describe one node.
-#[derive(Clone, Debug, Default)]
-pub struct Candidates<'s>(pub Vec<&'s Value>);
+/// The schemas that may describe one node, within one root schema (whose `$defs` the
+/// `$ref`s name).
+#[derive(Clone, Debug)]
+pub struct Candidates<'s> {
+    root: &'s Value,
+    schemas: Vec<&'s Value>,
+}
 
 /// A key a mapping may hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,12 +39,7 @@ pub struct ValueInfo {
     pub description: Option<String>,
 }
 
-/// The schema's root.
-pub fn root() -> &'static Value {
-    weir_schema::schema::json_schema()
-}
-
-fn resolve(schema: &Value) -> &Value {
+fn resolve<'s>(root: &'s Value, schema: &'s Value) -> &'s Value {
     let mut s = schema;
     // Bounded: the generated schema has no `$ref` chains; a cycle cannot hang us.
     for _ in 0..16 {
@@ -49,7 +48,7 @@ fn resolve(schema: &Value) -> &Value {
         };
         let Some(target) = r
             .strip_prefix("#/$defs/")
-            .and_then(|name| root().get("$defs")?.get(name))
+            .and_then(|name| root.get("$defs")?.get(name))
         else {
             return s;
         };
@@ -59,21 +58,24 @@ fn resolve(schema: &Value) -> &Value {
 }
 
 impl<'s> Candidates<'s> {
-    /// The root's schema.
-    pub fn root() -> Candidates<'static> {
-        Candidates(vec![root()])
+    /// The document root of `schema`.
+    pub fn root(schema: &'s Value) -> Self {
+        Self {
+            root: schema,
+            schemas: vec![schema],
+        }
     }
 
     /// Every alternative, `$ref`s resolved and `anyOf`/`oneOf` flattened (each branch keeps
     /// its own description).
     pub fn flatten(&self) -> Vec<&'s Value> {
         let mut out = Vec::new();
-        let mut stack: Vec<&'s Value> = self.0.iter().rev().copied().collect();
+        let mut stack: Vec<&'s Value> = self.schemas.iter().rev().copied().collect();
         while let Some(s) = stack.pop() {
             if out.len() > 256 {
                 break;
             }
-            let s = resolve(s);
+            let s = resolve(self.root, s);
             let alts = s
                 .get("oneOf")
                 .or_else(|| s.get("anyOf"))
@@ -130,7 +132,10 @@ impl<'s> Candidates<'s> {
                 }
             }
         }
-        Candidates(out)
+        Candidates {
+            root: self.root,
+            schemas: out,
+        }
     }
 
     /// The keys the mapping may hold.
@@ -201,7 +206,7 @@ impl<'s> Candidates<'s> {
 
     /// The first description any alternative gives (the property's own comes first).
     pub fn description(&self) -> Option<String> {
-        self.0
+        self.schemas
             .iter()
             .find_map(|s| description(s))
             .or_else(|| self.flatten().into_iter().find_map(description))
@@ -247,7 +252,7 @@ mod tests {
     }
 
     fn operator() -> Candidates<'static> {
-        let p = Candidates::root()
+        let p = Candidates::root(weir_schema::schema::json_schema())
             .child(&Seg::Key("pipelines".into()), &none)
             .child(&Seg::Index(0), &none);
         p.child(&Seg::Key("operators".into()), &none)
