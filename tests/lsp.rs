@@ -654,6 +654,49 @@ fn test_files_get_yaml_diagnostics_only() {
 }
 
 #[test]
+fn a_burst_of_changes_ends_with_the_last_texts_diagnostics_and_shutdown_still_exits_cleanly() {
+    let mut c = Client::start();
+    c.initialize();
+    let uri = "file:///nonexistent/weir-lsp/burst.yaml";
+    c.open(uri, VALID);
+    for version in 2..=20 {
+        let text = if version % 2 == 0 {
+            VALID.replace("type: map", "type: mapp")
+        } else {
+            VALID.to_owned()
+        };
+        c.change(uri, version, &text);
+    }
+    // Whatever was skipped on the way, the last version's diagnostics arrive.
+    loop {
+        let m = c.recv();
+        if m["method"] == "textDocument/publishDiagnostics" && m["params"]["version"] == 20 {
+            let d = m["params"]["diagnostics"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(d.len(), 1, "{d:#?}");
+            assert_eq!(d[0]["code"], "weir::config::unknown_type");
+            break;
+        }
+    }
+    // A change, `shutdown` and `exit` sent at once: the change's check may read `shutdown`
+    // and `exit` ahead; the server still answers `shutdown` and exits with 0.
+    c.change(uri, 21, VALID);
+    c.send(&json!({"jsonrpc": "2.0", "id": 99, "method": "shutdown"}));
+    c.notify("exit", Value::Null);
+    c.stdin = None;
+    let answered = loop {
+        let m = c.recv();
+        if m["id"] == 99 {
+            break m;
+        }
+    };
+    assert_eq!(answered["result"], Value::Null, "{answered}");
+    assert_eq!(c.child.wait().expect("exits").code(), Some(0));
+}
+
+#[test]
 fn exit_without_shutdown_is_status_1() {
     let mut c = Client::start();
     c.initialize();

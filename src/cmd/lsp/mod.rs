@@ -97,22 +97,34 @@ fn serve(connection: &Connection) -> Result<Ended, String> {
         .map_err(|e| e.to_string())?;
     let mut server = Server::default();
     let mut pending: VecDeque<Message> = VecDeque::new();
-    loop {
-        let message = match pending.pop_front() {
-            Some(m) => m,
-            None => match connection.receiver.recv() {
-                Ok(m) => m,
-                Err(_) => return Ok(Ended::Exit),
-            },
-        };
+    let next = |pending: &mut VecDeque<Message>| {
+        pending
+            .pop_front()
+            .or_else(|| connection.receiver.recv().ok())
+    };
+    while let Some(message) = next(&mut pending) {
         match message {
-            Message::Request(req) => {
-                if connection
-                    .handle_shutdown(&req)
-                    .map_err(|e| e.to_string())?
-                {
-                    return Ok(Ended::Shutdown);
+            Message::Request(req) if req.method == "shutdown" => {
+                send(connection, Response::new_ok(req.id, ()).into())?;
+                // After `shutdown` only `exit` counts; requests are refused.
+                while let Some(m) = next(&mut pending) {
+                    match m {
+                        Message::Notification(n) if n.method == "exit" => break,
+                        Message::Request(r) => send(
+                            connection,
+                            Response::new_err(
+                                r.id,
+                                ErrorCode::InvalidRequest as i32,
+                                "weir lsp is shutting down".to_owned(),
+                            )
+                            .into(),
+                        )?,
+                        _ => {}
+                    }
                 }
+                return Ok(Ended::Shutdown);
+            }
+            Message::Request(req) => {
                 let response = server.request(req);
                 send(connection, response.into())?;
             }
@@ -136,6 +148,8 @@ fn serve(connection: &Connection) -> Result<Ended, String> {
             Message::Response(_) => {}
         }
     }
+    // Standard input closed without `exit`.
+    Ok(Ended::Exit)
 }
 
 fn send(connection: &Connection, message: Message) -> Result<(), String> {
