@@ -280,7 +280,9 @@ fn an_editor_session_gets_diagnostics_hover_completion_and_definitions() {
 
     let init = c.initialize();
     let caps = &init["result"]["capabilities"];
-    assert_eq!(caps["textDocumentSync"], 1, "full sync: {init}");
+    assert_eq!(caps["textDocumentSync"]["change"], 1, "full sync: {init}");
+    assert_eq!(caps["textDocumentSync"]["openClose"], true);
+    assert_eq!(caps["textDocumentSync"]["save"], true);
     assert_eq!(caps["hoverProvider"], true);
     assert_eq!(caps["definitionProvider"], true);
     assert!(caps["completionProvider"].is_object());
@@ -373,6 +375,13 @@ fn an_editor_session_gets_diagnostics_hover_completion_and_definitions() {
             .unwrap_or_default()
             .starts_with(&format!("{}:", script.display()))
     );
+    // The script file fixed and saved: the pipeline's diagnostics follow.
+    std::fs::write(&script, "fn map(r) { r }\n").expect("write");
+    c.notify(
+        "textDocument/didSave",
+        json!({"textDocument": {"uri": uri_of(&script)}}),
+    );
+    assert_eq!(c.diagnostics(&uri), Vec::<Value>::new());
 
     // Fixed: the diagnostics are cleared.
     c.change(&uri, 6, VALID);

@@ -4,7 +4,8 @@
 //! The transport (Content-Length framing, the initialize handshake, shutdown) is
 //! rust-analyzer's `lsp-server`; the messages are `lsp-types`. This module is the dispatcher:
 //! it keeps the open documents' text (full sync), publishes diagnostics on open and on every
-//! change, and answers hover, completion and definition requests from [`analysis`]. Any other
+//! change (and for every open document when any is saved: it may be a script file another
+//! reads), and answers hover, completion and definition requests from [`analysis`]. Any other
 //! request gets a `MethodNotFound` error; a panic while answering becomes an `InternalError`
 //! response (or an empty diagnostic list), never a dead server. Diagnostics come from the
 //! same function as `weir validate`; this module must not grow checks of its own.
@@ -21,8 +22,8 @@ use std::process::ExitCode;
 use clap::Args;
 use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response};
 use lsp_types::notification::{
-    DidChangeTextDocument, DidCloseTextDocument, DidOpenTextDocument, Notification as _,
-    PublishDiagnostics,
+    DidChangeTextDocument, DidCloseTextDocument, DidOpenTextDocument, DidSaveTextDocument,
+    Notification as _, PublishDiagnostics,
 };
 use lsp_types::request::{Completion, GotoDefinition, HoverRequest, Request as _};
 use lsp_types::{
@@ -30,7 +31,7 @@ use lsp_types::{
     DidCloseTextDocumentParams, DidOpenTextDocumentParams, GotoDefinitionParams,
     GotoDefinitionResponse, HoverParams, HoverProviderCapability, OneOf, PublishDiagnosticsParams,
     ServerCapabilities, TextDocumentPositionParams, TextDocumentSyncCapability,
-    TextDocumentSyncKind, Uri,
+    TextDocumentSyncKind, TextDocumentSyncOptions, TextDocumentSyncSaveOptions, Uri,
 };
 
 use analysis::Doc;
@@ -75,7 +76,14 @@ enum Ended {
 
 fn capabilities() -> ServerCapabilities {
     ServerCapabilities {
-        text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
+        text_document_sync: Some(TextDocumentSyncCapability::Options(
+            TextDocumentSyncOptions {
+                open_close: Some(true),
+                change: Some(TextDocumentSyncKind::FULL),
+                save: Some(TextDocumentSyncSaveOptions::Supported(true)),
+                ..TextDocumentSyncOptions::default()
+            },
+        )),
         hover_provider: Some(HoverProviderCapability::Simple(true)),
         completion_provider: Some(CompletionOptions {
             trigger_characters: Some(vec![":".into(), ".".into(), "[".into()]),
@@ -130,20 +138,20 @@ fn serve(connection: &Connection) -> Result<Ended, String> {
             }
             Message::Notification(n) if n.method == "exit" => return Ok(Ended::Exit),
             Message::Notification(n) => {
-                let Some(uri) = server.notification(n) else {
-                    continue;
-                };
-                // Messages already waiting are read first: a newer text of the same document
-                // makes checking this one pointless (typing fast must not queue validations).
-                while let Ok(m) = connection.receiver.try_recv() {
-                    pending.push_back(m);
+                for uri in server.notification(n) {
+                    // Messages already waiting are read first: a newer text of the same
+                    // document makes checking this one pointless (typing fast must not queue
+                    // validations).
+                    while let Ok(m) = connection.receiver.try_recv() {
+                        pending.push_back(m);
+                    }
+                    if pending.iter().any(|m| touches(m, &uri)) {
+                        continue;
+                    }
+                    let params = server.publish(&uri);
+                    let note = Notification::new(PublishDiagnostics::METHOD.to_owned(), params);
+                    send(connection, note.into())?;
                 }
-                if pending.iter().any(|m| touches(m, &uri)) {
-                    continue;
-                }
-                let params = server.publish(&uri);
-                let note = Notification::new(PublishDiagnostics::METHOD.to_owned(), params);
-                send(connection, note.into())?;
             }
             Message::Response(_) => {}
         }
@@ -185,14 +193,31 @@ struct Server {
     docs: HashMap<Uri, Document>,
 }
 
+/// Which documents a notification makes due for checking.
+enum Due {
+    One(Uri),
+    All,
+}
+
 struct Document {
     text: String,
     version: Option<i32>,
 }
 
 impl Server {
-    /// Applies a notification; returns the document whose diagnostics are now due.
-    fn notification(&mut self, n: Notification) -> Option<Uri> {
+    /// Applies a notification; returns the documents whose diagnostics are now due.
+    fn notification(&mut self, n: Notification) -> Vec<Uri> {
+        self.apply(n).map_or_else(Vec::new, |due| match due {
+            Due::One(uri) => vec![uri],
+            Due::All => {
+                let mut all: Vec<Uri> = self.docs.keys().cloned().collect();
+                all.sort();
+                all
+            }
+        })
+    }
+
+    fn apply(&mut self, n: Notification) -> Option<Due> {
         match n.method.as_str() {
             DidOpenTextDocument::METHOD => {
                 let p: DidOpenTextDocumentParams = serde_json::from_value(n.params).ok()?;
@@ -204,7 +229,7 @@ impl Server {
                         version: Some(d.version),
                     },
                 );
-                Some(d.uri)
+                Some(Due::One(d.uri))
             }
             DidChangeTextDocument::METHOD => {
                 let p: DidChangeTextDocumentParams = serde_json::from_value(n.params).ok()?;
@@ -218,13 +243,16 @@ impl Server {
                         version: Some(p.text_document.version),
                     },
                 );
-                Some(uri)
+                Some(Due::One(uri))
             }
             DidCloseTextDocument::METHOD => {
                 let p: DidCloseTextDocumentParams = serde_json::from_value(n.params).ok()?;
                 self.docs.remove(&p.text_document.uri);
-                Some(p.text_document.uri)
+                Some(Due::One(p.text_document.uri))
             }
+            // A saved file may be a script file or a CSV another document reads: check them
+            // all again (saves are rare; checks are per document and quick).
+            DidSaveTextDocument::METHOD => Some(Due::All),
             _ => None,
         }
     }
