@@ -659,6 +659,9 @@ fn test_files_get_yaml_diagnostics_only() {
     let d = c.diagnostics(uri);
     assert_eq!(d.len(), 1, "{d:#?}");
     assert_eq!(d[0]["code"], "weir::yaml::syntax");
+    // No pipeline schema is walked for a test file.
+    assert_eq!(c.at("textDocument/hover", uri, (0, 2)), Value::Null);
+    assert_eq!(c.at("textDocument/completion", uri, (1, 2)), json!([]));
     assert_eq!(c.shutdown(), 0);
 }
 

@@ -1070,6 +1070,27 @@ pipelines:
     }
 
     #[test]
+    fn dead_letter_targets_complete_and_resolve_to_sinks() {
+        let text = PIPE.replace(
+            "        input: gen\n",
+            "        input: gen\n        on_error: {dead_letter: out}\n",
+        );
+        let u = uri();
+        let d = doc(&u, &text);
+        let labels: Vec<String> = completion(d, at(&text, "out}", 1), None)
+            .into_iter()
+            .map(|i| i.label)
+            .collect();
+        assert_eq!(labels, ["out"]);
+        let def = definition(d, at(&text, "out}", 1)).expect("definition");
+        let line = text
+            .lines()
+            .position(|l| l.contains("- id: out"))
+            .expect("line");
+        assert_eq!(def.range.start.line as usize, line);
+    }
+
+    #[test]
     fn uris_become_paths() {
         let u: Uri = "file:///a%20b/c.yaml".parse().expect("uri");
         assert_eq!(file_path(&u), Some(PathBuf::from("/a b/c.yaml")));
