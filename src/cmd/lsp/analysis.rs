@@ -28,6 +28,8 @@ pub enum Kind {
     Pipeline,
     /// A test file (`*.test.yaml`): YAML syntax only, until the test-file validator exists.
     Test,
+    /// Not YAML (a `.rhai` script a client sent along, ...): nothing to say about it.
+    Other,
 }
 
 /// An open document: its URI and text.
@@ -58,14 +60,18 @@ impl Doc<'_> {
             .unwrap_or_else(|| PathBuf::from("."))
     }
 
-    /// Pipeline or test file.
+    /// Pipeline, test file, or neither: by the name's ending; a name without an extension
+    /// (an unsaved buffer) counts as a pipeline file.
     pub fn kind(&self) -> Kind {
         let name = self.uri.as_str();
         let name = name.split(['?', '#']).next().unwrap_or(name);
-        if name.ends_with(".test.yaml") || name.ends_with(".test.yml") {
+        let file = name.rsplit('/').next().unwrap_or(name);
+        if file.ends_with(".test.yaml") || file.ends_with(".test.yml") {
             Kind::Test
-        } else {
+        } else if file.ends_with(".yaml") || file.ends_with(".yml") || !file.contains('.') {
             Kind::Pipeline
+        } else {
+            Kind::Other
         }
     }
 }
@@ -129,6 +135,7 @@ pub fn diagnostics(doc: Doc<'_>) -> Vec<lsp_types::Diagnostic> {
                 .map(|d| to_lsp(d, doc, &v.source, v.spans.as_ref(), &index))
                 .collect()
         }
+        Kind::Other => Vec::new(),
         Kind::Test => {
             let index = LineIndex::new(doc.text);
             let source = Arc::new(SourceFile::new(doc.name(), doc.text));
@@ -163,7 +170,7 @@ fn schema_of(kind: Kind) -> Option<&'static Value> {
     match kind {
         Kind::Pipeline => Some(weir_schema::schema::json_schema()),
         // TODO(issue 18, `weir test`): `Some(weir_schema::test_file::test_json_schema())`.
-        Kind::Test => None,
+        Kind::Test | Kind::Other => None,
     }
 }
 
@@ -1098,6 +1105,11 @@ pipelines:
         assert_eq!(file_path(&u), None);
         let t: Uri = "file:///x/orders.test.yaml".parse().expect("uri");
         assert_eq!(doc(&t, "").kind(), Kind::Test);
+        let r: Uri = "file:///x/scripts/parse.rhai".parse().expect("uri");
+        assert_eq!(doc(&r, "fn map(r) { r }").kind(), Kind::Other);
+        assert_eq!(diagnostics(doc(&r, "fn map(r) { r }")), Vec::new());
+        let untitled: Uri = "untitled:Untitled-1".parse().expect("uri");
+        assert_eq!(doc(&untitled, "").kind(), Kind::Pipeline);
     }
 
     #[test]
