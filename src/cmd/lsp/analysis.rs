@@ -1008,7 +1008,8 @@ pipelines:
         #[test]
         fn any_text_at_any_offset_is_answered(
             cut in 0usize..600,
-            insert in "[ -~\n\t{}\\[\\],:#|>é😀-]{0,40}",
+            bom in proptest::bool::ANY,
+            insert in "[\u{feff} -~\n\t{}\\[\\],:#|>é😀-]{0,40}",
             step in 1usize..7,
         ) {
             let mut text = PIPE.to_owned();
@@ -1017,6 +1018,9 @@ pipelines:
                 cut -= 1;
             }
             text.insert_str(cut, &insert);
+            if bom {
+                text.insert(0, '\u{feff}');
+            }
             let u = uri();
             let d = doc(&u, &text);
             let _ = diagnostics(d);

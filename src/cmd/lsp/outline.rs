@@ -102,7 +102,13 @@ impl<'a> Outline<'a> {
         let mut open_block: Option<usize> = None;
         for line in 0..n {
             let raw = out.line_text(line);
-            let indent = raw.len() - raw.trim_start_matches([' ', '\t']).len();
+            // A byte order mark takes no column: columns count from after it.
+            let bom = if line == 0 && raw.starts_with('\u{feff}') {
+                '\u{feff}'.len_utf8()
+            } else {
+                0
+            };
+            let indent = raw.len() - raw[bom..].trim_start_matches([' ', '\t']).len();
             let rest = raw[indent..].trim_end();
             if let Some(b) = open_block {
                 if rest.is_empty() || indent > out.entries[b].col {
@@ -127,7 +133,7 @@ impl<'a> Outline<'a> {
             let mut parent: Option<usize> = None;
             for (i, &dash) in p.dashes.iter().enumerate() {
                 parent = if i == 0 {
-                    out.parent_for(dash, true)
+                    out.parent_for(dash - bom, true)
                 } else {
                     parent
                 };
@@ -142,7 +148,7 @@ impl<'a> Outline<'a> {
                 out.entries.push(Entry {
                     parent,
                     seg: Seg::Index(index),
-                    col: dash,
+                    col: dash - bom,
                     key_range: start + dash..start + dash + 1,
                     colon: true,
                     value: if inline {
@@ -159,12 +165,12 @@ impl<'a> Outline<'a> {
             }
             if let Some((key, range, colon, after)) = &p.key {
                 if p.dashes.is_empty() {
-                    parent = out.parent_for(p.content, false);
+                    parent = out.parent_for(p.content - bom, false);
                 }
                 out.entries.push(Entry {
                     parent,
                     seg: Seg::Key(key.clone()),
-                    col: p.content,
+                    col: p.content - bom,
                     key_range: start + range.start..start + range.end,
                     colon: *colon,
                     value: p.value.as_ref().map(|v| start + v.start..start + v.end),
@@ -341,7 +347,12 @@ impl<'a> Outline<'a> {
         let offset = offset.min(self.text.len());
         let line = self.line_starts.partition_point(|&s| s <= offset) - 1;
         let start = self.line_starts[line];
-        let col = offset - start;
+        let bom = if line == 0 && self.text.starts_with('\u{feff}') {
+            '\u{feff}'.len_utf8()
+        } else {
+            0
+        };
+        let col = (offset - start).saturating_sub(bom);
         if let Some(owner) = self.block_owner[line] {
             let blank = self.line_text(line).trim().is_empty();
             if !blank || col > self.entries[owner].col {
@@ -353,7 +364,7 @@ impl<'a> Outline<'a> {
             // A blank line (or a comment): a new key of the mapping the column opens.
             let word = word_before(self.text, offset);
             return Context::Key {
-                mapping: self.parent_before(line, col - (offset - word.start), false),
+                mapping: self.parent_before(line, col.saturating_sub(offset - word.start), false),
                 entry: None,
                 range: word.start..offset,
             };
@@ -843,6 +854,21 @@ pipelines:
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_byte_order_mark_takes_no_column() {
+        let text = "\u{feff}pipelines:\n  - id: p\n";
+        let o = Outline::new(text);
+        assert_eq!(o.value(2).as_deref(), Some("p"));
+        assert_eq!(
+            o.path(2),
+            [
+                Seg::Key("pipelines".into()),
+                Seg::Index(0),
+                Seg::Key("id".into())
+            ]
+        );
     }
 
     #[test]
