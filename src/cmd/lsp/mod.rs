@@ -3,38 +3,42 @@
 //!
 //! The transport (Content-Length framing, the initialize handshake, shutdown) is
 //! rust-analyzer's `lsp-server`; the messages are `lsp-types`. This module is the dispatcher:
-//! it keeps the open documents' text (full sync), publishes diagnostics on open and on every
-//! change (and for every open document when any is saved: it may be a script file another
-//! reads), and answers hover, completion and definition requests from [`analysis`]. Any other
-//! request gets a `MethodNotFound` error; a panic while answering becomes an `InternalError`
-//! response (or an empty diagnostic list), never a dead server. Diagnostics come from the
-//! same function as `weir validate`; this module must not grow checks of its own.
+//! it keeps the open documents' text (full sync), has the [`check`] thread publish diagnostics
+//! on open and on every change (and for every open document when any is saved: it may be a
+//! script file another reads), and answers hover, completion and definition requests from
+//! [`analysis`] meanwhile. Any other request gets a `MethodNotFound` error; a panic while
+//! answering becomes an `InternalError` response (or an empty diagnostic list), never a dead
+//! server. Diagnostics come from the same function as `weir validate`; this module must not
+//! grow checks of its own.
 
 mod analysis;
+mod check;
 mod outline;
 mod schema_nav;
 mod text;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
 use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response};
 use lsp_types::notification::{
     DidChangeTextDocument, DidCloseTextDocument, DidOpenTextDocument, DidSaveTextDocument,
-    Notification as _, PublishDiagnostics,
+    Notification as _,
 };
 use lsp_types::request::{Completion, GotoDefinition, HoverRequest, Request as _};
 use lsp_types::{
     CompletionOptions, CompletionParams, CompletionResponse, DidChangeTextDocumentParams,
     DidCloseTextDocumentParams, DidOpenTextDocumentParams, GotoDefinitionParams,
-    GotoDefinitionResponse, HoverParams, HoverProviderCapability, OneOf, PublishDiagnosticsParams,
-    ServerCapabilities, TextDocumentPositionParams, TextDocumentSyncCapability,
-    TextDocumentSyncKind, TextDocumentSyncOptions, TextDocumentSyncSaveOptions, Uri,
+    GotoDefinitionResponse, HoverParams, HoverProviderCapability, OneOf, ServerCapabilities,
+    TextDocumentPositionParams, TextDocumentSyncCapability, TextDocumentSyncKind,
+    TextDocumentSyncOptions, TextDocumentSyncSaveOptions, Uri,
 };
 
 use analysis::Doc;
+use check::{Checker, Job};
 use text::LineIndex;
 
 /// Arguments of `weir lsp`.
@@ -50,6 +54,8 @@ pub struct LspArgs {
 pub fn run(_: &LspArgs) -> ExitCode {
     let (connection, io_threads) = Connection::stdio();
     let outcome = serve(&connection);
+    // Every sender is gone now (the checker's closed with its outbox), so the writer ends
+    // once it has written what was sent.
     drop(connection);
     let joined = io_threads.join();
     match (outcome, joined) {
@@ -103,19 +109,15 @@ fn serve(connection: &Connection) -> Result<Ended, String> {
     connection
         .initialize_finish(id, result)
         .map_err(|e| e.to_string())?;
+    let sender = connection.sender.clone();
+    let checker = Checker::start(Box::new(move |m| sender.send(m).is_ok()));
     let mut server = Server::default();
-    let mut pending: VecDeque<Message> = VecDeque::new();
-    let next = |pending: &mut VecDeque<Message>| {
-        pending
-            .pop_front()
-            .or_else(|| connection.receiver.recv().ok())
-    };
-    while let Some(message) = next(&mut pending) {
+    while let Ok(message) = connection.receiver.recv() {
         match message {
             Message::Request(req) if req.method == "shutdown" => {
                 send(connection, Response::new_ok(req.id, ()).into())?;
                 // After `shutdown` only `exit` counts; requests are refused.
-                while let Some(m) = next(&mut pending) {
+                while let Ok(m) = connection.receiver.recv() {
                     match m {
                         Message::Notification(n) if n.method == "exit" => break,
                         Message::Request(r) => send(
@@ -138,19 +140,8 @@ fn serve(connection: &Connection) -> Result<Ended, String> {
             }
             Message::Notification(n) if n.method == "exit" => return Ok(Ended::Exit),
             Message::Notification(n) => {
-                for uri in server.notification(n) {
-                    // Messages already waiting are read first: a newer text of the same
-                    // document makes checking this one pointless (typing fast must not queue
-                    // validations).
-                    while let Ok(m) = connection.receiver.try_recv() {
-                        pending.push_back(m);
-                    }
-                    if pending.iter().any(|m| touches(m, &uri)) {
-                        continue;
-                    }
-                    let params = server.publish(&uri);
-                    let note = Notification::new(PublishDiagnostics::METHOD.to_owned(), params);
-                    send(connection, note.into())?;
+                for job in server.notification(n) {
+                    checker.submit(job);
                 }
             }
             Message::Response(_) => {}
@@ -172,21 +163,6 @@ fn internal(e: serde_json::Error) -> (ErrorCode, String) {
     (ErrorCode::InternalError, e.to_string())
 }
 
-/// Whether a message changes or closes the document `uri`.
-fn touches(message: &Message, uri: &Uri) -> bool {
-    let Message::Notification(n) = message else {
-        return false;
-    };
-    if n.method != DidChangeTextDocument::METHOD && n.method != DidCloseTextDocument::METHOD {
-        return false;
-    }
-    n.params
-        .get("textDocument")
-        .and_then(|d| d.get("uri"))
-        .and_then(|u| u.as_str())
-        == Some(uri.as_str())
-}
-
 /// The open documents.
 #[derive(Default)]
 struct Server {
@@ -200,21 +176,32 @@ enum Due {
 }
 
 struct Document {
-    text: String,
+    text: Arc<str>,
     version: Option<i32>,
 }
 
 impl Server {
-    /// Applies a notification; returns the documents whose diagnostics are now due.
-    fn notification(&mut self, n: Notification) -> Vec<Uri> {
-        self.apply(n).map_or_else(Vec::new, |due| match due {
-            Due::One(uri) => vec![uri],
-            Due::All => {
+    /// Applies a notification; returns the checks now due.
+    fn notification(&mut self, n: Notification) -> Vec<Job> {
+        let uris = match self.apply(n) {
+            None => Vec::new(),
+            Some(Due::One(uri)) => vec![uri],
+            Some(Due::All) => {
                 let mut all: Vec<Uri> = self.docs.keys().cloned().collect();
                 all.sort();
                 all
             }
-        })
+        };
+        uris.into_iter()
+            .map(|uri| {
+                let doc = self.docs.get(&uri);
+                Job {
+                    text: doc.map(|d| Arc::clone(&d.text)),
+                    version: doc.and_then(|d| d.version),
+                    uri,
+                }
+            })
+            .collect()
     }
 
     fn apply(&mut self, n: Notification) -> Option<Due> {
@@ -225,7 +212,7 @@ impl Server {
                 self.docs.insert(
                     d.uri.clone(),
                     Document {
-                        text: d.text,
+                        text: d.text.into(),
                         version: Some(d.version),
                     },
                 );
@@ -239,7 +226,7 @@ impl Server {
                 self.docs.insert(
                     uri.clone(),
                     Document {
-                        text,
+                        text: text.into(),
                         version: Some(p.text_document.version),
                     },
                 );
@@ -255,24 +242,6 @@ impl Server {
             DidSaveTextDocument::METHOD => Some(Due::All),
             _ => None,
         }
-    }
-
-    /// The diagnostics to publish for `uri` (none once it is closed).
-    fn publish(&self, uri: &Uri) -> PublishDiagnosticsParams {
-        let Some(doc) = self.docs.get(uri) else {
-            return PublishDiagnosticsParams::new(uri.clone(), Vec::new(), None);
-        };
-        let found = catch_unwind(AssertUnwindSafe(|| {
-            analysis::diagnostics(Doc {
-                uri,
-                text: &doc.text,
-            })
-        }));
-        let diagnostics = found.unwrap_or_else(|_| {
-            eprintln!("weir lsp: checking {} panicked", uri.as_str());
-            Vec::new()
-        });
-        PublishDiagnosticsParams::new(uri.clone(), diagnostics, doc.version)
     }
 
     /// Answers a request.
