@@ -50,6 +50,9 @@ enum Command {
     /// A live view of every pipeline and operator of a running `weir run`: rates,
     /// backpressure, lag, checkpoints, restarts, reloads.
     Top(cmd::top::TopArgs),
+    /// A language server over standard input and output for pipeline files and test files
+    /// (`*.test.yaml`): diagnostics as `validate` gives them, hover, completion, definition.
+    Lsp(cmd::lsp::LspArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,5 +77,6 @@ fn main() -> ExitCode {
         Command::Reload(args) => cmd::reload::run(&args),
         Command::Tap(args) => cmd::tap::run(&args),
         Command::Top(args) => cmd::top::run(&args),
+        Command::Lsp(args) => cmd::lsp::run(&args),
     }
 }

@@ -5,6 +5,7 @@ pub mod api_args;
 pub mod checkpoints;
 pub mod graph;
 pub mod inspect;
+pub mod lsp;
 pub mod reload;
 pub mod run;
 pub mod savepoint;
