@@ -385,6 +385,104 @@ pipelines:
     }
 }
 
+/// A hot reload of a RocksDB pipeline, then more input and checkpoints. The new version takes
+/// over the old version's open RocksDB instances (the reload's hand-over); the start of every
+/// version used to remove their working directories as if a killed process had left them,
+/// so the first checkpoint after any such reload failed and the reload rolled back.
+#[test]
+fn a_reloaded_rocksdb_pipeline_checkpoints_on_the_instances_it_took_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = r#"version: 1
+pipelines:
+  - id: p
+    parallelism: 2
+    state: { backend: rocksdb }
+    checkpoints: { mode: exactly_once, interval: 50ms }
+    sources:
+      - { id: lines, type: file, path: in.jsonl, follow: true }
+    operators:
+      - { id: by_user, type: key_by, input: lines, field: user }
+      - id: running
+        type: process
+        input: by_user
+        state: { clicks: value }
+        script: |
+          fn process(r) {
+              let n = state_get("clicks");
+              if n == () { n = 0; }
+              state_set("clicks", n + 1);
+              emit(#{user: r.user, clicks: n + 1, i: r.i});
+          }
+    sinks:
+      - { id: out, type: file, input: running, path: out }
+"#;
+    let lines = |from: i64, to: i64| -> String {
+        (from..to)
+            .map(|i| format!("{{\"user\":\"u{}\",\"i\":{i}}}\n", i % 4))
+            .collect()
+    };
+    let yaml = write_yaml(dir.path(), text);
+    append(&dir.path().join("in.jsonl"), &lines(0, 40));
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    run.wait_for("the first lines read and checkpointed", |s| {
+        let p = pipeline_of(s, "p");
+        p["source_records"].as_u64().unwrap_or(0) >= 40
+            && p["checkpoints"].as_u64().unwrap_or(0) >= 3
+    });
+    // An edit that keeps every operator and its state: the instances are handed over.
+    write_yaml(
+        dir.path(),
+        &text.replace("interval: 50ms", "interval: 60ms"),
+    );
+    let out = run.cli(&["reload"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.contains("reload applied"),
+        "the reload did not apply:\n{said}"
+    );
+    let checkpoints = run
+        .status()
+        .map(|s| pipeline_of(&s, "p")["checkpoints"].as_u64().unwrap_or(0))
+        .unwrap_or(0);
+    append(&dir.path().join("in.jsonl"), &lines(40, 80));
+    run.wait_for(
+        "the new lines read and checkpointed by the new version",
+        |s| {
+            let p = pipeline_of(s, "p");
+            p["source_records"].as_u64().unwrap_or(0) >= 80
+                && p["checkpoints"].as_u64().unwrap_or(0) >= checkpoints + 3
+        },
+    );
+    let out = run.cli(&["stop", "p"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = run.finish_ok();
+    assert!(
+        !log.contains("Checkpoint failed") && !log.contains("rolled back"),
+        "{log}"
+    );
+    // Every line once, each user's clicks counted on across the reload.
+    let out_lines = committed(&dir.path().join("out"));
+    let mut seen: Vec<i64> = out_lines
+        .iter()
+        .map(|l| parse(l)["i"].as_i64().unwrap_or(-1))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..80).collect::<Vec<_>>(), "{out_lines:#?}");
+    for l in &out_lines {
+        let v = parse(l);
+        let i = v["i"].as_i64().unwrap_or(-1);
+        assert_eq!(v["clicks"].as_i64(), Some(i / 4 + 1), "{l}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Rescale 1 -> 3 -> 2
 // ---------------------------------------------------------------------------------------

@@ -275,6 +275,61 @@ fn intersect(a: KeyGroupRange, b: KeyGroupRange) -> KeyGroupRange {
 #[derive(Debug)]
 struct DirGuard(PathBuf);
 
+/// The working directories (`db-<id>`) of the instances open in this process. A new run of a
+/// pipeline removes the instance directories a killed process left behind
+/// ([`is_open_instance`] tells them from live ones): during a hot reload, the new version
+/// takes over the old version's open instances (`state::handover`), whose directories must
+/// stay.
+static OPEN_INSTANCES: std::sync::LazyLock<std::sync::Mutex<HashSet<PathBuf>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn open_instances() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
+    OPEN_INSTANCES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The key a directory is registered under: its canonical path, so that `./a/b` and
+/// `/cwd/a/b` are one directory.
+fn instance_key(dir: &Path) -> PathBuf {
+    fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// Whether `dir` is the working directory of an instance open in this process.
+pub fn is_open_instance(dir: &Path) -> bool {
+    open_instances().contains(&instance_key(dir))
+}
+
+/// An instance's working directory (created already): registered as open while it lives,
+/// then removed.
+#[derive(Debug)]
+struct InstanceDir {
+    guard: DirGuard,
+    key: PathBuf,
+}
+
+impl InstanceDir {
+    fn new(path: PathBuf) -> Self {
+        let key = instance_key(&path);
+        open_instances().insert(key.clone());
+        Self {
+            guard: DirGuard(path),
+            key,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.guard.0
+    }
+}
+
+impl Drop for InstanceDir {
+    fn drop(&mut self) {
+        // Unregistered first; the guard then removes the directory.
+        open_instances().remove(&self.key);
+    }
+}
+
 impl Drop for DirGuard {
     fn drop(&mut self) {
         if let Err(e) = fs::remove_dir_all(&self.0)
@@ -471,7 +526,7 @@ pub struct RocksdbBackend {
     cache: RefCell<ValueCache>,
     /// Bumped by every write and restore (see [`StateBackend::generation`]).
     generation: u64,
-    root: DirGuard,
+    root: InstanceDir,
 }
 
 impl std::fmt::Debug for RocksdbBackend {
@@ -526,9 +581,9 @@ impl RocksdbBackend {
         let instance = unique_instance_id();
         let root_path = dir.join(format!("db-{instance}"));
         fs::create_dir(&root_path).map_err(fs_err("cannot create directory", &root_path))?;
-        let root = DirGuard(root_path);
+        let root = InstanceDir::new(root_path);
         let opts = db_options(spec);
-        let db_path = root.0.join("db-0");
+        let db_path = root.path().join("db-0");
         let db = DB::open(&opts, &db_path).map_err(db_err("cannot open", &db_path))?;
         let mut write_opts = WriteOptions::default();
         write_opts.disable_wal(true);
@@ -643,7 +698,7 @@ impl RocksdbBackend {
     /// The instance's working directory (`dir/db-<instance id>`), removed on drop.
     #[cfg(any(test, feature = "testkit"))]
     pub fn path(&self) -> &Path {
-        &self.root.0
+        self.root.path()
     }
 
     /// The instance id that names this backend's shared files.
@@ -673,7 +728,7 @@ impl RocksdbBackend {
     fn scratch(&mut self, what: &str) -> PathBuf {
         let n = self.next_dir;
         self.next_dir += 1;
-        self.root.0.join(format!("{what}-{n}"))
+        self.root.path().join(format!("{what}-{n}"))
     }
 
     fn state(&self, state: StateId) -> Result<&StateInfo> {

@@ -74,7 +74,9 @@ pub(super) fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<Checkpoint
 /// Removes RocksDB instances left behind by a killed process: local state is only a working
 /// copy (every restore downloads it again from checkpoint storage). Only directories the
 /// backend itself creates (`db-<hex>` under `<operator>-<subtask>/`) are touched, never
-/// anything else the directory may hold.
+/// anything else the directory may hold, and never those of instances open in this process:
+/// during a hot reload the new version takes over the old version's open instances
+/// (`state::handover`), and removing their directories made its first checkpoint fail.
 pub(super) fn clear_local_state(plan: &PipelinePlan) {
     let Some(dir) = &plan.paths.rocksdb else {
         return;
@@ -93,6 +95,7 @@ pub(super) fn clear_local_state(plan: &PipelinePlan) {
                 .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
             if ours
                 && inst.path().is_dir()
+                && !crate::state::rocksdb::is_open_instance(&inst.path())
                 && let Err(e) = std::fs::remove_dir_all(inst.path())
             {
                 tracing::warn!(pipeline = %plan.id, dir = %inst.path().display(), error = %e, "Cannot remove a stale RocksDB instance.");
