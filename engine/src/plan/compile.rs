@@ -118,7 +118,7 @@ fn collect_elements(spec: &PipelineSpec) -> Result<Vec<Element<'_>>, PlanError> 
             kind: NodeKind::Source(source.clone()),
             parallelism: source.parallelism().unwrap_or(spec.parallelism),
             inputs: Vec::new(),
-            dead_letter: None,
+            dead_letter: source.dead_letter(),
             partitioning: None,
         });
     }
