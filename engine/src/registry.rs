@@ -73,7 +73,7 @@ impl BuildContext<'_> {
             .as_deref()
             .ok_or_else(|| self.error(node, "this operator needs a script"))?;
         CompiledScript::compile(&self.engine, text)
-            .map(Arc::new)
+            .map(|script| Arc::new(script.at(node.script_origin.clone())))
             .map_err(|e| self.error(node, format!("script does not compile: {e}")))
     }
 

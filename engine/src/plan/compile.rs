@@ -53,6 +53,7 @@ pub fn compile(spec: &PipelineSpec, base_dir: &Path) -> Result<PipelinePlan, Pla
             kind: element.kind.clone(),
             parallelism: element.parallelism,
             script: load_script(pipeline, element, base_dir)?,
+            script_origin: None,
         });
     }
 
