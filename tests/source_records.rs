@@ -258,3 +258,24 @@ fn dead_letters_and_a_half_written_csv_record_survive_a_crash_exactly_once() {
         [(5, "3".to_owned()), (9, "6,x,y".to_owned())]
     );
 }
+
+#[test]
+fn a_source_dead_letter_target_is_validated_like_an_operator_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("input.jsonl"), "{}\n").unwrap();
+    let yaml = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &yaml,
+        "version: 1\npipelines:\n  - id: p\n    sources:\n      - {id: in, type: file, path: input.jsonl, on_error: {dead_letter: rejcted}}\n    sinks:\n      - {id: out, type: file, input: in, path: out}\n      - {id: rejected, type: file, path: rejected}\n",
+    )
+    .unwrap();
+    let out = common::binary::plain()
+        .args(["validate", "pipeline.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("weir::config::dead_letter"), "{stderr}");
+    assert!(stderr.contains("did you mean `rejected`?"), "{stderr}");
+}

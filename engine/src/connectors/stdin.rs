@@ -57,9 +57,7 @@ impl StdinSource {
             ids: (String::new(), String::new()),
         }
     }
-}
 
-impl StdinSource {
     /// Applies `on_error` to the record being read, which starts on line `first`, and
     /// forgets it.
     fn failed(&mut self, ctx: &mut SourceContext, first: u64, message: String) -> Result<()> {
@@ -147,7 +145,11 @@ impl Source for StdinSource {
             self.line += 1;
             self.record_lines += 1;
             let from = self.record.len();
-            self.record.extend_from_slice(&l);
+            if from == 0 {
+                self.record = l;
+            } else {
+                self.record.extend_from_slice(&l);
+            }
             if let Some(framer) = self.framer.as_mut() {
                 match framer.feed(&self.record[from..]) {
                     Frame::Complete => {}
