@@ -146,6 +146,7 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sources[][type=*].csv.delimiter", Engine, &[(CONNECTORS, "csv.delimiter")], &[]),
     e(".pipelines[].sources[][type=*].csv.header", Engine, &[(CONNECTORS, "csv.header")], &["engine/src/connectors/file.rs::csv_with_header_over_several_files_replays_exactly"]),
     e(".pipelines[].sources[][type=*].on_error", Engine, &[(REGISTRY, "f.on_error"), (REGISTRY, "s.on_error")], &["tests/runtime_operators.rs::malformed_input_fails_with_file_and_line_or_is_skipped"]),
+    e(".pipelines[].sources[][type=*].on_error.dead_letter", Engine, &[(COMPILE, "source.dead_letter()"), (CONNECTORS, "SourceOnError::DeadLetter(_)")], &["tests/source_records.rs::jsonl_records_that_cannot_be_read_become_dead_letters_with_file_line_and_text"]),
     e(".pipelines[].sources[][type=file].path", Engine, &[(REGISTRY, "resolve_path(&f.path)")], &["tests/runtime_operators.rs::csv_in_csv_out_and_glob_sources"]),
     e(".pipelines[].sources[][type=file].follow", Engine, &[(REGISTRY, "f.follow")], &["engine/src/connectors/file.rs::follow_mode_resumes_files_and_partial_lines"]),
     e(".pipelines[].sources[][type=generator].seed", Engine, &[(REGISTRY, "g.seed")], &["tests/runtime_operators.rs::generator_output_is_the_same_at_any_parallelism"]),

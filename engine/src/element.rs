@@ -261,7 +261,9 @@ impl OperatorContext {
                 self.errors += 1;
                 let mut m = Map::new();
                 m.insert("record".into(), record);
-                m.insert("error".into(), Dynamic::from(message));
+                // One line: a script error's position and help lines joined by `; `.
+                let error = crate::base::human::flatten(&message);
+                m.insert("error".into(), Dynamic::from(error));
                 m.insert("operator".into(), Dynamic::from(self.operator.to_string()));
                 m.insert("pipeline".into(), Dynamic::from(self.pipeline.to_string()));
                 m.insert("subtask".into(), Dynamic::from(i64::from(self.subtask)));

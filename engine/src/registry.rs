@@ -73,7 +73,7 @@ impl BuildContext<'_> {
             .as_deref()
             .ok_or_else(|| self.error(node, "this operator needs a script"))?;
         CompiledScript::compile(&self.engine, text)
-            .map(Arc::new)
+            .map(|script| Arc::new(script.at(node.script_origin.clone())))
             .map_err(|e| self.error(node, format!("script does not compile: {e}")))
     }
 
@@ -113,12 +113,12 @@ fn build_source(
         SourceSpec::File(f) => {
             let pattern = ctx.plan.resolve_path(&f.path);
             let parser = LineParser::new(f.format, f.csv.as_ref());
-            let (on_error, follow) = (f.on_error, f.follow);
+            let (on_error, follow) = (f.on_error.clone(), f.follow);
             Box::new(move |s, p| {
                 Ok(Box::new(FileSource::new(
                     pattern.clone(),
                     parser.clone(),
-                    on_error,
+                    on_error.clone(),
                     follow,
                     s,
                     p,
@@ -143,9 +143,9 @@ fn build_source(
         }
         SourceSpec::Stdin(s) => {
             let parser = LineParser::new(s.format, s.csv.as_ref());
-            let on_error = s.on_error;
+            let on_error = s.on_error.clone();
             Box::new(move |_, _| {
-                Ok(Box::new(StdinSource::new(parser.clone(), on_error)) as Box<dyn Source>)
+                Ok(Box::new(StdinSource::new(parser.clone(), &on_error)) as Box<dyn Source>)
             })
         }
     })

@@ -35,12 +35,24 @@ impl Validation {
         !(self.diagnostics.has_errors() || warnings_fail)
     }
 
-    /// Plans the validated spec. `None` when the file has errors.
+    /// Plans the validated spec, each script with its place in the file (so run-time script
+    /// errors name the file's line and column). `None` when the file has errors.
     pub fn plan(&self) -> Option<Result<FilePlan, PlanError>> {
         if self.diagnostics.has_errors() {
             return None;
         }
-        self.spec.as_ref().map(|s| compile_file(s, &self.base_dir))
+        let spec = self.spec.as_ref()?;
+        Some(compile_file(spec, &self.base_dir).map(|mut plan| {
+            if let Some(spans) = &self.spans {
+                let origins = crate::script::origins(spec, spans, &self.source, &self.base_dir);
+                for (pipeline, origins) in plan.pipelines.iter_mut().zip(origins) {
+                    for node in &mut pipeline.nodes {
+                        node.script_origin = origins.get(node.id.as_str()).cloned();
+                    }
+                }
+            }
+            plan
+        }))
     }
 }
 

@@ -94,6 +94,18 @@ pub mod codes {
     pub const SCRIPT_SYNTAX: &str = "weir::script::syntax";
     /// A Rhai script lacks the function its operator needs.
     pub const SCRIPT_MISSING_FUNCTION: &str = "weir::script::missing_function";
+    /// At run time: a script read a field the record does not have.
+    pub const SCRIPT_MISSING_FIELD: &str = "weir::script::missing_field";
+    /// At run time: an operator or function applied to values of types that do not go
+    /// together (`"u1" + 1`, `x < ()`).
+    pub const SCRIPT_TYPE_MISMATCH: &str = "weir::script::type_mismatch";
+    /// At run time: no function of that name takes arguments of these types.
+    pub const SCRIPT_FUNCTION_NOT_FOUND: &str = "weir::script::function_not_found";
+    /// At run time: a script reached a sandbox limit (`limits:`).
+    pub const SCRIPT_LIMIT: &str = "weir::script::limit";
+    /// At run time: any other script failure (`throw`, an index out of range, a division by
+    /// zero).
+    pub const SCRIPT_RUNTIME: &str = "weir::script::runtime";
     /// An operator option that does not fit its kind (aggregations without field, ...).
     pub const OPERATOR_OPTION: &str = "weir::config::operator_option";
     /// A `${VAR}` names an environment variable that is not set (and has no default), or a

@@ -31,15 +31,21 @@ pub enum SourceSpec {
     Stdin(StdinSourceSpec),
 }
 
-/// What a source does with an input line it cannot parse.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+/// What a source does with an input record it cannot read: a malformed JSON line, a jsonl line
+/// that is not an object, a CSV row with the wrong number of fields, text that is not UTF-8.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceOnError {
     /// Fail the pipeline with the file, line and parse error.
     #[default]
     Fail,
-    /// Skip the line and count it in the run summary.
+    /// Skip the record, count it in the run summary and log (at most once a second) which
+    /// file and line were skipped.
     Skip,
+    /// Send `{file, line, raw, error, source}` to the named sink (a sink with no `input`) and
+    /// go on: the file, the line the record starts on (1-based), its text as read, and why it
+    /// could not be read.
+    DeadLetter(String),
 }
 
 /// How input bytes become records.
@@ -657,6 +663,24 @@ impl SourceSpec {
             Self::File(s) => s.parallelism,
             Self::Generator(s) => s.parallelism,
             Self::Stdin(_) => Some(1),
+        }
+    }
+
+    /// What the source does with a record it cannot read; `None` for a source that reads no
+    /// input (`generator`).
+    pub fn on_error(&self) -> Option<&SourceOnError> {
+        match self {
+            Self::File(s) => Some(&s.on_error),
+            Self::Stdin(s) => Some(&s.on_error),
+            Self::Generator(_) => None,
+        }
+    }
+
+    /// The sink named by `on_error: {dead_letter: ...}`, if any.
+    pub fn dead_letter(&self) -> Option<&str> {
+        match self.on_error() {
+            Some(SourceOnError::DeadLetter(sink)) => Some(sink),
+            _ => None,
         }
     }
 }

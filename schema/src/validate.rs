@@ -359,17 +359,21 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     /// Checks `on_error: {dead_letter: X}` targets; returns the sinks used as targets.
     fn check_dead_letters(&mut self) -> HashSet<usize> {
         let mut targets = HashSet::new();
+        let mut named: Vec<(YamlPath, &str)> = Vec::new();
+        for (si, src) in self.p.sources.iter().enumerate() {
+            if let Some(target) = src.dead_letter() {
+                let at = self.base.join("sources").join(si);
+                named.push((at.join("on_error").join("dead_letter"), target));
+            }
+        }
         for (oi, op) in self.p.operators.iter().enumerate() {
-            let OnErrorSpec::DeadLetter(target) = op.on_error() else {
-                continue;
-            };
-            let path = self
-                .base
-                .join("operators")
-                .join(oi)
-                .join("on_error")
-                .join("dead_letter");
-            match self.ids.get(target.as_str()) {
+            if let OnErrorSpec::DeadLetter(target) = op.on_error() {
+                let at = self.base.join("operators").join(oi);
+                named.push((at.join("on_error").join("dead_letter"), target.as_str()));
+            }
+        }
+        for (path, target) in named {
+            match self.ids.get(target) {
                 Some(Elem {
                     section: Section::Sinks,
                     index,
@@ -632,6 +636,23 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             up.entry(*b).or_default().push(*a);
         }
         // Dead-letter edges count for reachability.
+        for (si, src) in self.p.sources.iter().enumerate() {
+            if let Some(t) = src.dead_letter()
+                && let Some(
+                    sink @ Elem {
+                        section: Section::Sinks,
+                        ..
+                    },
+                ) = self.ids.get(t)
+            {
+                let from = Elem {
+                    section: Section::Sources,
+                    index: si,
+                };
+                down.entry(from).or_default().push(*sink);
+                up.entry(*sink).or_default().push(from);
+            }
+        }
         for (oi, op) in self.p.operators.iter().enumerate() {
             if let OnErrorSpec::DeadLetter(t) = op.on_error()
                 && let Some(

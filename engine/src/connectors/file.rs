@@ -2,12 +2,20 @@
 //!
 //! Source: a file, a directory (its non-hidden files in name order) or a glob, read as jsonl,
 //! csv or lines. With several readers, files are dealt out by index; when there are fewer
-//! files than readers, large files are cut into byte ranges aligned to line starts, so one big
-//! file is still read in parallel. With `follow`, every assigned file stays open, growth is
-//! picked up, and new matching files join.
+//! files than readers, large files are cut into byte ranges aligned to record starts, so one
+//! big file is still read in parallel (a CSV record may span lines, since a quoted field may
+//! hold newlines, so a CSV reader finds its first record by framing the file from its start,
+//! without parsing; a jsonl or lines reader starts at the next line). With `follow`, every
+//! assigned file stays open, growth is picked up, and new matching files join. A byte-order
+//! mark at the start of a file is skipped.
+//!
+//! Records that cannot be read go through the source's `on_error` ([`BadRecords`]) with the
+//! file, the line the record starts on (counted from the file start, also in a cut split) and
+//! its text.
 //!
 //! Replayable: a snapshot is the exact position of every split (the byte offset of the next
-//! unread line, its line number, the CSV header, which splits are done) and, in follow mode,
+//! unread record, the number of the line before it, the CSV header, which splits are done;
+//! a CSV record whose end is not written yet is read again from its start) and, in follow mode,
 //! the files known so far. A restore seeks every split back to its offset, so the polls that
 //! follow yield exactly the records that followed the snapshot, in the same order; the split
 //! plan is the checkpoint's, not recomputed from today's file sizes.
@@ -60,7 +68,7 @@ use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 use weir_schema::SourceOnError;
 
-use super::{LineParser, Poll, Source, SourceContext};
+use super::{BadRecord, BadRecords, CsvFramer, Frame, LineParser, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::message::BATCH_SIZE;
 
@@ -177,13 +185,14 @@ pub fn plan_splits(files: &[(PathBuf, u64)], parallelism: u32, subtask: u32) -> 
     out
 }
 
-/// Where to pick a split up again: the next unread line.
+/// Where to pick a split up again: the next unread record (always a record's first byte, also
+/// when a CSV record spanning lines was half read).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Resume {
-    /// Byte offset of the first byte of the next unread line.
+    /// Byte offset of the first byte of the next unread record.
     offset: u64,
-    /// Number of the last line read (so the next line is `line + 1`), when known: only when
-    /// the split was read from the start of its file.
+    /// Number of the line before that record (so it starts on `line + 1`), when known: the
+    /// split was read from the start of its file, or an error needed the number.
     line: Option<u64>,
     /// The file's CSV header line as read (with its newline), when the format has one.
     header: Option<Vec<u8>>,
@@ -315,12 +324,16 @@ struct Queued {
 struct Reader {
     split: Split,
     reader: BufReader<File>,
-    /// Offset of the next unread byte (in follow mode, past a partial line kept in `buf`).
+    /// Offset of the next unread byte (past the part of a record kept in `buf`).
     pos: u64,
-    /// Line number of the last line read, when known (reading from the file start).
+    /// Line number of the last whole line read, when known (reading from the file start).
     line: Option<u64>,
-    /// A partial line (follow mode) or the line being parsed.
+    /// The record being read: its whole lines so far, then a partial line (follow mode).
     buf: Vec<u8>,
+    /// How many whole lines `buf` holds.
+    lines_in_buf: u64,
+    /// Where a CSV record ends (`None`: every line is a record).
+    framer: Option<CsvFramer>,
     parser: LineParser,
     /// The CSV header line, when the format has one.
     header: Option<Vec<u8>>,
@@ -330,12 +343,65 @@ struct Reader {
 }
 
 impl Reader {
-    /// The position to resume from: the start of the next unread (or partial) line.
+    /// The position to resume from: the start of the next unread (or partly read) record.
     fn resume(&self) -> Resume {
         Resume {
             offset: self.pos - self.buf.len() as u64,
-            line: self.line,
+            line: self.line.map(|l| l - self.lines_in_buf),
             header: self.header.clone(),
+        }
+    }
+
+    /// The line the record in `buf` starts on, counted from the file start when this split
+    /// did not (once; counting goes on from there).
+    fn record_line(&mut self) -> u64 {
+        let start = self.pos - self.buf.len() as u64;
+        let before = match self.line {
+            Some(l) => l - self.lines_in_buf,
+            None => {
+                let before = line_number_at(&self.split.path, start).map_or(0, |n| n - 1);
+                self.line = Some(before + self.lines_in_buf);
+                before
+            }
+        };
+        before + 1
+    }
+}
+
+/// The byte-order mark some writers (spreadsheets) put at the start of a text file.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Steps over a byte-order mark at the start of the file; returns the bytes skipped.
+fn skip_bom(reader: &mut BufReader<File>) -> std::io::Result<u64> {
+    if reader.fill_buf()?.starts_with(BOM) {
+        reader.consume(BOM.len());
+        return Ok(BOM.len() as u64);
+    }
+    Ok(0)
+}
+
+/// Reads one CSV record (the header) into `buf` with `framer`, stepping over blank lines
+/// before it; returns the bytes and lines it took (blank lines included). A record left open by
+/// a quote at the end of the file is taken as it is.
+fn read_csv_record(
+    reader: &mut BufReader<File>,
+    framer: &mut CsvFramer,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<(u64, u64)> {
+    let (mut bytes, mut lines) = (0, 0);
+    loop {
+        let from = buf.len();
+        let n = reader.read_until(b'\n', buf)?;
+        if n == 0 {
+            framer.reset();
+            return Ok((bytes, lines));
+        }
+        bytes += n as u64;
+        lines += 1;
+        match framer.feed(&buf[from..]) {
+            Frame::Open => {}
+            Frame::Complete => return Ok((bytes, lines)),
+            Frame::Blank => buf.truncate(from),
         }
     }
 }
@@ -344,7 +410,7 @@ impl Reader {
 pub struct FileSource {
     pattern: PathBuf,
     parser: LineParser,
-    on_error: SourceOnError,
+    bad: BadRecords,
     follow: bool,
     subtask: u32,
     parallelism: u32,
@@ -416,7 +482,7 @@ impl FileSource {
         Self {
             pattern,
             parser,
-            on_error,
+            bad: BadRecords::new(&on_error),
             follow,
             subtask,
             parallelism: parallelism.max(1),
@@ -501,7 +567,9 @@ impl FileSource {
         }
         let mut reader = BufReader::with_capacity(1 << 20, file);
         let mut parser = self.parser.clone();
+        let mut framer = parser.framer();
         let mut buf = Vec::with_capacity(256);
+        let read_err = |e: std::io::Error| io_err(ctx, "cannot read", &path, e);
         if let Some(resume) = resume {
             if let Some(h) = &resume.header {
                 parser
@@ -510,60 +578,88 @@ impl FileSource {
             }
             reader
                 .seek(SeekFrom::Start(resume.offset))
-                .map_err(|e| io_err(ctx, "cannot read", &path, e))?;
+                .map_err(read_err)?;
+            let mut pos = resume.offset;
+            if pos == 0 {
+                pos = skip_bom(&mut reader).map_err(read_err)?;
+            }
             return Ok(Reader {
                 split,
                 reader,
-                pos: resume.offset,
+                pos,
                 line: resume.line,
                 buf,
+                lines_in_buf: 0,
+                framer,
                 parser,
                 header: resume.header,
                 file: id,
                 done: false,
             });
         }
-        let mut pos = split.start;
-        let mut line = None;
-        let mut header = None;
-        if parser.expects_header() {
-            if split.start == 0 {
-                let n = reader
-                    .read_until(b'\n', &mut buf)
-                    .map_err(|e| io_err(ctx, "cannot read", &path, e))?;
-                pos = n as u64;
-                line = Some(1);
-            } else {
-                let mut head = BufReader::new(
-                    File::open(&path).map_err(|e| io_err(ctx, "cannot read", &path, e))?,
-                );
-                head.read_until(b'\n', &mut buf)
-                    .map_err(|e| io_err(ctx, "cannot read", &path, e))?;
+        if let Some(mut framer) = framer.take() {
+            // CSV: from the file start, since a record may span lines and where one starts
+            // cannot be told from the middle of the file. A split owns the records that start
+            // at or after its `start` (and before its `end`).
+            let mut pos = skip_bom(&mut reader).map_err(read_err)?;
+            let mut line = 0;
+            let mut header = None;
+            if parser.expects_header() {
+                let (bytes, lines) =
+                    read_csv_record(&mut reader, &mut framer, &mut buf).map_err(read_err)?;
+                parser
+                    .set_header(&buf)
+                    .map_err(|m| Self::header_error(ctx, &path, m))?;
+                header = Some(std::mem::take(&mut buf));
+                pos += bytes;
+                line += lines;
             }
-            parser
-                .set_header(&buf)
-                .map_err(|m| Self::header_error(ctx, &path, m))?;
-            header = Some(std::mem::take(&mut buf));
-        } else if split.start == 0 {
-            line = Some(0);
+            // Line by line, as `drain` stops: at the first line start outside a record.
+            while framer.is_open() || pos < split.start {
+                let n = reader.read_until(b'\n', &mut buf).map_err(read_err)?;
+                if n == 0 {
+                    framer.reset();
+                    break;
+                }
+                framer.feed(&buf);
+                buf.clear();
+                pos += n as u64;
+                line += 1;
+            }
+            return Ok(Reader {
+                split,
+                reader,
+                pos,
+                line: Some(line),
+                buf,
+                lines_in_buf: 0,
+                framer: Some(framer),
+                parser,
+                header,
+                file: id,
+                done: false,
+            });
         }
-        if split.start > 0 {
+        let (pos, line) = if split.start == 0 {
+            (skip_bom(&mut reader).map_err(read_err)?, Some(0))
+        } else {
             // Skip the line that started in the previous split (it belongs there).
             reader
                 .seek(SeekFrom::Start(split.start - 1))
-                .map_err(|e| io_err(ctx, "cannot read", &path, e))?;
-            let n = reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| io_err(ctx, "cannot read", &path, e))?;
-            pos = split.start - 1 + n as u64;
+                .map_err(read_err)?;
+            let n = reader.read_until(b'\n', &mut buf).map_err(read_err)?;
             buf.clear();
-        }
+            (split.start - 1 + n as u64, None)
+        };
+        let header = None;
         Ok(Reader {
             split,
             reader,
             pos,
             line,
             buf,
+            lines_in_buf: 0,
+            framer,
             parser,
             header,
             file: id,
@@ -571,7 +667,12 @@ impl FileSource {
         })
     }
 
-    /// Reads lines from one reader into `out`; returns whether it produced anything.
+    /// Reads records from one reader into `out`; returns whether it produced anything.
+    ///
+    /// A record is a line, or for CSV as many lines as its quoted fields span. `buf` holds the
+    /// record being read, so the position a snapshot records (`pos - buf.len()`) is always a
+    /// record's first byte: a CSV record whose end has not been written yet (follow mode) is
+    /// read again from its start after a restore.
     fn drain(
         &mut self,
         idx: usize,
@@ -579,11 +680,10 @@ impl FileSource {
         ctx: &mut SourceContext,
     ) -> Result<bool> {
         let follow = self.follow;
-        let on_error = self.on_error;
         let r = &mut self.active[idx];
         let mut produced = false;
         while out.len() < BATCH_SIZE {
-            if r.split.end.is_some_and(|e| r.pos >= e) {
+            if r.buf.is_empty() && r.split.end.is_some_and(|e| r.pos >= e) {
                 r.done = true;
                 break;
             }
@@ -595,6 +695,15 @@ impl FileSource {
             if n == 0 {
                 if !follow {
                     r.done = true;
+                    if r.framer.as_ref().is_some_and(CsvFramer::is_open) {
+                        // The file ends inside a quoted field.
+                        let line = r.record_line();
+                        let message = format!(
+                            "unterminated quoted field: the record starting on line {line} \
+                             opens a quote that the file never closes"
+                        );
+                        Self::bad_record(&mut self.bad, ctx, r, line, message)?;
+                    }
                 }
                 break;
             }
@@ -604,11 +713,22 @@ impl FileSource {
                 ctx.bytes_read += n as u64;
                 break;
             }
-            let line_start = r.pos - had as u64;
             r.pos += n as u64;
             ctx.bytes_read += n as u64;
+            r.lines_in_buf += 1;
             if let Some(l) = r.line.as_mut() {
                 *l += 1;
+            }
+            if let Some(framer) = r.framer.as_mut() {
+                match framer.feed(&r.buf[had..]) {
+                    Frame::Complete => {}
+                    Frame::Open => continue,
+                    Frame::Blank => {
+                        r.buf.clear();
+                        r.lines_in_buf = 0;
+                        continue;
+                    }
+                }
             }
             match r.parser.parse(&r.buf) {
                 Ok(Some(rec)) => {
@@ -616,26 +736,38 @@ impl FileSource {
                     produced = true;
                 }
                 Ok(None) => {}
-                Err(message) => match on_error {
-                    SourceOnError::Skip => ctx.skipped += 1,
-                    SourceOnError::Fail => {
-                        let line = r.line.or_else(|| line_number_at(&r.split.path, line_start));
-                        let location = match line {
-                            Some(l) => format!("{}:{l}", r.split.path.display()),
-                            None => format!("{}@{line_start}", r.split.path.display()),
-                        };
-                        return Err(RunError::Parse {
-                            pipeline: ctx.pipeline.clone(),
-                            source_id: ctx.source.clone(),
-                            location,
-                            message,
-                        });
-                    }
-                },
+                Err(message) => {
+                    let line = r.record_line();
+                    Self::bad_record(&mut self.bad, ctx, r, line, message)?;
+                }
             }
             r.buf.clear();
+            r.lines_in_buf = 0;
         }
         Ok(produced)
+    }
+
+    /// Applies `on_error` to the record in `r.buf`, which starts on `line`, and empties `buf`.
+    fn bad_record(
+        bad: &mut BadRecords,
+        ctx: &mut SourceContext,
+        r: &mut Reader,
+        line: u64,
+        message: String,
+    ) -> Result<()> {
+        let file = r.split.path.display().to_string();
+        let result = bad.failed(
+            ctx,
+            BadRecord {
+                file: &file,
+                line,
+                raw: &r.buf,
+                message,
+            },
+        );
+        r.buf.clear();
+        r.lines_in_buf = 0;
+        result
     }
 
     /// The current position of every split, in reading order.
@@ -1081,15 +1213,7 @@ mod tests {
                     s,
                     p,
                 );
-                let mut ctx = SourceContext {
-                    pipeline: "p".into(),
-                    source: "s".into(),
-                    subtask: s,
-                    parallelism: p,
-                    skipped: 0,
-                    bytes_read: 0,
-                    restored_from: None,
-                };
+                let mut ctx = SourceContext::new("p", "s", s, p, None);
                 src.open(&mut ctx).expect("open");
                 loop {
                     let mut out = Vec::new();
@@ -1146,15 +1270,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.jsonl");
         std::fs::write(&path, "{\"a\":1}\n{\"a\":2}\n{oops\n{\"a\":4}\n").expect("write");
-        let mut ctx = SourceContext {
-            pipeline: "p".into(),
-            source: "s".into(),
-            subtask: 0,
-            parallelism: 1,
-            skipped: 0,
-            bytes_read: 0,
-            restored_from: None,
-        };
+        let mut ctx = SourceContext::new("p", "s", 0, 1, None);
         let mut src = FileSource::new(
             path.clone(),
             LineParser::new(Default::default(), None),
@@ -1181,16 +1297,129 @@ mod tests {
         assert_eq!(ctx.skipped, 1);
     }
 
-    fn ctx(s: u32, p: u32, restored_from: Option<u64>) -> SourceContext {
-        SourceContext {
-            pipeline: "p".into(),
-            source: "s".into(),
-            subtask: s,
-            parallelism: p,
-            skipped: 0,
-            bytes_read: 0,
-            restored_from,
+    #[test]
+    fn cut_csv_splits_keep_multi_line_records_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big.csv");
+        let mut text = String::from("\u{feff}i,note\n");
+        let mut want = Vec::new();
+        for i in 0..150_000_i64 {
+            match i % 5 {
+                0 => text.push_str(&format!("{i},\"a\n\n{i}\"\"b\n\"\n")),
+                1 => text.push_str(&format!("\n{i},plain\n")),
+                _ => text.push_str(&format!("{i},x{}\n", "y".repeat((i % 7) as usize))),
+            }
+            want.push(i);
         }
+        std::fs::write(&path, &text).expect("write");
+        assert!(text.len() as u64 >= MIN_SPLIT_BYTES);
+        for p in [1u32, 2, 3, 4] {
+            let make = |s, p| {
+                FileSource::new(
+                    path.clone(),
+                    LineParser::new(weir_schema::RecordFormat::Csv, None),
+                    SourceOnError::Fail,
+                    false,
+                    s,
+                    p,
+                )
+            };
+            let mut seen = Vec::new();
+            for s in 0..p {
+                let mut src = make(s, p);
+                let mut c = ctx(s, p, None);
+                src.open(&mut c).expect("open");
+                for r in drain_all(&mut src, &mut c) {
+                    let v: serde_json::Value = serde_json::from_str(&r).expect("json");
+                    let i = v["i"].as_i64().expect("i");
+                    if i % 5 == 0 {
+                        assert_eq!(v["note"], format!("a\n\n{i}\"b\n"), "{r}");
+                    }
+                    seen.push(i);
+                }
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, want, "parallelism {p}");
+        }
+    }
+
+    #[test]
+    fn a_dead_letter_far_into_a_cut_split_names_its_line_in_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big.jsonl");
+        let mut text = String::new();
+        for i in 0..60_000 {
+            if i == 50_000 {
+                text.push_str("{broken\n");
+            } else {
+                text.push_str(&format!("{{\"i\":{i}}}\n"));
+            }
+        }
+        std::fs::write(&path, &text).expect("write");
+        let mut letters = Vec::new();
+        for s in 0..2 {
+            let mut src = FileSource::new(
+                path.clone(),
+                LineParser::new(Default::default(), None),
+                SourceOnError::DeadLetter("bad".into()),
+                false,
+                s,
+                2,
+            );
+            let mut c = ctx(s, 2, None);
+            src.open(&mut c).expect("open");
+            drain_all(&mut src, &mut c);
+            letters.append(&mut c.dead_letters);
+        }
+        assert_eq!(letters.len(), 1);
+        let m = letters[0].as_map_ref().expect("map");
+        assert_eq!(m["line"].as_int(), Ok(50_001));
+        assert_eq!(m["raw"].to_string(), "{broken");
+        assert!(m["file"].to_string().ends_with("big.jsonl"));
+    }
+
+    #[test]
+    fn a_restore_in_the_middle_of_a_csv_record_reads_it_once_when_its_end_arrives() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.csv");
+        append(&path, &["id,note", "1,\"first", "half\"", "2,\"open"]);
+        let make = |s, p| {
+            FileSource::new(
+                path.clone(),
+                LineParser::new(weir_schema::RecordFormat::Csv, None),
+                SourceOnError::Fail,
+                true,
+                s,
+                p,
+            )
+        };
+        let mut a = make(0, 1);
+        let mut c = ctx(0, 1, None);
+        a.open(&mut c).expect("open");
+        assert_eq!(
+            poll_until_quiet(&mut a, &mut c),
+            ["{\"id\":1,\"note\":\"first\\nhalf\"}"]
+        );
+        let snap = a.snapshot().expect("snapshot");
+        append(&path, &["still open\"", "3,x"]);
+        let tail = poll_until_quiet(&mut a, &mut c);
+        assert_eq!(
+            tail,
+            [
+                "{\"id\":2,\"note\":\"open\\nstill open\"}",
+                "{\"id\":3,\"note\":\"x\"}",
+            ]
+        );
+        // A restore from the snapshot taken mid-record reads it again, whole, from its start.
+        let mut b = make(0, 1);
+        let mut c = ctx(0, 1, Some(1));
+        b.open(&mut c).expect("open");
+        b.restore(&snap).expect("restore");
+        assert_eq!(poll_until_quiet(&mut b, &mut c), tail);
+    }
+
+    fn ctx(s: u32, p: u32, restored_from: Option<u64>) -> SourceContext {
+        SourceContext::new("p", "s", s, p, restored_from)
     }
 
     fn text(records: &[Dynamic]) -> Vec<String> {

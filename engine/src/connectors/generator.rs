@@ -417,15 +417,7 @@ mod tests {
         let mut all = Vec::new();
         for s in 0..p {
             let mut g = GeneratorSource::new(7, Some(2500), None, &fields(), s, p).expect("gen");
-            let mut ctx = SourceContext {
-                pipeline: "p".into(),
-                source: "g".into(),
-                subtask: s,
-                parallelism: p,
-                skipped: 0,
-                bytes_read: 0,
-                restored_from: None,
-            };
+            let mut ctx = SourceContext::new("p", "g", s, p, None);
             loop {
                 let mut out = Vec::new();
                 let poll = g.poll(&mut out, &mut ctx).expect("poll");
@@ -461,15 +453,7 @@ mod tests {
     }
 
     fn ctx(s: u32, p: u32, restored_from: Option<u64>) -> SourceContext {
-        SourceContext {
-            pipeline: "p".into(),
-            source: "g".into(),
-            subtask: s,
-            parallelism: p,
-            skipped: 0,
-            bytes_read: 0,
-            restored_from,
-        }
+        SourceContext::new("p", "g", s, p, restored_from)
     }
 
     fn drain(g: &mut GeneratorSource, ctx: &mut SourceContext) -> Vec<String> {

@@ -1,14 +1,17 @@
 //! Connectors: sources ([`Source`], a sibling of the operator trait) and sinks (operators that
 //! write and pass nothing on). File (jsonl/csv/lines over a file, directory or glob, optional
 //! follow), generator (seeded, count, rate), stdin; file and stdout sinks. Connectors turn
-//! bytes into records and back; they never see channels.
+//! bytes into records and back; they never see channels. Shared here: parsing a record of a
+//! format ([`LineParser`]), finding where a CSV record ends ([`CsvFramer`]), and a source's
+//! `on_error` for records it cannot read ([`BadRecords`]: fail naming `file:line`, skip with a
+//! rate-limited log line, or a dead letter carrying the file, line and raw text).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rhai::{Dynamic, Map};
-use weir_schema::{CsvOptions, RecordFormat};
+use weir_schema::{CsvOptions, RecordFormat, SourceOnError};
 
-use crate::base::error::Result;
+use crate::base::error::{Result, RunError};
 
 pub mod file;
 pub mod file_sink;
@@ -40,11 +43,36 @@ pub struct SourceContext {
     pub parallelism: u32,
     /// Malformed inputs skipped under `on_error: skip`.
     pub skipped: u64,
+    /// Dead letters for malformed inputs under `on_error: {dead_letter: ...}`, since the task
+    /// last collected them.
+    pub dead_letters: Vec<Dynamic>,
     /// Bytes read so far (sources that read bytes add to it; the task turns it into a metric).
     pub bytes_read: u64,
     /// The checkpoint this run restored from (`None` on a fresh start).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     pub restored_from: Option<u64>,
+}
+
+impl SourceContext {
+    /// The context of subtask `subtask` of `parallelism` of `source`, nothing read yet.
+    pub fn new(
+        pipeline: &str,
+        source: &str,
+        subtask: u32,
+        parallelism: u32,
+        restored_from: Option<u64>,
+    ) -> Self {
+        Self {
+            pipeline: pipeline.to_owned(),
+            source: source.to_owned(),
+            subtask,
+            parallelism,
+            skipped: 0,
+            dead_letters: Vec::new(),
+            bytes_read: 0,
+            restored_from,
+        }
+    }
 }
 
 /// One source subtask.
@@ -122,6 +150,169 @@ pub trait Source: Send {
     }
 }
 
+/// A record a source could not read: where it starts, its text and why.
+#[derive(Debug)]
+pub struct BadRecord<'a> {
+    /// The file it was read from (`stdin` for standard input).
+    pub file: &'a str,
+    /// The 1-based line the record starts on.
+    pub line: u64,
+    /// The record's bytes as read (its last newline is dropped).
+    pub raw: &'a [u8],
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// A source's `on_error` for records it cannot read, with the rate limit of its skip log.
+#[derive(Debug)]
+pub struct BadRecords {
+    on_error: SourceOnError,
+    /// When a skipped record was last logged.
+    logged_at: Option<Instant>,
+    /// Records skipped since then without a log line of their own.
+    unlogged: u64,
+}
+
+/// At most one log line a second says which record a source skipped.
+const SKIP_LOG_EVERY: Duration = Duration::from_secs(1);
+
+impl BadRecords {
+    /// The policy `on_error` says.
+    pub fn new(on_error: &SourceOnError) -> Self {
+        Self {
+            on_error: on_error.clone(),
+            logged_at: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Applies the policy to `bad`: an error naming `file:line` under `fail`; otherwise the
+    /// record is counted (`ctx.skipped`) and logged at most once a second, or its dead letter
+    /// `{pipeline, source, subtask, file, line, raw, error}` queued on `ctx`.
+    ///
+    /// # Errors
+    /// [`RunError::Parse`] under `on_error: fail`.
+    pub fn failed(&mut self, ctx: &mut SourceContext, bad: BadRecord<'_>) -> Result<()> {
+        match &self.on_error {
+            SourceOnError::Fail => Err(RunError::Parse {
+                pipeline: ctx.pipeline.clone(),
+                source_id: ctx.source.clone(),
+                location: format!("{}:{}", bad.file, bad.line),
+                message: bad.message,
+            }),
+            SourceOnError::Skip => {
+                ctx.skipped += 1;
+                let now = Instant::now();
+                if self
+                    .logged_at
+                    .is_some_and(|at| now.duration_since(at) < SKIP_LOG_EVERY)
+                {
+                    self.unlogged += 1;
+                    return Ok(());
+                }
+                tracing::warn!(
+                    pipeline = %ctx.pipeline,
+                    source = %ctx.source,
+                    at = %format_args!("{}:{}", bad.file, bad.line),
+                    error = %bad.message,
+                    skipped_unlogged = std::mem::take(&mut self.unlogged),
+                    "Skipped a record that cannot be read (on_error: skip; at most one such line a second)."
+                );
+                self.logged_at = Some(now);
+                Ok(())
+            }
+            SourceOnError::DeadLetter(_) => {
+                let mut m = Map::new();
+                m.insert("pipeline".into(), Dynamic::from(ctx.pipeline.clone()));
+                m.insert("source".into(), Dynamic::from(ctx.source.clone()));
+                m.insert("subtask".into(), Dynamic::from(i64::from(ctx.subtask)));
+                m.insert("file".into(), Dynamic::from(bad.file.to_owned()));
+                let line = i64::try_from(bad.line).unwrap_or(i64::MAX);
+                m.insert("line".into(), Dynamic::from(line));
+                let raw = String::from_utf8_lossy(trim_eol(bad.raw)).into_owned();
+                m.insert("raw".into(), Dynamic::from(raw));
+                m.insert("error".into(), Dynamic::from(bad.message));
+                ctx.dead_letters.push(Dynamic::from_map(m));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Where a CSV record ends, found by the `csv` crate's own state machine (`csv-core`), so a
+/// quoted field may hold newlines, delimiters and doubled quotes exactly as the parser reads
+/// them. Fed one line at a time; its state carries over from one line to the next.
+#[derive(Debug)]
+pub struct CsvFramer {
+    reader: csv_core::Reader,
+    /// Field bytes `csv-core` copies out; only the record's end matters here.
+    scratch: Vec<u8>,
+    ends: Vec<usize>,
+    /// Whether a record has begun (its first line was fed).
+    started: bool,
+}
+
+/// What the line just fed to a [`CsvFramer`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A blank line between records: no record.
+    Blank,
+    /// The record goes on past this line (a quoted field holds a newline).
+    Open,
+    /// The line ends the record.
+    Complete,
+}
+
+impl CsvFramer {
+    /// A framer for records with `delimiter`.
+    pub fn new(delimiter: u8) -> Self {
+        Self {
+            reader: csv_core::ReaderBuilder::new()
+                .delimiter(delimiter)
+                .terminator(csv_core::Terminator::Any(b'\n'))
+                .build(),
+            scratch: vec![0; 4096],
+            ends: vec![0; 64],
+            started: false,
+        }
+    }
+
+    /// Whether the lines fed so far began a record that has not ended.
+    pub fn is_open(&self) -> bool {
+        self.started
+    }
+
+    /// Feeds the next line (with its newline, or the input's last line without one).
+    pub fn feed(&mut self, line: &[u8]) -> Frame {
+        let body = trim_eol(line);
+        if !self.started && body.is_empty() {
+            return Frame::Blank;
+        }
+        self.started = true;
+        // An empty chunk would tell `csv-core` that the input ended.
+        for chunk in [body, b"\n".as_slice()] {
+            let mut input = chunk;
+            while !input.is_empty() {
+                let (result, consumed, _, _) =
+                    self.reader
+                        .read_record(input, &mut self.scratch, &mut self.ends);
+                input = &input[consumed..];
+                if result == csv_core::ReadRecordResult::Record {
+                    self.reset();
+                    return Frame::Complete;
+                }
+            }
+        }
+        Frame::Open
+    }
+
+    /// Forgets a record begun (the input ended inside it, or it was given up).
+    pub fn reset(&mut self) {
+        self.reader.reset();
+        self.started = false;
+    }
+}
+
 /// Turns lines of one format into records.
 #[derive(Clone, Debug)]
 pub struct LineParser {
@@ -148,6 +339,12 @@ impl LineParser {
         self.format == RecordFormat::Csv && self.header
     }
 
+    /// A framer for this format's records when one may span lines (CSV), `None` when every
+    /// line is a record.
+    pub fn framer(&self) -> Option<CsvFramer> {
+        (self.format == RecordFormat::Csv).then(|| CsvFramer::new(self.delimiter))
+    }
+
     /// Takes the CSV header line.
     ///
     /// # Errors
@@ -161,7 +358,8 @@ impl LineParser {
         Ok(())
     }
 
-    /// Parses one line (with or without its newline); `Ok(None)` for a blank line.
+    /// Parses one record: a line (with or without its newline), or for CSV the lines a
+    /// [`CsvFramer`] found to make one record; `Ok(None)` for a blank line.
     ///
     /// # Errors
     /// The parse error's text.
@@ -258,11 +456,8 @@ fn csv_value(f: String) -> Dynamic {
 }
 
 /// Splits one CSV record with the `csv` crate (RFC 4180: quoted fields, doubled quotes,
-/// delimiters inside quotes). A record is one line: a quote left open at its end is an error.
+/// delimiters and newlines inside quotes); [`CsvFramer`] found where it ends.
 fn split_csv(line: &str, delimiter: u8) -> std::result::Result<Vec<String>, String> {
-    if line.bytes().filter(|&b| b == b'"').count() % 2 == 1 {
-        return Err("unterminated quoted field".to_owned());
-    }
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)

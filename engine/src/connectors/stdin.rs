@@ -12,16 +12,25 @@ use std::time::Duration;
 use rhai::Dynamic;
 use weir_schema::SourceOnError;
 
-use super::{LineParser, Poll, Source, SourceContext};
+use super::{BadRecord, BadRecords, CsvFramer, Frame, LineParser, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::message::BATCH_SIZE;
 
 /// The `stdin` source.
 pub struct StdinSource {
     parser: LineParser,
-    on_error: SourceOnError,
+    bad: BadRecords,
     rx: Option<Receiver<std::io::Result<Vec<Vec<u8>>>>>,
+    /// Lines read so far.
     line: u64,
+    /// Where a CSV record ends (`None`: every line is a record).
+    framer: Option<CsvFramer>,
+    /// The lines of the record being read (CSV: a quoted field may span lines).
+    record: Vec<u8>,
+    /// How many lines `record` holds.
+    record_lines: u64,
+    /// Whether the CSV header is still to come.
+    header_due: bool,
     /// `(pipeline, source)` for logs, from `open`.
     ids: (String, String),
 }
@@ -35,14 +44,35 @@ const STDIN_STATE_VERSION: u32 = 1;
 
 impl StdinSource {
     /// A source parsing standard input with `parser`.
-    pub fn new(parser: LineParser, on_error: SourceOnError) -> Self {
+    pub fn new(parser: LineParser, on_error: &SourceOnError) -> Self {
         Self {
+            framer: parser.framer(),
+            header_due: parser.expects_header(),
             parser,
-            on_error,
+            bad: BadRecords::new(on_error),
             rx: None,
             line: 0,
+            record: Vec::new(),
+            record_lines: 0,
             ids: (String::new(), String::new()),
         }
+    }
+
+    /// Applies `on_error` to the record being read, which starts on line `first`, and
+    /// forgets it.
+    fn failed(&mut self, ctx: &mut SourceContext, first: u64, message: String) -> Result<()> {
+        let result = self.bad.failed(
+            ctx,
+            BadRecord {
+                file: "stdin",
+                line: first,
+                raw: &self.record,
+                message,
+            },
+        );
+        self.record.clear();
+        self.record_lines = 0;
+        result
     }
 }
 
@@ -98,40 +128,58 @@ impl Source for StdinSource {
                 });
             }
             Err(TryRecvError::Empty) => return Ok(Poll::Idle(Duration::from_millis(2))),
-            Err(TryRecvError::Disconnected) => return Ok(Poll::Done),
+            Err(TryRecvError::Disconnected) => {
+                if self.framer.as_ref().is_some_and(CsvFramer::is_open) {
+                    let first = self.line + 1 - self.record_lines;
+                    let message = format!(
+                        "unterminated quoted field: the record starting on line {first} opens \
+                         a quote that the input never closes"
+                    );
+                    self.framer = None;
+                    self.failed(ctx, first, message)?;
+                }
+                return Ok(Poll::Done);
+            }
         };
-        let mut lines = chunk.into_iter();
-        if self.line == 0
-            && self.parser.expects_header()
-            && let Some(h) = lines.next()
-        {
-            {
-                self.line += 1;
+        for l in chunk {
+            self.line += 1;
+            self.record_lines += 1;
+            let from = self.record.len();
+            if from == 0 {
+                self.record = l;
+            } else {
+                self.record.extend_from_slice(&l);
+            }
+            if let Some(framer) = self.framer.as_mut() {
+                match framer.feed(&self.record[from..]) {
+                    Frame::Complete => {}
+                    Frame::Open => continue,
+                    Frame::Blank => {
+                        self.record.clear();
+                        self.record_lines = 0;
+                        continue;
+                    }
+                }
+            }
+            let first = self.line + 1 - self.record_lines;
+            if std::mem::take(&mut self.header_due) {
                 self.parser
-                    .set_header(&h)
+                    .set_header(&self.record)
                     .map_err(|message| RunError::Parse {
                         pipeline: ctx.pipeline.clone(),
                         source_id: ctx.source.clone(),
-                        location: "stdin:1".into(),
+                        location: format!("stdin:{first}"),
                         message,
                     })?;
-            }
-        }
-        for l in lines {
-            self.line += 1;
-            match self.parser.parse(&l) {
-                Ok(Some(r)) => out.push(r),
-                Ok(None) => {}
-                Err(message) if self.on_error == SourceOnError::Fail => {
-                    return Err(RunError::Parse {
-                        pipeline: ctx.pipeline.clone(),
-                        source_id: ctx.source.clone(),
-                        location: format!("stdin:{}", self.line),
-                        message,
-                    });
+            } else {
+                match self.parser.parse(&self.record) {
+                    Ok(Some(r)) => out.push(r),
+                    Ok(None) => {}
+                    Err(message) => self.failed(ctx, first, message)?,
                 }
-                Err(_) => ctx.skipped += 1,
             }
+            self.record.clear();
+            self.record_lines = 0;
         }
         Ok(Poll::Ready)
     }
@@ -183,7 +231,7 @@ mod tests {
     fn snapshot_counts_lines_and_restore_only_warns() {
         let mut src = StdinSource::new(
             LineParser::new(Default::default(), None),
-            SourceOnError::Fail,
+            &SourceOnError::Fail,
         );
         src.line = 17;
         let snap = src.snapshot().expect("snapshot");
@@ -193,7 +241,7 @@ mod tests {
         );
         let mut again = StdinSource::new(
             LineParser::new(Default::default(), None),
-            SourceOnError::Fail,
+            &SourceOnError::Fail,
         );
         again.restore(&snap).expect("restore");
         again.restore(b"junk").expect("restore never fails");

@@ -53,6 +53,7 @@ pub fn compile(spec: &PipelineSpec, base_dir: &Path) -> Result<PipelinePlan, Pla
             kind: element.kind.clone(),
             parallelism: element.parallelism,
             script: load_script(pipeline, element, base_dir)?,
+            script_origin: None,
         });
     }
 
@@ -118,7 +119,7 @@ fn collect_elements(spec: &PipelineSpec) -> Result<Vec<Element<'_>>, PlanError> 
             kind: NodeKind::Source(source.clone()),
             parallelism: source.parallelism().unwrap_or(spec.parallelism),
             inputs: Vec::new(),
-            dead_letter: None,
+            dead_letter: source.dead_letter(),
             partitioning: None,
         });
     }

@@ -136,6 +136,10 @@ pub struct PlanNode {
     pub parallelism: u32,
     /// The Rhai script text, loaded (inline or from `script_file`), if the node has one.
     pub script: Option<Arc<str>>,
+    /// Where that text sits in its file, for run-time errors at a file position; set by
+    /// [`crate::validate::Validation::plan`], which knows the file's spans (`None` otherwise:
+    /// errors then give the script's own line and column).
+    pub script_origin: Option<Arc<crate::script::errors::ScriptOrigin>>,
 }
 
 impl PlanNode {

@@ -820,8 +820,9 @@ pub async fn run_source(
             let metrics = &chain.nodes[0].metrics;
             let clock = metrics.detailed.then(Instant::now);
             let poll = source.poll(&mut out, &mut sctx)?;
-            if sctx.skipped > skipped_before {
-                metrics.add(0, 0, sctx.skipped - skipped_before);
+            let failed = sctx.skipped - skipped_before + sctx.dead_letters.len() as u64;
+            if failed > 0 {
+                metrics.add(0, 0, failed);
             }
             metrics.add_bytes_read(sctx.bytes_read - bytes_before);
             if let Some(t0) = clock {
@@ -832,6 +833,13 @@ pub async fn run_source(
                     metrics.set_lag(source.lag());
                     lag_at = Some(t0);
                 }
+            }
+            if !sctx.dead_letters.is_empty() {
+                // Sent before the next snapshot, like the records of the same poll: a restore
+                // resumes after them, so no dead letter is lost or repeated.
+                let head = &mut chain.nodes[0];
+                head.ctx.dead_letters.append(&mut sctx.dead_letters);
+                ChainTask::flush_dead_letters(head).await?;
             }
             if !out.is_empty() {
                 chain.push(0, Batch::new(out)).await?;
@@ -1116,15 +1124,7 @@ mod tests {
             taps: Arc::default(),
             tap_cursors: Vec::new(),
         };
-        let sctx = SourceContext {
-            pipeline: "p".into(),
-            source: "src".into(),
-            subtask: 0,
-            parallelism: 1,
-            skipped: 0,
-            bytes_read: 0,
-            restored_from: None,
-        };
+        let sctx = SourceContext::new("p", "src", 0, 1, None);
         let source = Box::new(Endless {
             polls: Arc::clone(&polls),
         });

@@ -420,6 +420,10 @@ mod tests {
     /// a size limit broken by the returned value, the body run by `invoke` does.
     fn shown(result: Result<Dynamic, String>) -> Result<String, String> {
         result.map(|v| format!("{v:?}")).map_err(|e| {
+            // The position line of a run-time error (`at script line 1, column 27 [code]`).
+            if let (Some(at), Some(code)) = (e.find("\n  at "), e.find(" [weir::")) {
+                return format!("{}{}", &e[..at], &e[code..]);
+            }
             match (e.find(" (line "), e.find("position ")) {
                 (Some(start), Some(p)) => {
                     let end = p + e[p..].find(')').map_or(0, |i| i + 1);

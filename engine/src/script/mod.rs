@@ -6,6 +6,7 @@
 //! no `eval`, no module imports (no file, network or process access exists in the engine at
 //! all), and the limits from the pipeline's `limits:` section.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -110,6 +111,61 @@ impl ScriptLocation {
             None => self.file.offset_of(line, col),
         }
     }
+}
+
+/// Where every operator's script sits, by pipeline (in file order) and operator id: the
+/// pipeline file's line and column of an inline script's first character, or the script file.
+pub fn origins(
+    spec: &FileSpec,
+    spans: &SpanIndex,
+    source: &SourceFile,
+    base_dir: &Path,
+) -> Vec<HashMap<String, Arc<errors::ScriptOrigin>>> {
+    let mut out = Vec::with_capacity(spec.pipelines.len());
+    for (pi, pipeline) in spec.pipelines.iter().enumerate() {
+        let mut found = HashMap::new();
+        for (oi, op) in pipeline.operators.iter().enumerate() {
+            let at = YamlPath::root()
+                .join("pipelines")
+                .join(pi)
+                .join("operators")
+                .join(oi);
+            let origin = match op.script() {
+                None => continue,
+                Some(ScriptRef::Inline(_)) => {
+                    let path = at.join("script");
+                    let Some(node) = spans.node(&path) else {
+                        continue;
+                    };
+                    let start = node.span.start;
+                    let key_end = spans.key_span(&path).end;
+                    let block = source
+                        .text
+                        .get(key_end..start)
+                        .is_some_and(|between| between.contains(['|', '>']));
+                    let quote = source.text[start..].starts_with(['"', '\'']);
+                    let (line, column) = source.line_col(start + usize::from(quote));
+                    errors::ScriptOrigin {
+                        file: source.name.clone(),
+                        line,
+                        column,
+                        block,
+                    }
+                }
+                Some(ScriptRef::File(file)) => {
+                    let full = if file.is_absolute() {
+                        file.to_path_buf()
+                    } else {
+                        base_dir.join(file)
+                    };
+                    errors::ScriptOrigin::file(full.display().to_string())
+                }
+            };
+            found.insert(op.id().to_owned(), Arc::new(origin));
+        }
+        out.push(found);
+    }
+    out
 }
 
 /// Compiles every script in the file and checks that each defines the functions its operator
@@ -316,6 +372,7 @@ fn check_functions(
     }
 }
 pub mod api;
+pub mod errors;
 pub mod fast;
 pub mod runtime;
 pub mod strict;

@@ -17,6 +17,7 @@ use rhai::{
 use weir_schema::ScriptLimitsSpec;
 use weir_schema::span::offset_of;
 
+use super::errors::{self, ScriptOrigin};
 use super::fast::FastExpr;
 use crate::record::Key;
 use crate::state::{StateBackend, StateId};
@@ -29,6 +30,8 @@ pub struct CompiledScript {
     bodies: Vec<FnBody>,
     /// The script's text, to name what a failing expression read (see [`missing_field`]).
     text: String,
+    /// Where the script sits in its file, for error positions (`None`: script positions).
+    origin: Option<Arc<ScriptOrigin>>,
 }
 
 /// One script function's body as a program whose free variables are the parameters.
@@ -70,7 +73,16 @@ impl CompiledScript {
             ast,
             bodies,
             text: text.to_owned(),
+            origin: None,
         })
+    }
+
+    /// The script as found at `origin` in its file: run-time errors name that file's line
+    /// and column.
+    #[must_use]
+    pub fn at(mut self, origin: Option<Arc<ScriptOrigin>>) -> Self {
+        self.origin = origin;
+        self
     }
 
     fn body(&self, name: &str, arity: usize) -> Option<&FnBody> {
@@ -204,7 +216,7 @@ impl ScriptFn {
                     .find(|f| f.name == name && f.params.len() == args.len())
                     .map(|f| f.params.iter().map(ToString::to_string).collect())
                     .unwrap_or_default();
-                explain(&e, &self.script.text, &params, args)
+                explain(&e, &self.script, &params, args)
             })
     }
 
@@ -229,7 +241,7 @@ impl ScriptFn {
             Some(body) => match body.native(args) {
                 Some(value) => Ok(value),
                 None => run_body(&self.engine, &mut self.scope, body, args)
-                    .map_err(|e| explain(&e, &self.script.text, &body.params, args)),
+                    .map_err(|e| explain(&e, &self.script, &body.params, args)),
             },
             None => self.call_on_copy(name, args),
         }
@@ -247,7 +259,7 @@ impl ScriptFn {
                 None => {
                     let mut copies = args.to_vec();
                     run_body(&self.engine, &mut self.scope, body, &mut copies)
-                        .map_err(|e| explain(&e, &self.script.text, &body.params, &copies))
+                        .map_err(|e| explain(&e, &self.script, &body.params, &copies))
                 }
             },
             None => self.call_on_copy(name, args),
@@ -260,24 +272,36 @@ impl ScriptFn {
     }
 }
 
-/// The message of a script error: [`describe`], and for a missing field the field's name and
-/// the fields the record (or map) it was read from has, when the expression is a property
-/// chain on one of the function's parameters (`r.a.b`): `args` are the parameters' values as
-/// the script left them.
-fn explain(e: &EvalAltResult, text: &str, params: &[String], args: &[Dynamic]) -> String {
-    let EvalAltResult::ErrorPropertyNotFound(name, pos) = e else {
-        return describe(e);
+/// The message of a script error (see [`errors`]): what went wrong ([`describe`]; for a
+/// missing field its name and the fields the record, or map, it was read from has, when the
+/// expression is a property chain on one of the function's parameters, `r.a.b`: `args` are the
+/// parameters' values as the script left them), the file position, a code and a help line.
+fn explain(
+    e: &EvalAltResult,
+    script: &CompiledScript,
+    params: &[String],
+    args: &[Dynamic],
+) -> String {
+    let e = errors::innermost(e);
+    let pos = e.position();
+    let explained = match e {
+        EvalAltResult::ErrorPropertyNotFound(name, pos) => {
+            let has = match missing_field(&script.text, *pos, params, args) {
+                Some(fields) if fields.is_empty() => "; the record has no fields".to_owned(),
+                Some(fields) => format!("; the record has: {}", fields.join(", ")),
+                None => String::new(),
+            };
+            errors::missing_field(format!("{MISSING_FIELD}`{name}`{has}"), name)
+        }
+        _ => {
+            let text = describe(e);
+            match text.find(super::strict::MISMATCH) {
+                Some(at) => errors::mismatch(text[at..].to_owned()),
+                None => errors::other(e, text),
+            }
+        }
     };
-    let at = match (pos.line(), pos.position()) {
-        (Some(line), Some(col)) => format!(" (line {line}, position {col})"),
-        _ => String::new(),
-    };
-    let has = match missing_field(text, *pos, params, args) {
-        Some(fields) if fields.is_empty() => "; the record has no fields".to_owned(),
-        Some(fields) => format!("; the record has: {}", fields.join(", ")),
-        None => String::new(),
-    };
-    format!("{MISSING_FIELD}`{name}`{has}{at}")
+    errors::render(&explained, pos, script.origin.as_deref())
 }
 
 /// The start of the message of a missing field error.
@@ -321,7 +345,7 @@ fn missing_field(
 }
 
 fn describe(e: &EvalAltResult) -> String {
-    let text = e.to_string();
+    let text = errors::bare_text(e);
     match e {
         EvalAltResult::ErrorTooManyOperations(_) => {
             format!(

@@ -513,15 +513,7 @@ impl Tasks {
             match &self.builders[head.index.0] {
                 NodeBuilder::Source(factory) => {
                     let source = factory(s, p)?;
-                    let sctx = SourceContext {
-                        pipeline: plan.id.clone(),
-                        source: head.id.clone(),
-                        subtask: s,
-                        parallelism: p,
-                        skipped: 0,
-                        bytes_read: 0,
-                        restored_from,
-                    };
+                    let sctx = SourceContext::new(&plan.id, &head.id, s, p, restored_from);
                     self.join.spawn_on(
                         async move { run_source(source, sctx, chain_task, env).await },
                         &self.workers,
