@@ -53,6 +53,9 @@ enum Command {
     /// A language server over standard input and output for pipeline files and test files
     /// (`*.test.yaml`): diagnostics as `validate` gives them, hover, completion, definition.
     Lsp(cmd::lsp::LspArgs),
+    /// Run test files (`*.test.yaml`): inputs, steps (checkpoint, crash, savepoint, restore,
+    /// reload) and expected outputs of a pipeline.
+    Test(cmd::test::TestArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,5 +81,6 @@ fn main() -> ExitCode {
         Command::Tap(args) => cmd::tap::run(&args),
         Command::Top(args) => cmd::top::run(&args),
         Command::Lsp(args) => cmd::lsp::run(&args),
+        Command::Test(args) => cmd::test::run(&args),
     }
 }

@@ -27,6 +27,10 @@
 //!   content changes of the pipeline and script files) and the reload plan (a pure diff of two
 //!   compiled files); the job drives the reload itself.
 //!
+//! - `testing` runs a pipeline file against test inputs with steps (`weir test`): it drives
+//!   `job` through `control` and imports nothing below them but `validate`, `plan`, `script`
+//!   and `record`.
+//!
 //! The import directions are checked by a test (`layers`, tests only).
 
 //! # Public surface
@@ -41,6 +45,7 @@
 //!   stop, reload);
 //! - [`api`]: the control API's server, its blocking client, its settings and text rendering;
 //! - [`inspect`]: read a checkpoint or savepoint without running it (`weir inspect`);
+//! - [`testing`]: run a pipeline against in-memory inputs with steps (`weir test`);
 //! - [`error`]: the error a run ends with, and its class; [`savepoint_pipeline`]: which
 //!   pipeline a savepoint was taken of.
 //!
@@ -54,6 +59,7 @@ pub mod control;
 pub mod inspect;
 pub mod job;
 pub mod plan;
+pub mod testing;
 pub mod validate;
 
 /// The error a run ends with, and its classes.

@@ -13,6 +13,7 @@ pub mod model;
 pub mod registry;
 pub mod schema;
 pub mod span;
+pub mod test_file;
 pub mod units;
 pub mod validate;
 pub mod yaml;

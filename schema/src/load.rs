@@ -262,23 +262,67 @@ fn load_expanded(source: Arc<SourceFile>, env: Env<'_>) -> LoadedFile {
     {
         secrets = crate::interpolate::expand_tree(spans.root_mut(), &source, env, &mut diagnostics);
     }
-    let mut loaded = LoadedFile {
+    let (spec, diagnostics) = typed(&source, spans.as_ref(), diagnostics, |value, spans| {
+        crate::schema::check(value, spans, &source)
+    });
+    LoadedFile {
         source,
         spans,
-        spec: None,
+        spec,
         diagnostics,
         secrets,
+    }
+}
+
+/// Loads another kind of YAML document (a `weir test` file) the way pipeline files are
+/// loaded: the same parser and limits, then `check` (its schema), then serde into `T`, each
+/// problem a located diagnostic. Returns the spans (when the YAML parsed), the typed value
+/// (when everything matched) and the diagnostics.
+pub fn load_document<T: serde::de::DeserializeOwned>(
+    source: &Arc<SourceFile>,
+    check: impl FnOnce(&serde_json::Value, &SpanIndex) -> Diagnostics,
+) -> (Option<SpanIndex>, Option<T>, Diagnostics) {
+    let mut diagnostics = Diagnostics::new();
+    if source.text.len() > MAX_FILE_BYTES {
+        diagnostics.push(
+            Diagnostic::error(codes::YAML_TOO_LARGE, "the file is too large")
+                .at(source, MAX_FILE_BYTES..MAX_FILE_BYTES)
+                .help("split the file"),
+        );
+        return (None, None, diagnostics);
+    }
+    let spans = parse_yaml(source, &mut diagnostics);
+    let (value, diagnostics) = typed(source, spans.as_ref(), diagnostics, check);
+    (spans, value, diagnostics)
+}
+
+/// The schema and serde stages of loading: nothing when the YAML did not parse or had errors.
+fn typed<T: serde::de::DeserializeOwned>(
+    source: &Arc<SourceFile>,
+    spans: Option<&SpanIndex>,
+    diagnostics: Diagnostics,
+    check: impl FnOnce(&serde_json::Value, &SpanIndex) -> Diagnostics,
+) -> (Option<T>, Diagnostics) {
+    struct Loaded<'a, T> {
+        source: &'a Arc<SourceFile>,
+        spec: Option<T>,
+        diagnostics: Diagnostics,
+    }
+    let mut loaded = Loaded {
+        source,
+        spec: None,
+        diagnostics,
     };
-    let Some(spans) = &loaded.spans else {
-        return loaded;
+    let Some(spans) = spans else {
+        return (None, loaded.diagnostics);
     };
     // A YAML error, or a `${VAR}` that could not be expanded: the values are not known, so a
     // schema check would only report the same places again, worse.
     if loaded.diagnostics.has_errors() {
-        return loaded;
+        return (None, loaded.diagnostics);
     }
     let mut value = spans.root().to_json();
-    let schema_problems = crate::schema::check(&value, spans, &loaded.source);
+    let schema_problems = check(&value, spans);
     // Unknown fields (typos, misplaced keys) do not stop the semantic checks: they are reported,
     // then left out, so that one pass also finds dangling inputs, cycles and script errors.
     let only_unknown_fields = schema_problems
@@ -298,9 +342,9 @@ fn load_expanded(source: Arc<SourceFile>, env: Env<'_>) -> LoadedFile {
     let failed = schema_problems.has_errors();
     loaded.diagnostics.extend(schema_problems);
     if failed && !only_unknown_fields {
-        return loaded;
+        return (None, loaded.diagnostics);
     }
-    match serde_path_to_error::deserialize::<_, FileSpec>(value) {
+    match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(spec) => loaded.spec = Some(spec),
         Err(e) => {
             let message = e.inner().to_string();
@@ -333,7 +377,7 @@ fn load_expanded(source: Arc<SourceFile>, env: Env<'_>) -> LoadedFile {
             );
         }
     }
-    loaded
+    (loaded.spec, loaded.diagnostics)
 }
 
 /// Removes the mapping entry at `path` from a JSON value, if it exists.

@@ -65,8 +65,20 @@ const MAX_FAILURES: usize = 1000;
 
 /// Checks a file's JSON value against the schema; every failure becomes a located diagnostic.
 pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagnostics {
+    check_against(json_schema(), validator(), value, spans, file)
+}
+
+/// As [`check`], against another document's schema (`schema`, compiled as `validator`): how
+/// `weir test` files get the same located diagnostics as pipeline files.
+pub fn check_against(
+    schema: &Value,
+    validator: Option<&jsonschema::Validator>,
+    value: &Value,
+    spans: &SpanIndex,
+    file: &Arc<SourceFile>,
+) -> Diagnostics {
     let mut out = Diagnostics::new();
-    let Some(validator) = validator() else {
+    let Some(validator) = validator else {
         out.push(Diagnostic::error(
             codes::INVALID_VALUE,
             "internal error: the built-in JSON Schema does not compile",
@@ -163,7 +175,7 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         }
     }
     for (of, object, branches) in &groups {
-        let total = resolve(json_schema(), of)
+        let total = resolve(schema, of)
             .and_then(Value::as_array)
             .map_or(usize::MAX, Vec::len);
         if branches.len() >= total {
@@ -176,7 +188,7 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
             push_unique(
                 &mut out,
                 &mut seen,
-                no_branch_matched(&f, value, spans, file),
+                no_branch_matched(schema, &f, value, spans, file),
             );
         }
     }
@@ -210,7 +222,7 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
             push_unique(
                 &mut out,
                 &mut seen,
-                no_branch_matched(&g, value, spans, file),
+                no_branch_matched(schema, &g, value, spans, file),
             );
         }
     }
@@ -218,7 +230,7 @@ pub fn check(value: &Value, spans: &SpanIndex, file: &Arc<SourceFile>) -> Diagno
         if branch_of(f).is_some_and(|(of, _)| collapsed.contains(&(of, f.instance.clone()))) {
             continue;
         }
-        for d in translate(f, value, spans, file) {
+        for d in translate(schema, f, value, spans, file) {
             push_unique(&mut out, &mut seen, d);
         }
     }
@@ -289,12 +301,12 @@ fn quoted(message: &str) -> Option<&str> {
 }
 
 fn no_branch_matched(
+    schema: &Value,
     f: &Failure,
     value: &Value,
     spans: &SpanIndex,
     file: &Arc<SourceFile>,
 ) -> Diagnostic {
-    let schema = json_schema();
     let branches = resolve(schema, &f.schema_loc).and_then(Value::as_array);
     let obj = instance_value(value, &f.instance);
     // A tagged enum: find the discriminator and its allowed values.
@@ -427,12 +439,12 @@ fn misplaced(key: &str, at: &YamlPath) -> Option<&'static str> {
 }
 
 fn translate(
+    schema: &Value,
     f: &Failure,
     value: &Value,
     spans: &SpanIndex,
     file: &Arc<SourceFile>,
 ) -> Vec<Diagnostic> {
-    let schema = json_schema();
     let path = &f.instance;
     let keyword_parent = f.schema_loc.rsplit_once('/').map_or("", |(p, _)| p);
     let node_schema = resolve(schema, keyword_parent);

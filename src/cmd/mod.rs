@@ -14,4 +14,5 @@ pub mod status;
 pub mod stop;
 pub mod tap;
 pub mod top;
+pub mod test;
 pub mod validate;

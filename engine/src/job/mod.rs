@@ -221,8 +221,24 @@ pub async fn run_async(
     options: JobOptions,
     workers: tokio::runtime::Handle,
 ) -> Result<JobSummary> {
+    run_async_observed(plan, options, workers, None).await
+}
+
+/// As [`run_async`], handing the job's control surface to `ready` as soon as the job exists
+/// (before any pipeline starts): how `testing` drives a job with checkpoints, savepoints and
+/// reloads between its inputs.
+pub(crate) async fn run_async_observed(
+    plan: FilePlan,
+    options: JobOptions,
+    workers: tokio::runtime::Handle,
+    ready: Option<tokio::sync::oneshot::Sender<Arc<dyn crate::control::JobControl>>>,
+) -> Result<JobSummary> {
     let started = options.started.unwrap_or_else(Instant::now);
     let job = manager::Job::new(&options, workers, started);
+    if let Some(ready) = ready {
+        let control: Arc<dyn crate::control::JobControl> = Arc::new(Arc::clone(&job));
+        let _ = ready.send(control);
+    }
     let api = match &options.api {
         Some(config) => {
             let control: Arc<dyn crate::control::JobControl> = Arc::new(Arc::clone(&job));

@@ -1,0 +1,525 @@
+//! Driving one run of a test: a job on runtimes of its own, fed through input files that
+//! grow step by step, and the steps themselves (checkpoint, crash, savepoint and restore,
+//! reload) done through the job's control surface, the same calls `weir checkpoints`,
+//! `weir savepoint`, `weir stop` and `weir reload` make. A crash drops both runtimes with
+//! every task still running (as a killed process would lose them) and starts a new job that
+//! restores the latest completed checkpoint.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weir_schema::FileSpec;
+
+use super::rewrite::{Layout, Rewrite, rewrite};
+use super::{Outcome, Scenario, ScenarioError, Step};
+use crate::control::{JobControl, ReloadRequest, StopRequest};
+use crate::job::{JobOptions, JobSummary, RecoveryOptions};
+
+/// How long a source may take to read what it was fed, a checkpoint to complete, a job to
+/// end: generous, for loaded machines; a test that hits it fails with a message.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+type SourceKey = (String, String);
+
+/// A job running on runtimes of its own.
+struct Live {
+    control: tokio::runtime::Runtime,
+    workers: tokio::runtime::Runtime,
+    job: Arc<dyn JobControl>,
+    task: tokio::task::JoinHandle<crate::base::error::Result<JobSummary>>,
+    /// What each fed source had read when this job started (where it resumed).
+    base: BTreeMap<SourceKey, u64>,
+}
+
+/// One run of a scenario, with or without its steps.
+pub(super) struct Driver<'a> {
+    scenario: &'a Scenario,
+    spec: FileSpec,
+    raw: Value,
+    base_dir: PathBuf,
+    layout: Layout,
+    fed: BTreeSet<SourceKey>,
+    pipelines: Vec<String>,
+    /// The rewritten file the job runs (a reload rewrites it in place).
+    running_file: PathBuf,
+    follow: bool,
+    parallelism: Option<u32>,
+    backend: Option<String>,
+    /// Records written to each input file so far.
+    written: BTreeMap<SourceKey, u64>,
+    /// Records read at the latest checkpoint (or reload).
+    at_checkpoint: BTreeMap<SourceKey, u64>,
+    /// The last savepoint per pipeline and what had been read then.
+    savepoint: Option<(Vec<(String, PathBuf)>, BTreeMap<SourceKey, u64>)>,
+    failures: Vec<String>,
+}
+
+impl<'a> Driver<'a> {
+    pub(super) fn new(
+        scenario: &'a Scenario,
+        spec: FileSpec,
+        fed: BTreeSet<SourceKey>,
+        dir: &Path,
+        follow: bool,
+    ) -> Result<Self, ScenarioError> {
+        let base_dir = scenario
+            .file
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let layout = Layout {
+            inputs: dir.join("inputs"),
+            outputs: dir.join("outputs"),
+            work: dir.join("work"),
+        };
+        let pipelines = spec
+            .pipelines
+            .iter()
+            .filter(|p| scenario.pipeline.as_deref().is_none_or(|id| p.id == id))
+            .map(|p| p.id.clone())
+            .collect();
+        let raw = super::rewrite::raw_json(&scenario.file)?;
+        let mut d = Self {
+            scenario,
+            spec,
+            raw,
+            base_dir,
+            running_file: dir.join("pipeline.yaml"),
+            layout,
+            fed,
+            pipelines,
+            follow,
+            parallelism: None,
+            backend: None,
+            written: BTreeMap::new(),
+            at_checkpoint: BTreeMap::new(),
+            savepoint: None,
+            failures: Vec::new(),
+        };
+        for key in d.fed.clone() {
+            let path = d.layout.input_file(&key.0, &key.1);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+            }
+            std::fs::write(&path, b"").map_err(io("create", &path))?;
+            d.written.insert(key, 0);
+        }
+        d.write_running_file(None)?;
+        Ok(d)
+    }
+
+    /// Rewrites `spec` (default: the file under test) into the running file.
+    fn write_running_file(
+        &mut self,
+        spec: Option<(&FileSpec, &Value, &Path)>,
+    ) -> Result<(), ScenarioError> {
+        let (spec, raw, base_dir) = spec.unwrap_or((&self.spec, &self.raw, &self.base_dir));
+        let text = rewrite(
+            spec,
+            raw,
+            base_dir,
+            &Rewrite {
+                layout: &self.layout,
+                fed: &self.fed,
+                pipeline: self.scenario.pipeline.as_deref(),
+                follow: self.follow,
+                parallelism: self.parallelism,
+                backend: self.backend.as_deref(),
+            },
+        )?;
+        std::fs::write(&self.running_file, text).map_err(io("write", &self.running_file))
+    }
+
+    /// Appends records to the input files.
+    fn feed(&mut self, batch: &[(SourceKey, Vec<Value>)]) -> Result<(), ScenarioError> {
+        for (key, records) in batch {
+            let path = self.layout.input_file(&key.0, &key.1);
+            let mut text = Vec::new();
+            for r in records {
+                serde_json::to_writer(&mut text, r)
+                    .map_err(|e| ScenarioError::Setup(format!("a record of `{}`: {e}", key.1)))?;
+                text.push(b'\n');
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io("open", &path))?;
+            f.write_all(&text).map_err(io("write", &path))?;
+            *self.written.entry(key.clone()).or_default() += records.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Starts a job on the running file, from a savepoint if given.
+    fn start(
+        &self,
+        from_savepoints: Vec<(String, PathBuf)>,
+        base: BTreeMap<SourceKey, u64>,
+    ) -> Result<Live, ScenarioError> {
+        let validation = crate::validate::validate_file(&self.running_file);
+        let plan = match validation.plan() {
+            Some(Ok(plan)) => plan,
+            Some(Err(e)) => return Err(ScenarioError::Setup(e.to_string())),
+            None => {
+                let messages: Vec<String> = validation
+                    .diagnostics
+                    .iter()
+                    .map(|d| format!("{}: {}", d.code, d.message))
+                    .collect();
+                return Err(ScenarioError::Setup(format!(
+                    "the pipeline does not validate once its sources and sinks are replaced:\n  {}",
+                    messages.join("\n  ")
+                )));
+            }
+        };
+        let workers = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .worker_threads(2)
+            .thread_name("weir-test-worker")
+            .thread_stack_size(crate::script::SCRIPT_STACK_SIZE)
+            .build()
+            .map_err(|e| ScenarioError::Setup(format!("cannot start a runtime: {e}")))?;
+        let control = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .worker_threads(1)
+            .thread_name("weir-test-control")
+            .thread_stack_size(crate::script::SCRIPT_STACK_SIZE)
+            .build()
+            .map_err(|e| ScenarioError::Setup(format!("cannot start a runtime: {e}")))?;
+        let options = JobOptions {
+            file: Some(self.running_file.clone()),
+            recovery: RecoveryOptions::default(),
+            from_savepoints,
+            ..JobOptions::default()
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = control.spawn(crate::job::run_async_observed(
+            plan,
+            options,
+            workers.handle().clone(),
+            Some(tx),
+        ));
+        let job = control
+            .block_on(rx)
+            .map_err(|_| ScenarioError::Setup("the job ended before it started".into()))?;
+        Ok(Live {
+            control,
+            workers,
+            job,
+            task,
+            base,
+        })
+    }
+
+    /// Waits until every fed source has read everything written to it.
+    fn caught_up(&mut self, live: &Live) -> Result<(), ScenarioError> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let status = live.job.status();
+            let mut behind = None;
+            for p in &self.pipelines {
+                match status.pipelines.iter().find(|s| s.id == *p) {
+                    Some(s) if s.state == "running" => {}
+                    Some(s) if matches!(s.state.as_str(), "failed" | "finished" | "stopped") => {
+                        return Err(ScenarioError::Run(format!(
+                            "pipeline `{p}` is {}: {}",
+                            s.state,
+                            s.error.clone().unwrap_or_default()
+                        )));
+                    }
+                    _ => behind = Some(format!("pipeline `{p}` is not running yet")),
+                }
+            }
+            for (key, written) in &self.written {
+                let Some(p) = status.pipelines.iter().find(|p| p.id == key.0) else {
+                    continue;
+                };
+                if matches!(p.state.as_str(), "failed" | "finished" | "stopped") {
+                    return Err(ScenarioError::Run(format!(
+                        "pipeline `{}` is {} while its sources still had input: {}",
+                        p.id,
+                        p.state,
+                        p.error.clone().unwrap_or_default()
+                    )));
+                }
+                let read: u64 = p
+                    .operators
+                    .iter()
+                    .filter(|o| o.id == key.1 && o.role == "source")
+                    .flat_map(|o| o.subtasks.iter().map(|s| s.records_in + s.errors))
+                    .sum();
+                let want = written.saturating_sub(live.base.get(key).copied().unwrap_or(0));
+                if read < want {
+                    behind = Some(format!("source `{}` read {read} of {want} records", key.1));
+                }
+            }
+            let Some(behind) = behind else {
+                return Ok(());
+            };
+            if Instant::now() > deadline {
+                return Err(ScenarioError::Run(format!("timed out: {behind}")));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Kills a job: every task is dropped where it is.
+    fn kill(live: Live) {
+        live.task.abort();
+        live.workers.shutdown_timeout(Duration::from_secs(5));
+        live.control.shutdown_timeout(Duration::from_secs(5));
+    }
+
+    /// Waits for a job's end and records its failures.
+    fn finish(&mut self, live: Live) -> Result<(), ScenarioError> {
+        tracing::debug!("Waiting for the job's end.");
+        let Live {
+            control,
+            workers,
+            task,
+            ..
+        } = live;
+        let summary = control.block_on(async { tokio::time::timeout(PATIENCE, task).await });
+        tracing::debug!("The job ended.");
+        workers.shutdown_timeout(Duration::from_secs(5));
+        control.shutdown_timeout(Duration::from_secs(5));
+        tracing::debug!("The runtimes are down.");
+        match summary {
+            Err(_) => {
+                return Err(ScenarioError::Run(
+                    "timed out waiting for the job's end".into(),
+                ));
+            }
+            Ok(Err(e)) => return Err(ScenarioError::Run(format!("the job panicked: {e}"))),
+            Ok(Ok(Err(e))) => return Err(ScenarioError::Run(e.to_string())),
+            Ok(Ok(Ok(summary))) => {
+                for p in summary.pipelines {
+                    if let Some(e) = p.error {
+                        self.failures
+                            .push(format!("pipeline `{}` failed: {e}", p.id));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the scenario: without steps, every input at once to the end; with steps, fed
+    /// and stepped as written, then drained.
+    pub(super) fn run(mut self) -> Result<Outcome, ScenarioError> {
+        let steps = &self.scenario.steps;
+        if !self.follow {
+            let mut all: Vec<(SourceKey, Vec<Value>)> = self.scenario.inputs.clone();
+            for step in steps {
+                if let Step::Input(batch) = step {
+                    all.extend(batch.iter().cloned());
+                }
+            }
+            self.feed(&all)?;
+            let live = self.start(Vec::new(), BTreeMap::new())?;
+            self.finish(live)?;
+            return self.outcome();
+        }
+        let first = self.scenario.inputs.clone();
+        self.feed(&first)?;
+        let mut live = Some(self.start(Vec::new(), BTreeMap::new())?);
+        for (i, step) in steps.iter().enumerate() {
+            let n = i + 1;
+            let context = |e: ScenarioError| e.at_step(n, step.name());
+            tracing::debug!(step = n, name = step.name(), "Test step.");
+            match step {
+                Step::Input(batch) => self.feed(batch).map_err(context)?,
+                Step::AdvanceTime(_) => {
+                    if let Some(l) = &live {
+                        self.caught_up(l).map_err(context)?;
+                    }
+                }
+                Step::Checkpoint => {
+                    let l = live.as_ref().ok_or_else(|| stopped(n, step))?;
+                    self.caught_up(l).map_err(context)?;
+                    for p in &self.pipelines {
+                        let info = l
+                            .control
+                            .block_on(l.job.trigger_checkpoint(p))
+                            .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
+                        if info.failed() {
+                            return Err(context(ScenarioError::Run(format!(
+                                "checkpoint {} of `{p}` failed",
+                                info.id
+                            ))));
+                        }
+                    }
+                    self.at_checkpoint = self.written.clone();
+                }
+                Step::Crash => {
+                    let l = live.take().ok_or_else(|| stopped(n, step))?;
+                    self.caught_up(&l).map_err(context)?;
+                    Self::kill(l);
+                    live = Some(
+                        self.start(Vec::new(), self.at_checkpoint.clone())
+                            .map_err(context)?,
+                    );
+                }
+                Step::Savepoint => {
+                    let l = live.take().ok_or_else(|| stopped(n, step))?;
+                    self.caught_up(&l).map_err(context)?;
+                    let mut paths = Vec::new();
+                    for p in &self.pipelines {
+                        let out = l
+                            .control
+                            .block_on(l.job.stop(
+                                p,
+                                StopRequest {
+                                    savepoint: true,
+                                    drain: false,
+                                    dir: None,
+                                },
+                            ))
+                            .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
+                        let sp = out.savepoint.ok_or_else(|| {
+                            context(ScenarioError::Run(format!(
+                                "`{p}` stopped without a savepoint"
+                            )))
+                        })?;
+                        paths.push((p.clone(), sp.path));
+                    }
+                    self.finish(l).map_err(context)?;
+                    self.savepoint = Some((paths, self.written.clone()));
+                }
+                Step::Restore {
+                    parallelism,
+                    backend,
+                } => {
+                    if live.is_some() {
+                        return Err(context(ScenarioError::Setup(
+                            "`restore` needs a `savepoint` step before it".into(),
+                        )));
+                    }
+                    if parallelism.is_some() {
+                        self.parallelism = *parallelism;
+                    }
+                    if backend.is_some() {
+                        self.backend.clone_from(backend);
+                    }
+                    self.write_running_file(None).map_err(context)?;
+                    live = Some(self.restore().map_err(context)?);
+                }
+                Step::Reload(file) => {
+                    let l = live.as_ref().ok_or_else(|| stopped(n, step))?;
+                    self.caught_up(l).map_err(context)?;
+                    let validation = crate::validate::validate_file(file);
+                    let Some(spec) = validation
+                        .spec
+                        .filter(|_| !validation.diagnostics.has_errors())
+                    else {
+                        return Err(context(ScenarioError::Setup(format!(
+                            "{} does not validate",
+                            file.display()
+                        ))));
+                    };
+                    let base_dir = file
+                        .parent()
+                        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+                    let raw = super::rewrite::raw_json(file).map_err(context)?;
+                    self.write_running_file(Some((&spec, &raw, &base_dir)))
+                        .map_err(context)?;
+                    let outcome = l
+                        .control
+                        .block_on(l.job.reload(ReloadRequest::default()))
+                        .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
+                    if !matches!(outcome.result.as_str(), "applied" | "unchanged") {
+                        return Err(context(ScenarioError::Run(format!(
+                            "the reload was {}: {}",
+                            outcome.result,
+                            outcome.messages.join("\n")
+                        ))));
+                    }
+                    self.at_checkpoint = self.written.clone();
+                }
+            }
+        }
+        let l = match live {
+            Some(l) => l,
+            None => self.restore()?,
+        };
+        self.caught_up(&l)?;
+        for p in &self.pipelines {
+            l.control
+                .block_on(l.job.stop(
+                    p,
+                    StopRequest {
+                        savepoint: false,
+                        drain: true,
+                        dir: None,
+                    },
+                ))
+                .map_err(|e| ScenarioError::Run(format!("draining `{p}`: {e}")))?;
+        }
+        self.finish(l)?;
+        self.outcome()
+    }
+
+    fn restore(&mut self) -> Result<Live, ScenarioError> {
+        let (paths, at) = self.savepoint.clone().ok_or_else(|| {
+            ScenarioError::Setup("`restore` needs a `savepoint` step before it".into())
+        })?;
+        self.at_checkpoint = at.clone();
+        self.start(paths, at)
+    }
+
+    /// What every sink committed, part files in `(subtask, part)` order.
+    fn outcome(self) -> Result<Outcome, ScenarioError> {
+        let mut sinks = BTreeMap::new();
+        for (p, s) in super::rewrite::sinks(&self.spec, self.scenario.pipeline.as_deref()) {
+            let dir = self.layout.sink_dir(&p, &s);
+            sinks.insert(
+                super::sink_name(&self.spec, self.scenario.pipeline.as_deref(), &p, &s),
+                read_sink(&dir)?,
+            );
+        }
+        Ok(Outcome {
+            sinks,
+            failures: self.failures,
+        })
+    }
+}
+
+fn stopped(n: usize, step: &Step) -> ScenarioError {
+    ScenarioError::Setup("the job is stopped after a `savepoint`: `restore` it first".into())
+        .at_step(n, step.name())
+}
+
+fn io<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> ScenarioError + 'p {
+    move |e| ScenarioError::Setup(format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// The committed records of a sink directory: visible part files `part-<subtask>-<n>.jsonl`
+/// in `(subtask, n)` order.
+fn read_sink(dir: &Path) -> Result<Vec<Value>, ScenarioError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut parts: Vec<((u64, u64), PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?.to_owned();
+            let rest = name.strip_prefix("part-")?.strip_suffix(".jsonl")?;
+            let (s, n) = rest.split_once('-')?;
+            Some(((s.parse().ok()?, n.parse().ok()?), p))
+        })
+        .collect();
+    parts.sort();
+    let mut out = Vec::new();
+    for (_, path) in parts {
+        let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            out.push(serde_json::from_str(line).map_err(|e| {
+                ScenarioError::Run(format!("{}: a line is not JSON: {e}", path.display()))
+            })?);
+        }
+    }
+    Ok(out)
+}

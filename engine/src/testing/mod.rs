@@ -1,0 +1,400 @@
+//! Running a pipeline against in-memory inputs, with steps: the engine half of `weir test`.
+//! A [`Scenario`] names a pipeline file, records for some of its sources and steps between
+//! them (checkpoint, crash, savepoint and restore, reload); [`run_scenario`] runs it on the
+//! real job (the same supervisors, checkpoints, restores and reloads as `weir run`) and
+//! returns what every sink committed. [`check_sink`] and [`check_dead_letters`] hold the
+//! assertions of a test file; [`diff`] shows how two outputs differ.
+//!
+//! How a run is made (documented for users in `weir test --help`):
+//! - Fed sources become `file` sources over a JSON-lines file per source in a temporary
+//!   directory; every sink becomes a `jsonl` file sink there (`rewrite`). Checkpoints are on
+//!   (taken only at `checkpoint` steps, by savepoints and at the end), storage and
+//!   savepoints live in the temporary directory, the restart strategy is `none` (a failure
+//!   fails the test), and heap state runs on the `fs` backend so that a `crash` (every task
+//!   dropped, as a killed process) can restore it. Sink output is what was committed.
+//! - Without steps the sources read every record and end. With steps they follow their
+//!   files as the steps append to them, and the job is drained at the end, which ends the
+//!   input exactly as a bounded source does (`emit: final` results and `on_end` included).
+//!
+//! It owns no operator or connector: it drives `job` through `control` and reads files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use weir_schema::FileSpec;
+use weir_schema::test_file::SinkExpectation;
+
+mod driver;
+mod rewrite;
+
+/// A step between inputs (see `weir_schema::test_file::StepSpec`).
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// More records, by source.
+    Input(Vec<((String, String), Vec<Value>)>),
+    /// A checkpoint once everything fed has been read.
+    Checkpoint,
+    /// The whole job dies; a new one restores the latest checkpoint.
+    Crash,
+    /// Every pipeline stops with a savepoint.
+    Savepoint,
+    /// Start again from the savepoint, with changes.
+    Restore {
+        /// A new pipeline parallelism.
+        parallelism: Option<u32>,
+        /// A new state backend (`memory`, `fs`, `rocksdb`).
+        backend: Option<String>,
+    },
+    /// Apply another version of the pipeline file.
+    Reload(PathBuf),
+    /// Let processing time pass: nothing in Weir reads it yet, so this waits until every
+    /// record fed so far has been read.
+    AdvanceTime(Duration),
+}
+
+impl Step {
+    /// The step's name in test files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Input(_) => "input",
+            Self::Checkpoint => "checkpoint",
+            Self::Crash => "crash",
+            Self::Savepoint => "savepoint",
+            Self::Restore { .. } => "restore",
+            Self::Reload(_) => "reload",
+            Self::AdvanceTime(_) => "advance_time",
+        }
+    }
+}
+
+/// A test's run: the pipeline file, which pipeline, inputs and steps.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// The pipeline file.
+    pub file: PathBuf,
+    /// Only this pipeline of the file.
+    pub pipeline: Option<String>,
+    /// The first records, by `(pipeline, source)`.
+    pub inputs: Vec<((String, String), Vec<Value>)>,
+    /// The steps after them.
+    pub steps: Vec<Step>,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Committed records per sink, by the sink's name ([`sink_name`]), in part order.
+    pub sinks: BTreeMap<String, Vec<Value>>,
+    /// Pipelines that failed, with why.
+    pub failures: Vec<String>,
+}
+
+/// Why a scenario could not run.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The test and the pipeline do not fit together (a source never ends, an unknown id, a
+    /// pipeline that does not validate once rewritten).
+    #[error("{0}")]
+    Setup(String),
+    /// The run went wrong (a timeout, a job that could not be stopped or restored).
+    #[error("{0}")]
+    Run(String),
+}
+
+impl ScenarioError {
+    fn at_step(self, n: usize, name: &str) -> Self {
+        match self {
+            Self::Setup(m) => Self::Setup(format!("step {n} (`{name}`): {m}")),
+            Self::Run(m) => Self::Run(format!("step {n} (`{name}`): {m}")),
+        }
+    }
+}
+
+/// The validated spec of a pipeline file.
+///
+/// # Errors
+/// The file's diagnostics, as text, when it does not validate.
+pub fn load_pipeline(file: &std::path::Path) -> Result<FileSpec, String> {
+    let v = crate::validate::validate_file(file);
+    match v.spec {
+        Some(spec) if !v.diagnostics.has_errors() => Ok(spec),
+        _ => Err(v
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| format!("{}: {}", d.code, d.message))
+            .collect::<Vec<_>>()
+            .join("\n")),
+    }
+}
+
+/// Resolves a source id of a test (`source`, or `pipeline/source` when ids repeat across
+/// pipelines) to `(pipeline, source)`.
+///
+/// # Errors
+/// No such source, or an ambiguous id.
+pub fn resolve_source(
+    spec: &FileSpec,
+    pipeline: Option<&str>,
+    name: &str,
+) -> Result<(String, String), String> {
+    resolve(&rewrite::sources(spec, pipeline), name, "source")
+}
+
+/// Resolves a sink id of a test as [`resolve_source`] does.
+///
+/// # Errors
+/// No such sink, or an ambiguous id.
+pub fn resolve_sink(spec: &FileSpec, pipeline: Option<&str>, name: &str) -> Result<String, String> {
+    let (p, s) = resolve(&rewrite::sinks(spec, pipeline), name, "sink")?;
+    Ok(sink_name(spec, pipeline, &p, &s))
+}
+
+fn resolve(all: &[(String, String)], name: &str, what: &str) -> Result<(String, String), String> {
+    let hits: Vec<&(String, String)> = all
+        .iter()
+        .filter(|(p, s)| s == name || format!("{p}/{s}") == name)
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(format!(
+            "no {what} `{name}`; the pipeline has {}",
+            all.iter()
+                .map(|(_, s)| format!("`{s}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err(format!(
+            "{what} `{name}` is in several pipelines: write `PIPELINE/{name}` or set `pipeline_id`"
+        )),
+    }
+}
+
+/// A sink's name in an [`Outcome`]: its id, or `pipeline/sink` when several pipelines of the
+/// run have a sink of that id.
+pub fn sink_name(spec: &FileSpec, pipeline: Option<&str>, p: &str, s: &str) -> String {
+    let repeated = rewrite::sinks(spec, pipeline)
+        .iter()
+        .filter(|(_, id)| id == s)
+        .count()
+        > 1;
+    if repeated {
+        format!("{p}/{s}")
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Runs a scenario in a temporary directory: with its steps when `with_steps`, otherwise
+/// every input at once, straight through.
+///
+/// # Errors
+/// A setup or run problem (see [`ScenarioError`]); a pipeline that fails is reported in
+/// [`Outcome::failures`].
+pub fn run_scenario(scenario: &Scenario, with_steps: bool) -> Result<Outcome, ScenarioError> {
+    let spec = load_pipeline(&scenario.file).map_err(|e| {
+        ScenarioError::Setup(format!(
+            "{} does not validate:\n{e}",
+            scenario.file.display()
+        ))
+    })?;
+    let mut fed: BTreeSet<(String, String)> =
+        scenario.inputs.iter().map(|(k, _)| k.clone()).collect();
+    for step in &scenario.steps {
+        if let Step::Input(batch) = step {
+            fed.extend(batch.iter().map(|(k, _)| k.clone()));
+        }
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("weir-test-")
+        .tempdir()
+        .map_err(|e| ScenarioError::Setup(format!("cannot create a temporary directory: {e}")))?;
+    let driver = driver::Driver::new(scenario, spec, fed, dir.path(), with_steps)?;
+    driver.run()
+}
+
+/// Checks one sink's records against an expectation; one message per broken assertion.
+pub fn check_sink(expect: &SinkExpectation, got: &[Value]) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(want) = &expect.exact
+        && let Some(d) = diff(want, got)
+    {
+        failures.push(format!("`exact` does not hold:\n{d}"));
+    }
+    if let Some(want) = &expect.ordered
+        && want.as_slice() != got
+    {
+        let mut text = String::from("`ordered` does not hold:\n");
+        for i in 0..want.len().max(got.len()) {
+            let (w, g) = (want.get(i), got.get(i));
+            if w != g {
+                text.push_str(&format!(
+                    "  at {i}: expected {}, got {}\n",
+                    w.map_or("nothing".into(), Value::to_string),
+                    g.map_or("nothing".into(), Value::to_string)
+                ));
+            }
+        }
+        failures.push(text.trim_end().to_owned());
+    }
+    if let Some(last) = &expect.last_per_key {
+        let mut latest: BTreeMap<String, &Value> = BTreeMap::new();
+        for r in got {
+            let key = r
+                .get(&last.field)
+                .map_or_else(|| "null".into(), Value::to_string);
+            latest.insert(key, r);
+        }
+        let latest: Vec<Value> = latest.into_values().cloned().collect();
+        if let Some(d) = diff(&last.records, &latest) {
+            failures.push(format!(
+                "`last_per_key` (by `{}`) does not hold:\n{d}",
+                last.field
+            ));
+        }
+    }
+    if let Some(n) = expect.count
+        && n != got.len() as u64
+    {
+        failures.push(format!("`count`: expected {n} records, got {}", got.len()));
+    }
+    if expect.empty && !got.is_empty() {
+        failures.push(format!(
+            "`empty`: expected no records, got {}:\n{}",
+            got.len(),
+            got.iter()
+                .take(10)
+                .map(|r| format!("  + {r}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
+    failures.extend(check_conditions(&expect.conditions, got));
+    failures
+}
+
+/// Evaluates each condition (a Rhai boolean expression over `r`) on every record.
+fn check_conditions(conditions: &[String], got: &[Value]) -> Vec<String> {
+    if conditions.is_empty() {
+        return Vec::new();
+    }
+    let engine = crate::script::build_engine(&weir_schema::ScriptLimitsSpec::default());
+    let mut failures = Vec::new();
+    for c in conditions {
+        let ast = match engine.compile_expression(c) {
+            Ok(ast) => ast,
+            Err(e) => {
+                failures.push(format!("condition `{c}` does not compile: {e}"));
+                continue;
+            }
+        };
+        let mut broken = Vec::new();
+        for r in got {
+            let record = match crate::record::parse_json(r.to_string().as_bytes()) {
+                Ok(record) => record,
+                Err(e) => {
+                    broken.push(format!("  {r}: {e}"));
+                    continue;
+                }
+            };
+            let mut scope = rhai::Scope::new();
+            scope.push("r", record);
+            match engine.eval_ast_with_scope::<rhai::Dynamic>(&mut scope, &ast) {
+                Ok(v) if v.as_bool() == Ok(true) => {}
+                Ok(v) if v.is_bool() => broken.push(format!("  false for {r}")),
+                Ok(v) => broken.push(format!("  not a boolean ({}) for {r}", v.type_name())),
+                Err(e) => broken.push(format!("  error for {r}: {e}")),
+            }
+        }
+        if !broken.is_empty() {
+            let n = broken.len();
+            broken.truncate(10);
+            failures.push(format!(
+                "condition `{c}` does not hold for {n} of {} records:\n{}",
+                got.len(),
+                broken.join("\n")
+            ));
+        }
+    }
+    failures
+}
+
+/// Checks the dead letters of each operator: the `record` field of every dead letter whose
+/// `operator` is the operator's id, over every sink, as a multiset.
+pub fn check_dead_letters(expect: &[(String, Vec<Value>)], outcome: &Outcome) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (operator, want) in expect {
+        let got: Vec<Value> = outcome
+            .sinks
+            .values()
+            .flatten()
+            .filter(|r| {
+                r.get("operator").and_then(Value::as_str) == Some(operator.as_str())
+                    && r.get("error").is_some()
+            })
+            .filter_map(|r| r.get("record").cloned())
+            .collect();
+        if let Some(d) = diff(want, &got) {
+            failures.push(format!("dead letters of `{operator}` do not match:\n{d}"));
+        }
+    }
+    failures
+}
+
+/// How two outputs differ as multisets: `- expected but missing` and `+ unexpected` lines,
+/// canonical JSON; `None` when they are equal.
+pub fn diff(want: &[Value], got: &[Value]) -> Option<String> {
+    let count = |v: &[Value]| {
+        let mut m: BTreeMap<String, i64> = BTreeMap::new();
+        for r in v {
+            *m.entry(canonical(r)).or_default() += 1;
+        }
+        m
+    };
+    let (w, g) = (count(want), count(got));
+    let mut lines = Vec::new();
+    for (r, n) in &w {
+        let extra = n - g.get(r).copied().unwrap_or(0);
+        for _ in 0..extra {
+            lines.push(format!("  - {r}"));
+        }
+    }
+    for (r, n) in &g {
+        let extra = n - w.get(r).copied().unwrap_or(0);
+        for _ in 0..extra {
+            lines.push(format!("  + {r}"));
+        }
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    let total = lines.len();
+    lines.truncate(50);
+    if total > 50 {
+        lines.push(format!("  ... and {} more", total - 50));
+    }
+    Some(format!(
+        "  (- expected, missing; + received, unexpected; {} expected, {} received)\n{}",
+        want.len(),
+        got.len(),
+        lines.join("\n")
+    ))
+}
+
+/// A record as JSON with sorted keys; numbers compared by value (`1` and `1.0` differ, as
+/// they do in the output).
+fn canonical(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let b: BTreeMap<&String, Value> = m.iter().map(|(k, v)| (k, sorted(v))).collect();
+                Value::Object(b.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(v).to_string()
+}

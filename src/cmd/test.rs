@@ -1,0 +1,402 @@
+//! `weir test [FILES]`: runs declarative test files (`*.test.yaml`) against their pipelines
+//! and reports pass or fail per test, with diffs; `--format junit` writes JUnit XML for CI.
+//! Loading a test file is `weir_schema::test_file`'s business, running it
+//! `weir_engine::testing`'s; this module turns one into the other and prints.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use weir_engine::testing::{self, Outcome, Scenario, Step};
+use weir_schema::Diagnostic;
+use weir_schema::test_file::{BackendChoice, StepSpec, TestFileSpec, TestSpec, load_test_file};
+
+/// Output format of `weir test`.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum Format {
+    /// A summary for people: pass or fail per test, its time, diffs of what failed.
+    #[default]
+    Text,
+    /// JUnit XML on standard output (one `testsuite` per file), for CI.
+    Junit,
+}
+
+/// Arguments of `weir test`.
+#[derive(Args, Debug)]
+#[command(after_long_help = HELP)]
+pub struct TestArgs {
+    /// Test files. Default: every `*.test.yaml` under the current directory.
+    pub files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+const HELP: &str = "\
+How a test runs:
+  Sources named under `inputs:` (and in `input` steps) read exactly those records; other
+  sources run as configured and must end by themselves (a file source without `follow`, a
+  generator with `count`). Every sink is captured: assertions see what it committed, as JSON.
+  Checkpoints are on, taken only at `checkpoint` steps, savepoints and the end, in a temporary
+  directory; heap (`memory`) state runs on `fs` so that a `crash` can restore it; a failure
+  fails the test (no restarts).
+
+Steps:
+  input: {SOURCE: [records]}  feed more records
+  checkpoint                   checkpoint once everything fed so far has been read
+  crash                        every task dies; a new job restores the latest checkpoint
+  savepoint                    stop with a savepoint
+  restore: {parallelism: N, backend: memory|fs|rocksdb}   start again from it (changes optional)
+  reload: FILE                 apply another version of the pipeline file, as --watch does
+  advance_time: 5s             Weir has no processing-time timers yet: this only waits until
+                               everything fed so far has been read
+  A test with steps also runs the same inputs without them; every sink must receive the same
+  records (exactly-once equivalence), or the test fails with the difference.
+
+Exit status: 0 when every test passed, 1 otherwise.";
+
+/// One test's result.
+struct TestResult {
+    name: String,
+    time: Duration,
+    failures: Vec<String>,
+}
+
+/// One file's results.
+struct FileResult {
+    file: PathBuf,
+    /// Problems with the file itself (diagnostics, an unreadable pipeline).
+    error: Option<String>,
+    tests: Vec<TestResult>,
+    time: Duration,
+}
+
+/// Runs `weir test`.
+pub fn run(args: &TestArgs) -> ExitCode {
+    // The engine's log, for debugging a test (`RUST_LOG=debug`); warnings and errors only by
+    // default, on standard error.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let files = if args.files.is_empty() {
+        let mut found = Vec::new();
+        find_test_files(Path::new("."), &mut found);
+        found.sort();
+        found
+    } else {
+        args.files.clone()
+    };
+    if files.is_empty() {
+        eprintln!("no test files (`*.test.yaml`) under the current directory");
+        return ExitCode::FAILURE;
+    }
+    let mut results = Vec::new();
+    for file in &files {
+        let r = run_file(file, matches!(args.format, Format::Text));
+        results.push(r);
+    }
+    let failed = results
+        .iter()
+        .any(|f| f.error.is_some() || f.tests.iter().any(|t| !t.failures.is_empty()));
+    match args.format {
+        Format::Text => print_summary(&results),
+        Format::Junit => print!("{}", junit(&results)),
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Every `*.test.yaml` under `dir`, skipping hidden directories and `target`.
+fn find_test_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !name.starts_with('.') && name != "target" {
+                find_test_files(&path, out);
+            }
+        } else if name.ends_with(".test.yaml") {
+            out.push(
+                path.strip_prefix("./")
+                    .map_or(path.clone(), Path::to_path_buf),
+            );
+        }
+    }
+}
+
+fn run_file(file: &Path, live: bool) -> FileResult {
+    let started = Instant::now();
+    let mut result = FileResult {
+        file: file.to_path_buf(),
+        error: None,
+        tests: Vec::new(),
+        time: Duration::ZERO,
+    };
+    let loaded = load_test_file(file);
+    let spec = match loaded.spec {
+        Some(spec) if !loaded.diagnostics.has_errors() => spec,
+        _ => {
+            let all: Vec<&Diagnostic> = loaded.diagnostics.iter().collect();
+            result.error = Some(format!(
+                "{}{}: invalid test file",
+                super::validate::render(&all),
+                file.display()
+            ));
+            result.time = started.elapsed();
+            return result;
+        }
+    };
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let pipeline = dir.join(&spec.pipeline);
+    if live {
+        println!("{} ({})", file.display(), pipeline.display());
+    }
+    for test in &spec.tests {
+        let t = Instant::now();
+        let failures = run_test(&spec, test, &pipeline, dir);
+        let r = TestResult {
+            name: test.name.clone(),
+            time: t.elapsed(),
+            failures,
+        };
+        if live {
+            print_test(&r);
+        }
+        result.tests.push(r);
+    }
+    result.time = started.elapsed();
+    result
+}
+
+/// Runs one test; its failures (none: it passed).
+fn run_test(file: &TestFileSpec, test: &TestSpec, pipeline: &Path, dir: &Path) -> Vec<String> {
+    let spec = match testing::load_pipeline(pipeline) {
+        Ok(spec) => spec,
+        Err(e) => return vec![format!("{} does not validate:\n{e}", pipeline.display())],
+    };
+    let only = file.pipeline_id.as_deref();
+    let mut failures = Vec::new();
+    let mut batch = |records: &indexmap::IndexMap<String, Vec<serde_json::Value>>| {
+        records
+            .iter()
+            .filter_map(
+                |(name, rs)| match testing::resolve_source(&spec, only, name) {
+                    Ok(key) => Some((key, rs.clone())),
+                    Err(e) => {
+                        failures.push(format!("inputs: {e}"));
+                        None
+                    }
+                },
+            )
+            .collect::<Vec<_>>()
+    };
+    let inputs = batch(&test.inputs);
+    let steps: Vec<Step> = test
+        .steps
+        .iter()
+        .map(|s| match s {
+            StepSpec::Input(records) => Step::Input(batch(records)),
+            StepSpec::Checkpoint => Step::Checkpoint,
+            StepSpec::Crash => Step::Crash,
+            StepSpec::Savepoint => Step::Savepoint,
+            StepSpec::Restore(r) => Step::Restore {
+                parallelism: r.parallelism,
+                backend: r.backend.map(|b| {
+                    match b {
+                        BackendChoice::Memory => "memory",
+                        BackendChoice::Fs => "fs",
+                        BackendChoice::Rocksdb => "rocksdb",
+                    }
+                    .to_owned()
+                }),
+            },
+            StepSpec::Reload(f) => Step::Reload(dir.join(f)),
+            StepSpec::AdvanceTime(d) => Step::AdvanceTime(d.0),
+        })
+        .collect();
+    let mut expect = Vec::new();
+    for (name, e) in &test.expect {
+        match testing::resolve_sink(&spec, only, name) {
+            Ok(sink) => expect.push((sink, e)),
+            Err(e) => failures.push(format!("expect: {e}")),
+        }
+    }
+    if !failures.is_empty() {
+        return failures;
+    }
+    let scenario = Scenario {
+        file: pipeline.to_path_buf(),
+        pipeline: file.pipeline_id.clone(),
+        inputs,
+        steps,
+    };
+    let outcome = match testing::run_scenario(&scenario, !scenario.steps.is_empty()) {
+        Ok(o) => o,
+        Err(e) => return vec![e.to_string()],
+    };
+    failures.extend(outcome.failures.iter().cloned());
+    for (sink, e) in &expect {
+        let got = outcome.sinks.get(sink).map_or(&[][..], Vec::as_slice);
+        for f in testing::check_sink(e, got) {
+            failures.push(format!("sink `{sink}`: {f}"));
+        }
+    }
+    let dead: Vec<(String, Vec<serde_json::Value>)> = test
+        .dead_letters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    failures.extend(testing::check_dead_letters(&dead, &outcome));
+    if !scenario.steps.is_empty() {
+        failures.extend(equivalence(&scenario, &outcome));
+    }
+    failures
+}
+
+/// Runs the scenario without its steps and compares every sink with the stepped run.
+fn equivalence(scenario: &Scenario, stepped: &Outcome) -> Vec<String> {
+    let straight = match testing::run_scenario(scenario, false) {
+        Ok(o) => o,
+        Err(e) => return vec![format!("the run without steps: {e}")],
+    };
+    let mut failures = Vec::new();
+    for (sink, got) in &stepped.sinks {
+        let want = straight.sinks.get(sink).map_or(&[][..], Vec::as_slice);
+        if let Some(d) = testing::diff(want, got) {
+            failures.push(format!(
+                "sink `{sink}`: the run with steps differs from the run without them \
+                 (- only without steps, + only with steps):\n{d}"
+            ));
+        }
+    }
+    failures
+}
+
+fn print_test(r: &TestResult) {
+    let verdict = if r.failures.is_empty() {
+        "ok  "
+    } else {
+        "FAIL"
+    };
+    println!("  {verdict} {} ({})", r.name, seconds(r.time));
+    for f in &r.failures {
+        for line in f.lines() {
+            println!("       {line}");
+        }
+    }
+}
+
+fn print_summary(results: &[FileResult]) {
+    let mut passed = 0;
+    let mut failed = 0;
+    let mut total = Duration::ZERO;
+    for f in results {
+        total += f.time;
+        if let Some(e) = &f.error {
+            eprintln!("{e}");
+            failed += 1;
+        }
+        for t in &f.tests {
+            if t.failures.is_empty() {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    println!(
+        "\n{} passed, {} failed ({})",
+        passed,
+        failed,
+        seconds(total)
+    );
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.2}s", d.as_secs_f64())
+}
+
+/// JUnit XML: one `testsuite` per file; a file that does not load is one failed test case.
+fn junit(results: &[FileResult]) -> String {
+    let mut xml = String::from(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"weir test\">\n",
+    );
+    for f in results {
+        let name = f.file.display().to_string();
+        let mut cases = String::new();
+        let (mut tests, mut failures) = (0, 0);
+        if let Some(e) = &f.error {
+            tests += 1;
+            failures += 1;
+            cases.push_str(&format!(
+                "    <testcase name=\"(load)\" classname=\"{}\" time=\"0\">\n      <failure message=\"invalid test file\">{}</failure>\n    </testcase>\n",
+                escape(&name),
+                escape(e)
+            ));
+        }
+        for t in &f.tests {
+            tests += 1;
+            cases.push_str(&format!(
+                "    <testcase name=\"{}\" classname=\"{}\" time=\"{:.3}\">\n",
+                escape(&t.name),
+                escape(&name),
+                t.time.as_secs_f64()
+            ));
+            if !t.failures.is_empty() {
+                failures += 1;
+                let first = t.failures[0].lines().next().unwrap_or("");
+                cases.push_str(&format!(
+                    "      <failure message=\"{}\">{}</failure>\n",
+                    escape(first),
+                    escape(&t.failures.join("\n"))
+                ));
+            }
+            cases.push_str("    </testcase>\n");
+        }
+        xml.push_str(&format!(
+            "  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" time=\"{:.3}\">\n{cases}  </testsuite>\n",
+            escape(&name),
+            f.time.as_secs_f64()
+        ));
+    }
+    xml.push_str("</testsuites>\n");
+    xml
+}
+
+/// Escapes text for XML attributes and content; drops characters XML 1.0 cannot hold.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' | '\t' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn escape_keeps_xml_well_formed() {
+        assert_eq!(escape("a<b & \"c\"\u{1}"), "a&lt;b &amp; &quot;c&quot;");
+    }
+}
