@@ -446,17 +446,21 @@ impl<'a> Driver<'a> {
             None => self.restore()?,
         };
         self.caught_up(&l)?;
+        // The stops are not awaited one by one: the job's end (which `finish` waits for, with
+        // a deadline) is what counts, and its summary says whether a pipeline failed.
         for p in &self.pipelines {
-            l.control
-                .block_on(l.job.stop(
-                    p,
-                    StopRequest {
-                        savepoint: false,
-                        drain: true,
-                        dir: None,
-                    },
-                ))
-                .map_err(|e| ScenarioError::Run(format!("draining `{p}`: {e}")))?;
+            let job = Arc::clone(&l.job);
+            let p = p.clone();
+            l.control.spawn(async move {
+                let request = StopRequest {
+                    savepoint: false,
+                    drain: true,
+                    dir: None,
+                };
+                if let Err(e) = job.stop(&p, request).await {
+                    tracing::warn!(pipeline = %p, error = %e, "Draining failed.");
+                }
+            });
         }
         self.finish(l)?;
         self.outcome()
