@@ -51,8 +51,9 @@ Steps:
   reload: FILE                 apply another version of the pipeline file, as --watch does
   advance_time: 5s             Weir has no processing-time timers yet: this only waits until
                                everything fed so far has been read
-  A test with steps also runs the same inputs without them; every sink must receive the same
-  records (exactly-once equivalence), or the test fails with the difference.
+  A test with steps also runs the same inputs without them (keeping only `input` and `reload`
+  steps: a reload changes the pipeline, not only how it runs); every sink must receive the
+  same records (exactly-once equivalence), or the test fails with the difference.
 
 Exit status: 0 when every test passed, 1 otherwise.";
 

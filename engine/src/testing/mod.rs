@@ -187,8 +187,9 @@ pub fn sink_name(spec: &FileSpec, pipeline: Option<&str>, p: &str, s: &str) -> S
     }
 }
 
-/// Runs a scenario in a temporary directory: with its steps when `with_steps`, otherwise
-/// every input at once, straight through.
+/// Runs a scenario in a temporary directory: with its steps when `with_steps`; otherwise
+/// every input at once, straight through (keeping only `input` and `reload` steps when it
+/// has reloads).
 ///
 /// # Errors
 /// A setup or run problem (see [`ScenarioError`]); a pipeline that fails is reported in
@@ -211,7 +212,28 @@ pub fn run_scenario(scenario: &Scenario, with_steps: bool) -> Result<Outcome, Sc
         .prefix("weir-test-")
         .tempdir()
         .map_err(|e| ScenarioError::Setup(format!("cannot create a temporary directory: {e}")))?;
-    let driver = driver::Driver::new(scenario, spec, fed, dir.path(), with_steps)?;
+    // Without steps, a reload still happens where it was written (a reload changes the
+    // pipeline, not only how it runs), with its inputs fed step by step; otherwise every
+    // input is read at once.
+    let reloads = scenario.steps.iter().any(|s| matches!(s, Step::Reload(_)));
+    let plain;
+    let (scenario, follow) = if with_steps {
+        (scenario, true)
+    } else if reloads {
+        plain = Scenario {
+            steps: scenario
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Input(_) | Step::Reload(_)))
+                .cloned()
+                .collect(),
+            ..scenario.clone()
+        };
+        (&plain, true)
+    } else {
+        (scenario, false)
+    };
+    let driver = driver::Driver::new(scenario, spec, fed, dir.path(), follow)?;
     driver.run()
 }
 
