@@ -38,14 +38,25 @@ pub(super) struct Slot {
     pub(super) requests: mpsc::UnboundedSender<Request>,
     pub(super) status: SharedStatus,
     pub(super) control: Arc<Control>,
-    /// Its summary once the current generation ended.
-    pub(super) ended: Option<PipelineSummary>,
+    /// How the current generation ended, once it did. It stays after the job collected
+    /// `summary` at its own end, so that a stop waiting for this end, the status and taps
+    /// still see it.
+    pub(super) ended: Option<SlotEnd>,
+    /// The current generation's summary once it ended, until [`Job::summaries`] takes it.
+    pub(super) summary: Option<PipelineSummary>,
     /// Stopped through the control surface.
     pub(super) stopped: bool,
     /// Being replaced by a reload: its end does not end the job.
     pub(super) reloading: bool,
     /// Removed from the file by a reload.
     pub(super) removed: bool,
+}
+
+/// How a generation of a pipeline ended, as the control surface reports it.
+#[derive(Clone, Debug)]
+pub(super) struct SlotEnd {
+    /// Why it failed; `None` when it finished.
+    pub(super) error: Option<String>,
 }
 
 /// What one launch reports when its supervisor ends.
@@ -249,6 +260,7 @@ impl Job {
                 status: Arc::clone(&status),
                 control: Arc::clone(&control),
                 ended: None,
+                summary: None,
                 stopped: false,
                 reloading: false,
                 removed: false,
@@ -324,7 +336,10 @@ impl Job {
                     .iter_mut()
                     .find(|s| s.plan.id == id && s.generation == generation)
                 {
-                    slot.ended = Some(summary);
+                    slot.ended = Some(SlotEnd {
+                        error: error.clone(),
+                    });
+                    slot.summary = Some(summary);
                 }
             }
             let _ = ended_tx.send(error);
@@ -366,7 +381,7 @@ impl Job {
         slots
             .iter_mut()
             .filter_map(|s| {
-                s.ended.take().map(|mut p| {
+                s.summary.take().map(|mut p| {
                     p.reloads = reloads;
                     p
                 })
@@ -647,10 +662,9 @@ impl JobControl for Arc<Job> {
                 .map(|s| {
                     let live = s.status.lock().map(|l| l.clone()).unwrap_or_default();
                     let (state, error) = match &s.ended {
-                        Some(p) if p.error.is_some() => (
-                            "failed".to_owned(),
-                            p.error.as_ref().map(ToString::to_string),
-                        ),
+                        Some(end) if end.error.is_some() => {
+                            ("failed".to_owned(), end.error.clone())
+                        }
                         Some(_) if s.stopped => ("stopped".to_owned(), None),
                         Some(_) if s.reloading => ("reloading".to_owned(), None),
                         Some(_) => ("finished".to_owned(), None),
@@ -758,3 +772,64 @@ impl JobControl for Arc<Job> {
 
 /// How long the watcher waits for a burst of file events to settle.
 pub(super) const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::control::StopRequest;
+    use crate::job::{JobOptions, run_async_observed};
+
+    /// A pipeline's end stays visible after the job collected its summary at its own end. A
+    /// stop waits for the end of the pipeline it stops; when the job's end took the summary
+    /// first (the last pipeline ended while the stop's answer was on its way), the stop waited
+    /// for ever. `weir test` hung in a savepoint step when the job won that race.
+    #[test]
+    fn a_stop_after_the_job_ended_does_not_wait_for_ever() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let yaml = format!(
+            "version: 1\npipelines:\n  - id: p\n    sources:\n      - {{type: generator, id: g, \
+             count: 3, fields: {{n: {{kind: int, min: 1, max: 9}}}}}}\n    sinks:\n      - {{type: \
+             file, id: out, input: g, format: jsonl, path: '{}'}}\n",
+            dir.path().join("out").display()
+        );
+        let validation = crate::validate::validate_str("p.yaml", &yaml, dir.path());
+        let plan = validation
+            .plan()
+            .expect("the file validates")
+            .expect("the plan compiles");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let (ready, job) = tokio::sync::oneshot::channel();
+            let workers = tokio::runtime::Handle::current();
+            let run = tokio::spawn(run_async_observed(
+                plan,
+                JobOptions::default(),
+                workers,
+                Some(ready),
+            ));
+            let job = job.await.expect("the job's control surface");
+            let summary = run.await.expect("the job ran").expect("the job succeeded");
+            assert_eq!(summary.pipelines.len(), 1);
+            let stop = job.stop(
+                "p",
+                StopRequest {
+                    savepoint: false,
+                    drain: true,
+                    dir: None,
+                },
+            );
+            let stopped = tokio::time::timeout(Duration::from_secs(60), stop).await;
+            assert!(
+                stopped.is_ok(),
+                "the stop waited for an end that had already happened"
+            );
+            let state = job.status().pipelines[0].state.clone();
+            assert!(state == "stopped" || state == "finished", "{state}");
+        });
+    }
+}

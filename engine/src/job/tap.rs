@@ -100,7 +100,7 @@ impl Job {
         };
         match &slot.ended {
             Some(_) if slot.reloading => {}
-            Some(summary) if summary.error.is_some() => {
+            Some(end) if end.error.is_some() => {
                 return Some((format!("pipeline `{pipeline}` failed"), false));
             }
             Some(_) if slot.stopped => {
