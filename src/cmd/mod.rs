@@ -13,6 +13,6 @@ pub mod schema;
 pub mod status;
 pub mod stop;
 pub mod tap;
-pub mod top;
 pub mod test;
+pub mod top;
 pub mod validate;

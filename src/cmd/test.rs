@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use weir_engine::testing::{self, Outcome, Scenario, Step};
 use weir_schema::Diagnostic;
 use weir_schema::test_file::{BackendChoice, StepSpec, TestFileSpec, TestSpec, load_test_file};
+use weir_schema::units::DurationSpec;
 
 /// Output format of `weir test`.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -31,6 +32,11 @@ pub struct TestArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// How long any one wait of a test may take (a source reading its input, a checkpoint,
+    /// a savepoint, a reload, the drain at the end) before the test fails, saying which step
+    /// waited for what (`500ms`, `30s`, `2m`).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub timeout: DurationSpec,
 }
 
 const HELP: &str = "\
@@ -97,7 +103,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     }
     let mut results = Vec::new();
     for file in &files {
-        let r = run_file(file, matches!(args.format, Format::Text));
+        let r = run_file(file, args.timeout.0, matches!(args.format, Format::Text));
         results.push(r);
     }
     let failed = results
@@ -135,7 +141,7 @@ fn find_test_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn run_file(file: &Path, live: bool) -> FileResult {
+fn run_file(file: &Path, patience: Duration, live: bool) -> FileResult {
     let started = Instant::now();
     let mut result = FileResult {
         file: file.to_path_buf(),
@@ -164,7 +170,18 @@ fn run_file(file: &Path, live: bool) -> FileResult {
     }
     for test in &spec.tests {
         let t = Instant::now();
-        let failures = run_test(&spec, test, &pipeline, dir);
+        // A bug of Weir's own that panics fails this test, not the whole run.
+        let failures = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_test(&spec, test, &pipeline, dir, patience)
+        }))
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            vec![format!("weir test panicked (a bug in Weir): {why}")]
+        });
         let r = TestResult {
             name: test.name.clone(),
             time: t.elapsed(),
@@ -180,7 +197,13 @@ fn run_file(file: &Path, live: bool) -> FileResult {
 }
 
 /// Runs one test; its failures (none: it passed).
-fn run_test(file: &TestFileSpec, test: &TestSpec, pipeline: &Path, dir: &Path) -> Vec<String> {
+fn run_test(
+    file: &TestFileSpec,
+    test: &TestSpec,
+    pipeline: &Path,
+    dir: &Path,
+    patience: Duration,
+) -> Vec<String> {
     let spec = match testing::load_pipeline(pipeline) {
         Ok(spec) => spec,
         Err(e) => return vec![format!("{} does not validate:\n{e}", pipeline.display())],
@@ -240,6 +263,7 @@ fn run_test(file: &TestFileSpec, test: &TestSpec, pipeline: &Path, dir: &Path) -
         pipeline: file.pipeline_id.clone(),
         inputs,
         steps,
+        patience,
     };
     let outcome = match testing::run_scenario(&scenario, !scenario.steps.is_empty()) {
         Ok(o) => o,

@@ -4,8 +4,15 @@
 //! `weir savepoint`, `weir stop` and `weir reload` make. A crash drops both runtimes with
 //! every task still running (as a killed process would lose them) and starts a new job that
 //! restores the latest completed checkpoint.
+//!
+//! Every wait is bounded by the scenario's patience: a source reading what it was fed, the
+//! job starting, a checkpoint, a savepoint, a reload, a drain and the job's end. When one
+//! expires the run ends with [`ScenarioError::Timeout`] saying what it waited for (the caller
+//! adds the step); the runtimes are shut down without waiting for what still runs, so an
+//! expired wait never turns into a hang.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,20 +26,76 @@ use super::{Outcome, Scenario, ScenarioError, Step};
 use crate::control::{JobControl, ReloadRequest, StopRequest};
 use crate::job::{JobOptions, JobSummary, RecoveryOptions};
 
-/// How long a source may take to read what it was fed, a checkpoint to complete, a job to
-/// end: generous, for loaded machines; a test that hits it fails with a message.
-const PATIENCE: Duration = Duration::from_secs(60);
-
 type SourceKey = (String, String);
 
 /// A job running on runtimes of its own.
 struct Live {
-    control: tokio::runtime::Runtime,
-    workers: tokio::runtime::Runtime,
+    /// The job's own tasks and the calls made to it (taken when shut down).
+    control: Option<tokio::runtime::Runtime>,
+    /// The pipelines' tasks (taken when shut down).
+    workers: Option<tokio::runtime::Runtime>,
     job: Arc<dyn JobControl>,
-    task: tokio::task::JoinHandle<crate::base::error::Result<JobSummary>>,
+    task: Option<tokio::task::JoinHandle<crate::base::error::Result<JobSummary>>>,
     /// What each fed source had read when this job started (where it resumed).
     base: BTreeMap<SourceKey, u64>,
+    /// How long any one wait may take.
+    patience: Duration,
+}
+
+impl Live {
+    /// Runs `work` on the control runtime for at most the patience; `what` says what it
+    /// waited for when it takes longer.
+    fn wait<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        work: impl Future<Output = T>,
+    ) -> Result<T, ScenarioError> {
+        let Some(control) = &self.control else {
+            return Err(ScenarioError::Run(format!("{}: the job is down", what())));
+        };
+        control
+            .block_on(async { tokio::time::timeout(self.patience, work).await })
+            .map_err(|_| timed_out(self.patience, &what()))
+    }
+
+    /// Ends the job where it is: its task and every pipeline task are dropped (as a killed
+    /// process loses them), waiting at most the patience for work off the runtimes (a
+    /// snapshot being written) to return.
+    fn shut_down(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(workers) = self.workers.take() {
+            workers.shutdown_timeout(self.patience);
+        }
+        if let Some(control) = self.control.take() {
+            control.shutdown_timeout(self.patience);
+        }
+    }
+}
+
+impl Drop for Live {
+    /// A run that ends early (a failed or expired step) leaves the job behind without
+    /// waiting for it: dropping a runtime would wait for its blocking work for ever.
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(workers) = self.workers.take() {
+            workers.shutdown_background();
+        }
+        if let Some(control) = self.control.take() {
+            control.shutdown_background();
+        }
+    }
+}
+
+/// The error of a wait that expired.
+fn timed_out(patience: Duration, what: &str) -> ScenarioError {
+    ScenarioError::Timeout(format!(
+        "timed out after {} waiting for {what}",
+        crate::base::human::Elapsed(patience)
+    ))
 }
 
 /// One run of a scenario, with or without its steps.
@@ -202,21 +265,38 @@ impl<'a> Driver<'a> {
             workers.handle().clone(),
             Some(tx),
         ));
-        let job = control
-            .block_on(rx)
-            .map_err(|_| ScenarioError::Setup("the job ended before it started".into()))?;
+        let patience = self.scenario.patience;
+        let job = match control.block_on(async { tokio::time::timeout(patience, rx).await }) {
+            Ok(Ok(job)) => job,
+            Ok(Err(_)) => {
+                let ended = control.block_on(async { tokio::time::timeout(patience, task).await });
+                workers.shutdown_background();
+                control.shutdown_background();
+                return Err(ScenarioError::Run(match ended {
+                    Ok(Ok(Err(e))) => format!("the job did not start: {e}"),
+                    _ => "the job ended before it started".into(),
+                }));
+            }
+            Err(_) => {
+                task.abort();
+                workers.shutdown_background();
+                control.shutdown_background();
+                return Err(timed_out(patience, "the job to start"));
+            }
+        };
         Ok(Live {
-            control,
-            workers,
+            control: Some(control),
+            workers: Some(workers),
             job,
-            task,
+            task: Some(task),
             base,
+            patience,
         })
     }
 
     /// Waits until every fed source has read everything written to it.
     fn caught_up(&mut self, live: &Live) -> Result<(), ScenarioError> {
-        let deadline = Instant::now() + PATIENCE;
+        let deadline = Instant::now() + live.patience;
         loop {
             let status = live.job.status();
             let mut behind = None;
@@ -230,7 +310,7 @@ impl<'a> Driver<'a> {
                             s.error.clone().unwrap_or_default()
                         )));
                     }
-                    _ => behind = Some(format!("pipeline `{p}` is not running yet")),
+                    _ => behind = Some(format!("pipeline `{p}` to run")),
                 }
             }
             for (key, written) in &self.written {
@@ -253,49 +333,35 @@ impl<'a> Driver<'a> {
                     .sum();
                 let want = written.saturating_sub(live.base.get(key).copied().unwrap_or(0));
                 if read < want {
-                    behind = Some(format!("source `{}` read {read} of {want} records", key.1));
+                    behind = Some(format!(
+                        "source `{}` to read what it was fed (it read {read} of {want} records)",
+                        key.1
+                    ));
                 }
             }
             let Some(behind) = behind else {
                 return Ok(());
             };
             if Instant::now() > deadline {
-                return Err(ScenarioError::Run(format!("timed out: {behind}")));
+                return Err(timed_out(live.patience, &behind));
             }
             std::thread::sleep(Duration::from_millis(2));
         }
     }
 
-    /// Kills a job: every task is dropped where it is.
-    fn kill(live: Live) {
-        live.task.abort();
-        live.workers.shutdown_timeout(Duration::from_secs(5));
-        live.control.shutdown_timeout(Duration::from_secs(5));
-    }
-
     /// Waits for a job's end and records its failures.
-    fn finish(&mut self, live: Live) -> Result<(), ScenarioError> {
+    fn finish(&mut self, mut live: Live) -> Result<(), ScenarioError> {
         tracing::debug!("Waiting for the job's end.");
-        let Live {
-            control,
-            workers,
-            task,
-            ..
-        } = live;
-        let summary = control.block_on(async { tokio::time::timeout(PATIENCE, task).await });
+        let summary = match live.task.take() {
+            Some(task) => live.wait(|| "the job to end".into(), task),
+            None => Err(ScenarioError::Run("the job is down".into())),
+        };
+        live.shut_down();
         tracing::debug!("The job ended.");
-        workers.shutdown_timeout(Duration::from_secs(5));
-        control.shutdown_timeout(Duration::from_secs(5));
-        tracing::debug!("The runtimes are down.");
-        match summary {
-            Err(_) => {
-                return Err(ScenarioError::Run(
-                    "timed out waiting for the job's end".into(),
-                ));
-            }
-            Ok(Err(e)) => return Err(ScenarioError::Run(format!("the job panicked: {e}"))),
-            Ok(Ok(Err(e))) => return Err(ScenarioError::Run(e.to_string())),
-            Ok(Ok(Ok(summary))) => {
+        match summary? {
+            Err(e) => return Err(ScenarioError::Run(format!("the job panicked: {e}"))),
+            Ok(Err(e)) => return Err(ScenarioError::Run(e.to_string())),
+            Ok(Ok(summary)) => {
                 for p in summary.pipelines {
                     if let Some(e) = p.error {
                         self.failures
@@ -342,8 +408,11 @@ impl<'a> Driver<'a> {
                     self.caught_up(l).map_err(context)?;
                     for p in &self.pipelines {
                         let info = l
-                            .control
-                            .block_on(l.job.trigger_checkpoint(p))
+                            .wait(
+                                || format!("a checkpoint of pipeline `{p}` to complete"),
+                                l.job.trigger_checkpoint(p),
+                            )
+                            .map_err(context)?
                             .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
                         if info.failed() {
                             return Err(context(ScenarioError::Run(format!(
@@ -355,9 +424,9 @@ impl<'a> Driver<'a> {
                     self.at_checkpoint = self.written.clone();
                 }
                 Step::Crash => {
-                    let l = live.take().ok_or_else(|| stopped(n, step))?;
+                    let mut l = live.take().ok_or_else(|| stopped(n, step))?;
                     self.caught_up(&l).map_err(context)?;
-                    Self::kill(l);
+                    l.shut_down();
                     live = Some(
                         self.start(Vec::new(), self.at_checkpoint.clone())
                             .map_err(context)?,
@@ -368,16 +437,17 @@ impl<'a> Driver<'a> {
                     self.caught_up(&l).map_err(context)?;
                     let mut paths = Vec::new();
                     for p in &self.pipelines {
+                        let request = StopRequest {
+                            savepoint: true,
+                            drain: false,
+                            dir: None,
+                        };
                         let out = l
-                            .control
-                            .block_on(l.job.stop(
-                                p,
-                                StopRequest {
-                                    savepoint: true,
-                                    drain: false,
-                                    dir: None,
-                                },
-                            ))
+                            .wait(
+                                || format!("pipeline `{p}` to stop with a savepoint"),
+                                l.job.stop(p, request),
+                            )
+                            .map_err(context)?
                             .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
                         let sp = out.savepoint.ok_or_else(|| {
                             context(ScenarioError::Run(format!(
@@ -427,8 +497,11 @@ impl<'a> Driver<'a> {
                     self.write_running_file(Some((&spec, &raw, &base_dir)))
                         .map_err(context)?;
                     let outcome = l
-                        .control
-                        .block_on(l.job.reload(ReloadRequest::default()))
+                        .wait(
+                            || format!("the reload of {} to be applied", file.display()),
+                            l.job.reload(ReloadRequest::default()),
+                        )
+                        .map_err(context)?
                         .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
                     if !matches!(outcome.result.as_str(), "applied" | "unchanged") {
                         return Err(context(ScenarioError::Run(format!(
@@ -441,28 +514,32 @@ impl<'a> Driver<'a> {
                 }
             }
         }
+        // The end: every input read, then every pipeline drained (its sources end, as bounded
+        // ones do, and everything is flushed and committed).
+        let end = |e: ScenarioError| e.at_end();
         let l = match live {
             Some(l) => l,
-            None => self.restore()?,
+            None => self.restore().map_err(end)?,
         };
-        self.caught_up(&l)?;
-        // The stops are not awaited one by one: the job's end (which `finish` waits for, with
-        // a deadline) is what counts, and its summary says whether a pipeline failed.
+        self.caught_up(&l).map_err(end)?;
         for p in &self.pipelines {
-            let job = Arc::clone(&l.job);
-            let p = p.clone();
-            l.control.spawn(async move {
-                let request = StopRequest {
-                    savepoint: false,
-                    drain: true,
-                    dir: None,
-                };
-                if let Err(e) = job.stop(&p, request).await {
-                    tracing::warn!(pipeline = %p, error = %e, "Draining failed.");
-                }
-            });
+            let request = StopRequest {
+                savepoint: false,
+                drain: true,
+                dir: None,
+            };
+            let drained = l
+                .wait(
+                    || format!("pipeline `{p}` to drain"),
+                    l.job.stop(p, request),
+                )
+                .map_err(end)?;
+            // A pipeline that failed meanwhile is reported by the job's summary.
+            if let Err(e) = drained {
+                tracing::debug!(pipeline = %p, error = %e, "Draining failed.");
+            }
         }
-        self.finish(l)?;
+        self.finish(l).map_err(end)?;
         self.outcome()
     }
 

@@ -80,7 +80,15 @@ pub struct Scenario {
     pub inputs: Vec<((String, String), Vec<Value>)>,
     /// The steps after them.
     pub steps: Vec<Step>,
+    /// How long any one wait of the run may take (a source reading what it was fed, a
+    /// checkpoint, a savepoint, a reload, a drain, the job's end) before the run fails with
+    /// [`ScenarioError::Timeout`].
+    pub patience: Duration,
 }
+
+/// The default [`Scenario::patience`]: generous, for loaded machines (a reference test
+/// waits a few milliseconds at each step).
+pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// What a run produced.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -98,17 +106,33 @@ pub enum ScenarioError {
     /// pipeline that does not validate once rewritten).
     #[error("{0}")]
     Setup(String),
-    /// The run went wrong (a timeout, a job that could not be stopped or restored).
+    /// The run went wrong (a job that could not be stopped or restored, a pipeline that
+    /// failed while a step waited for it).
     #[error("{0}")]
     Run(String),
+    /// A wait took longer than the scenario's patience; the message says what it waited for
+    /// and at which step.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl ScenarioError {
-    fn at_step(self, n: usize, name: &str) -> Self {
+    /// The same error, prefixed with where it happened.
+    fn at(self, place: &str) -> Self {
         match self {
-            Self::Setup(m) => Self::Setup(format!("step {n} (`{name}`): {m}")),
-            Self::Run(m) => Self::Run(format!("step {n} (`{name}`): {m}")),
+            Self::Setup(m) => Self::Setup(format!("{place}: {m}")),
+            Self::Run(m) => Self::Run(format!("{place}: {m}")),
+            Self::Timeout(m) => Self::Timeout(format!("{place}: {m}")),
         }
+    }
+
+    fn at_step(self, n: usize, name: &str) -> Self {
+        self.at(&format!("step {n} (`{name}`)"))
+    }
+
+    /// At the end of a run with steps: reading the last inputs, draining, the job's end.
+    fn at_end(self) -> Self {
+        self.at("the end (after the last step)")
     }
 }
 
