@@ -149,6 +149,7 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sources[][type=*].on_error.dead_letter", Engine, &[(COMPILE, "source.dead_letter()"), (CONNECTORS, "SourceOnError::DeadLetter(_)")], &["tests/source_records.rs::jsonl_records_that_cannot_be_read_become_dead_letters_with_file_line_and_text"]),
     e(".pipelines[].sources[][type=file].path", Engine, &[(REGISTRY, "resolve_path(&f.path)")], &["tests/runtime_operators.rs::csv_in_csv_out_and_glob_sources"]),
     e(".pipelines[].sources[][type=file].follow", Engine, &[(REGISTRY, "f.follow")], &["engine/src/connectors/file.rs::follow_mode_resumes_files_and_partial_lines"]),
+    e(".pipelines[].sources[][type=file].poll_interval", Engine, &[(REGISTRY, "f.poll_interval")], &["engine/src/connectors/file.rs::a_following_reader_with_nothing_new_waits_its_poll_interval"]),
     e(".pipelines[].sources[][type=generator].seed", Engine, &[(REGISTRY, "g.seed")], &["tests/runtime_operators.rs::generator_output_is_the_same_at_any_parallelism"]),
     e(".pipelines[].sources[][type=generator].count", Engine, &[(REGISTRY, "g.count")], &["tests/runtime_operators.rs::generator_output_is_the_same_at_any_parallelism"]),
     e(".pipelines[].sources[][type=generator].rate", Engine, &[(REGISTRY, "g.rate")], &["engine/src/connectors/generator.rs::restore_from_a_rate_limited_run_keeps_the_sequence"]),

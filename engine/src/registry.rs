@@ -12,7 +12,7 @@ use rhai::Engine;
 use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
 
 use crate::base::error::{Result, RunError};
-use crate::connectors::file::{FileSink, FileSource, prepare_sink_dir};
+use crate::connectors::file::{DEFAULT_POLL_INTERVAL, FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
@@ -114,15 +114,12 @@ fn build_source(
             let pattern = ctx.plan.resolve_path(&f.path);
             let parser = LineParser::new(f.format, f.csv.as_ref());
             let (on_error, follow) = (f.on_error.clone(), f.follow);
+            let poll_interval = f.poll_interval.map_or(DEFAULT_POLL_INTERVAL, |d| d.0);
             Box::new(move |s, p| {
-                Ok(Box::new(FileSource::new(
-                    pattern.clone(),
-                    parser.clone(),
-                    on_error.clone(),
-                    follow,
-                    s,
-                    p,
-                )) as Box<dyn Source>)
+                Ok(Box::new(
+                    FileSource::new(pattern.clone(), parser.clone(), on_error.clone(), follow, s, p)
+                        .with_poll_interval(poll_interval),
+                ) as Box<dyn Source>)
             })
         }
         SourceSpec::Generator(g) => {

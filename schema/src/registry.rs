@@ -12,7 +12,7 @@ use indexmap::IndexMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::units::SizeSpec;
+use crate::units::{DurationSpec, SizeSpec};
 
 // ---------------------------------------------------------------------------------------------
 // Sources
@@ -102,6 +102,11 @@ pub struct FileSourceSpec {
     /// ends. Default: `false`.
     #[serde(default)]
     pub follow: bool,
+    /// With `follow`: how long a reader that found nothing new waits before it looks again
+    /// (at least `1ms`). Shorter picks new lines up sooner, for a little more work while
+    /// idle. Default: `100ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval: Option<DurationSpec>,
     /// Parallel readers (files are split among them). Default: the pipeline's parallelism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]

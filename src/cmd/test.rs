@@ -37,6 +37,12 @@ pub struct TestArgs {
     /// waited for what (`500ms`, `30s`, `2m`).
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     pub timeout: DurationSpec,
+    /// Where each run keeps its checkpoints, savepoints and outputs (a temporary directory
+    /// inside, deleted afterwards). Default: /dev/shm when it exists (memory: nothing there
+    /// needs to survive a power loss, and a disk makes every checkpoint pay for fsyncs), else
+    /// the system's temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
 }
 
 const HELP: &str = "\
@@ -45,8 +51,10 @@ How a test runs:
   sources run as configured and must end by themselves (a file source without `follow`, a
   generator with `count`). Every sink is captured: assertions see what it committed, as JSON.
   Checkpoints are on, taken only at `checkpoint` steps, savepoints and the end, in a temporary
-  directory; heap (`memory`) state runs on `fs` so that a `crash` can restore it; a failure
-  fails the test (no restarts).
+  directory (under --work-dir); heap (`memory`) state runs on `fs` so that a `crash` can
+  restore it; a failure fails the test (no restarts). Every wait (a source reading its input,
+  a checkpoint, a savepoint, a reload, the drain at the end) is bounded by --timeout: one that
+  takes longer fails its test, naming the step and what it waited for.
 
 Steps:
   input: {SOURCE: [records]}  feed more records
@@ -103,7 +111,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     }
     let mut results = Vec::new();
     for file in &files {
-        let r = run_file(file, args.timeout.0, matches!(args.format, Format::Text));
+        let r = run_file(file, args, matches!(args.format, Format::Text));
         results.push(r);
     }
     let failed = results
@@ -141,7 +149,7 @@ fn find_test_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn run_file(file: &Path, patience: Duration, live: bool) -> FileResult {
+fn run_file(file: &Path, args: &TestArgs, live: bool) -> FileResult {
     let started = Instant::now();
     let mut result = FileResult {
         file: file.to_path_buf(),
@@ -172,7 +180,7 @@ fn run_file(file: &Path, patience: Duration, live: bool) -> FileResult {
         let t = Instant::now();
         // A bug of Weir's own that panics fails this test, not the whole run.
         let failures = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_test(&spec, test, &pipeline, dir, patience)
+            run_test(&spec, test, &pipeline, dir, args)
         }))
         .unwrap_or_else(|panic| {
             let why = panic
@@ -202,7 +210,7 @@ fn run_test(
     test: &TestSpec,
     pipeline: &Path,
     dir: &Path,
-    patience: Duration,
+    args: &TestArgs,
 ) -> Vec<String> {
     let spec = match testing::load_pipeline(pipeline) {
         Ok(spec) => spec,
@@ -263,7 +271,8 @@ fn run_test(
         pipeline: file.pipeline_id.clone(),
         inputs,
         steps,
-        patience,
+        patience: args.timeout.0,
+        work_dir: args.work_dir.clone(),
     };
     let outcome = match testing::run_scenario(&scenario, !scenario.steps.is_empty()) {
         Ok(o) => o,
@@ -345,10 +354,27 @@ fn print_summary(results: &[FileResult]) {
         failed,
         seconds(total)
     );
+    let slowest = results
+        .iter()
+        .flat_map(|f| f.tests.iter().map(move |t| (t.time, f, t)))
+        .max_by_key(|(time, _, _)| *time);
+    if let Some((time, f, t)) = slowest.filter(|_| passed + failed > 1) {
+        println!(
+            "slowest: {}: {} ({})",
+            f.file.display(),
+            t.name,
+            seconds(time)
+        );
+    }
 }
 
+/// A duration for people: `7ms` below a second, `1.25s` beyond.
 fn seconds(d: Duration) -> String {
-    format!("{:.2}s", d.as_secs_f64())
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.2}s", d.as_secs_f64())
+    }
 }
 
 /// JUnit XML: one `testsuite` per file; a file that does not load is one failed test case.

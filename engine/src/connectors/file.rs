@@ -412,6 +412,8 @@ pub struct FileSource {
     parser: LineParser,
     bad: BadRecords,
     follow: bool,
+    /// Follow mode: how long to wait after a poll that found nothing new.
+    poll_interval: Duration,
     subtask: u32,
     parallelism: u32,
     pending: VecDeque<Queued>,
@@ -469,7 +471,19 @@ fn line_number_at(path: &Path, offset: u64) -> Option<u64> {
     }
 }
 
+/// How long a following reader waits after a poll that found nothing new, unless the source
+/// sets `poll_interval`.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
 impl FileSource {
+    /// Follow mode waits `interval` (at least 1ms) after a poll that found nothing new
+    /// instead of [`DEFAULT_POLL_INTERVAL`].
+    #[must_use]
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
     /// A reader subtask over `pattern` (already resolved against the pipeline directory).
     pub fn new(
         pattern: PathBuf,
@@ -484,6 +498,7 @@ impl FileSource {
             parser,
             bad: BadRecords::new(&on_error),
             follow,
+            poll_interval: DEFAULT_POLL_INTERVAL,
             subtask,
             parallelism: parallelism.max(1),
             pending: VecDeque::new(),
@@ -1015,7 +1030,7 @@ impl Source for FileSource {
             }
             if !any {
                 self.rescan(ctx)?;
-                return Ok(Poll::Idle(Duration::from_millis(100)));
+                return Ok(Poll::Idle(self.poll_interval));
             }
             return Ok(Poll::Ready);
         }
@@ -1603,6 +1618,29 @@ mod tests {
         let mut b = make(0, 2);
         assert!(b.restore(&snap).is_err(), "another parallelism");
         assert!(b.restore(b"junk").is_err(), "garbage");
+    }
+
+    #[test]
+    fn a_following_reader_with_nothing_new_waits_its_poll_interval() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a.log"), "one\n").expect("write");
+        let make = source(dir.path(), weir_schema::RecordFormat::Lines, true);
+        let mut c = ctx(0, 1, None);
+        for (poll_interval, waits) in [
+            (None, DEFAULT_POLL_INTERVAL),
+            (Some(Duration::from_millis(5)), Duration::from_millis(5)),
+            // Never a busy loop.
+            (Some(Duration::ZERO), Duration::from_millis(1)),
+        ] {
+            let mut a = make(0, 1);
+            if let Some(d) = poll_interval {
+                a = a.with_poll_interval(d);
+            }
+            a.open(&mut c).expect("open");
+            let mut out = Vec::new();
+            assert_eq!(a.poll(&mut out, &mut c).expect("poll"), Poll::Ready);
+            assert_eq!(a.poll(&mut out, &mut c).expect("poll"), Poll::Idle(waits));
+        }
     }
 
     #[test]

@@ -84,7 +84,16 @@ pub struct Scenario {
     /// checkpoint, a savepoint, a reload, a drain, the job's end) before the run fails with
     /// [`ScenarioError::Timeout`].
     pub patience: Duration,
+    /// Where the run's temporary directory goes; `None`: a memory-backed file system when
+    /// there is one ([`MEMORY_DIRS`]), else the system's temporary directory.
+    pub work_dir: Option<PathBuf>,
 }
+
+/// Memory-backed directories a run's temporary directory goes to by default. Nothing a test
+/// run writes needs to survive a power loss (a `crash` step ends the job, not the machine,
+/// and the directory is deleted afterwards), but on a disk every checkpoint, savepoint and
+/// sink commit pays for fsyncs and journaled metadata: several times the run itself.
+pub const MEMORY_DIRS: &[&str] = &["/dev/shm"];
 
 /// The default [`Scenario::patience`]: generous, for loaded machines (a reference test
 /// waits a few milliseconds at each step).
@@ -232,10 +241,7 @@ pub fn run_scenario(scenario: &Scenario, with_steps: bool) -> Result<Outcome, Sc
             fed.extend(batch.iter().map(|(k, _)| k.clone()));
         }
     }
-    let dir = tempfile::Builder::new()
-        .prefix("weir-test-")
-        .tempdir()
-        .map_err(|e| ScenarioError::Setup(format!("cannot create a temporary directory: {e}")))?;
+    let dir = scratch(scenario.work_dir.as_deref())?;
     // Without steps, a reload still happens where it was written (a reload changes the
     // pipeline, not only how it runs), with its inputs fed step by step; otherwise every
     // input is read at once.
@@ -259,6 +265,28 @@ pub fn run_scenario(scenario: &Scenario, with_steps: bool) -> Result<Outcome, Sc
     };
     let driver = driver::Driver::new(scenario, spec, fed, dir.path(), follow)?;
     driver.run()
+}
+
+/// A new temporary directory for one run, in `work_dir` or by default in the first usable
+/// [`MEMORY_DIRS`] (else the system's temporary directory).
+fn scratch(work_dir: Option<&std::path::Path>) -> Result<tempfile::TempDir, ScenarioError> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("weir-test-");
+    let created = match work_dir {
+        Some(dir) => builder.tempdir_in(dir),
+        None => MEMORY_DIRS
+            .iter()
+            .map(std::path::Path::new)
+            .filter(|d| d.is_dir())
+            .find_map(|d| builder.tempdir_in(d).ok())
+            .map_or_else(|| builder.tempdir(), Ok),
+    };
+    created.map_err(|e| {
+        ScenarioError::Setup(format!(
+            "cannot create a temporary directory{}: {e}",
+            work_dir.map_or(String::new(), |d| format!(" in {}", d.display()))
+        ))
+    })
 }
 
 /// Checks one sink's records against an expectation; one message per broken assertion.

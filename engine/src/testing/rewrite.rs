@@ -144,6 +144,11 @@ pub(super) fn rewrite(
                     "format": "jsonl",
                     "follow": how.follow,
                 });
+                if how.follow {
+                    // Records appended by a step are picked up at once, not up to 100ms later
+                    // (the default), which would make every step wait that long.
+                    replaced["poll_interval"] = Value::from("1ms");
+                }
                 if let Some(n) = s.get("parallelism") {
                     replaced["parallelism"] = n.clone();
                 }
