@@ -126,7 +126,10 @@ fn seed_files() -> Vec<PathBuf> {
                 if !matches!(name.as_ref(), "data" | "expected" | "out" | ".weir") {
                     pending.push(path);
                 }
-            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+            } else if (name.ends_with(".yaml") || name.ends_with(".yml"))
+                // Test files of `weir test` are not pipeline files.
+                && !name.ends_with(".test.yaml")
+            {
                 files.push(path);
             }
         }

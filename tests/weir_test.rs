@@ -1,7 +1,10 @@
-//! `weir test` from the outside: the test files of the reference pipelines and examples pass;
-//! a deliberately failing test shows its diff and exits 1; `--format junit` is well-formed
-//! and counts the failure; an invalid test file gets located diagnostics; a reload step
-//! applies a new version whose output the expectations see.
+//! `weir test` from the outside: every pipeline file of `pipelines/` and `examples/` has a
+//! test file and passes it; a deliberately failing test shows its diff and exits 1;
+//! `--format junit` is well-formed and counts the failure; an invalid test file gets located
+//! diagnostics; crash, rescaling restore, reload and advance_time steps keep the output
+//! exactly once; a wait that takes too long fails its test naming the step and what it
+//! waited for.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -155,4 +158,159 @@ tests:
     // The run without steps reloads at the same place, so the outputs agree.
     assert!(o.status.success(), "{t}");
     assert!(t.contains("1 passed, 0 failed"), "{t}");
+}
+
+/// Every pipeline file under `pipelines/` and `examples/` (every `*.yaml` but test files) is
+/// the `pipeline:` of a test file there or the target of one's `reload:` step.
+#[test]
+fn every_pipeline_file_has_a_test_file() {
+    fn yaml_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                yaml_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["pipelines", "examples"] {
+        yaml_files(&root.join(dir), &mut files);
+    }
+    let is_test = |p: &Path| p.to_string_lossy().ends_with(".test.yaml");
+    let mut covered = std::collections::BTreeSet::new();
+    for t in files.iter().filter(|p| is_test(p)) {
+        let loaded = weir_schema::test_file::load_test_file(t);
+        let spec = loaded
+            .spec
+            .unwrap_or_else(|| panic!("{} does not load: {:?}", t.display(), loaded.diagnostics));
+        let dir = t.parent().unwrap();
+        covered.insert(dir.join(&spec.pipeline).canonicalize().unwrap());
+        for test in &spec.tests {
+            for step in &test.steps {
+                if let weir_schema::test_file::StepSpec::Reload(f) = step {
+                    covered.insert(dir.join(f).canonicalize().unwrap());
+                }
+            }
+        }
+    }
+    let untested: Vec<String> = files
+        .iter()
+        .filter(|p| !is_test(p))
+        .filter(|p| !covered.contains(&p.canonicalize().unwrap()))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        untested.is_empty(),
+        "pipeline files without a test file: {untested:?}"
+    );
+}
+
+/// Per-key running counts: keyed state that a crash must neither lose nor count twice.
+const COUNTS: &str = r#"version: 1
+pipelines:
+  - id: p
+    sources:
+      - { id: in, type: stdin, format: jsonl }
+    operators:
+      - { id: by_word, type: key_by, input: in, field: w }
+      - id: counts
+        type: aggregate
+        input: by_word
+        aggregations: [{ fn: count, as: n }]
+        emit: updates
+    sinks:
+      - { id: out, type: stdout, input: counts }
+"#;
+
+const COUNTS_EXPECTED: &str = r#"    expect:
+      out:
+        exact:
+          - {key: a, n: 1}
+          - {key: a, n: 2}
+          - {key: a, n: 3}
+          - {key: b, n: 1}
+          - {key: b, n: 2}
+        last_per_key:
+          field: key
+          records: [{key: a, n: 3}, {key: b, n: 2}]
+"#;
+
+fn counts_test(name: &str, steps: &str) -> String {
+    format!(
+        "pipeline: p.yaml\ntests:\n  - name: {name}\n    inputs: {{ in: [{{w: a}}, {{w: b}}] }}\n    \
+         steps:\n{steps}{COUNTS_EXPECTED}"
+    )
+}
+
+fn run_counts(steps: &str) -> (Output, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("p.yaml"), COUNTS).unwrap();
+    std::fs::write(
+        tmp.path().join("p.test.yaml"),
+        counts_test("stepped", steps),
+    )
+    .unwrap();
+    let o = run_in(tmp.path(), &["p.test.yaml"]);
+    let t = text(&o);
+    (o, t)
+}
+
+#[test]
+fn a_crash_step_restores_the_latest_checkpoint_and_repeats_nothing() {
+    let (o, t) = run_counts(
+        "      - checkpoint\n      - input: { in: [{w: a}] }\n      - crash\n      \
+         - input: { in: [{w: b}, {w: a}] }\n",
+    );
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("ok   stepped"), "{t}");
+    assert!(t.contains("1 passed, 0 failed"), "{t}");
+}
+
+#[test]
+fn a_savepoint_restored_at_another_parallelism_and_backend_changes_nothing() {
+    let (o, t) = run_counts(
+        "      - checkpoint\n      - input: { in: [{w: a}] }\n      - savepoint\n      \
+         - restore: { parallelism: 3, backend: rocksdb }\n      - input: { in: [{w: b}] }\n      \
+         - advance_time: 1s\n      - savepoint\n      - restore: { parallelism: 1, backend: fs }\n      \
+         - input: { in: [{w: a}] }\n",
+    );
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("1 passed, 0 failed"), "{t}");
+}
+
+#[test]
+fn a_wait_that_takes_too_long_fails_its_test_naming_the_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Every record keeps the map busy for far longer than the timeout, so the checkpoint's
+    // barrier waits behind it.
+    std::fs::write(
+        tmp.path().join("p.yaml"),
+        PIPELINE
+            .replace(
+                "    sources:",
+                "    limits: { max_operations: 10000000000 }\n    sources:",
+            )
+            .replace(
+                "fn map(r) { #{n: r.n * 2} }",
+                "fn map(r) { let x = 0; for i in 0..200000000 { x += 1; } #{n: r.n * 2} }",
+            ),
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("slow.test.yaml"),
+        "pipeline: p.yaml\ntests:\n  - name: slow\n    inputs: { in: [{n: 1}] }\n    \
+         steps: [checkpoint]\n    expect: { out: { exact: [{n: 2}] } }\n",
+    )
+    .unwrap();
+    let o = run_in(tmp.path(), &["--timeout", "200ms", "slow.test.yaml"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FAIL slow"), "{t}");
+    assert!(
+        t.contains("step 1 (`checkpoint`): timed out after 200ms waiting for"),
+        "{t}"
+    );
 }

@@ -370,7 +370,7 @@ fn typed<T: serde::de::DeserializeOwned>(
             };
             loaded.diagnostics.push(
                 Diagnostic::error(code, format!("{path}: {headline}"))
-                    .at(&loaded.source, spans.span(&path))
+                    .at(loaded.source, spans.span(&path))
                     .label("invalid value")
                     .help(help)
                     .with_path(path),

@@ -25,12 +25,14 @@ pub fn copy_reference_pipelines(into: &Path) -> PathBuf {
     root
 }
 
-/// The pipeline files (`*.yaml`) directly in `root`, sorted.
+/// The pipeline files (`*.yaml`, not the `*.test.yaml` test files of `weir test`) directly
+/// in `root`, sorted.
 pub fn reference_files(root: &Path) -> Vec<PathBuf> {
     let mut yamls: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .filter(|p| !p.to_string_lossy().ends_with(".test.yaml"))
         .collect();
     yamls.sort();
     yamls

@@ -28,6 +28,10 @@ use crate::job::{JobOptions, JobSummary, RecoveryOptions};
 
 type SourceKey = (String, String);
 
+/// The savepoint a `restore` starts from: its directory per pipeline, and what every fed
+/// source had read when it was taken.
+type Savepoint = (Vec<(String, PathBuf)>, BTreeMap<SourceKey, u64>);
+
 /// A job running on runtimes of its own.
 struct Live {
     /// The job's own tasks and the calls made to it (taken when shut down).
@@ -117,7 +121,7 @@ pub(super) struct Driver<'a> {
     /// Records read at the latest checkpoint (or reload).
     at_checkpoint: BTreeMap<SourceKey, u64>,
     /// The last savepoint per pipeline and what had been read then.
-    savepoint: Option<(Vec<(String, PathBuf)>, BTreeMap<SourceKey, u64>)>,
+    savepoint: Option<Savepoint>,
     failures: Vec<String>,
 }
 
