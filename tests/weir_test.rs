@@ -314,3 +314,25 @@ fn a_wait_that_takes_too_long_fails_its_test_naming_the_step() {
         "{t}"
     );
 }
+
+#[test]
+fn names_the_pipeline_lacks_are_located_diagnostics() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("p.yaml"), PIPELINE).unwrap();
+    std::fs::write(
+        tmp.path().join("names.test.yaml"),
+        "pipeline: p.yaml\ntests:\n  - name: x\n    inputs: { in: [{n: 1}] }\n    \
+         steps:\n      - input: { inn: [{n: 2}] }\n    expect: { outt: { count: 2 } }\n    \
+         dead_letters: { doubel: [] }\n",
+    )
+    .unwrap();
+    let o = run_in(tmp.path(), &["names.test.yaml"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("no source `inn`"), "{t}");
+    assert!(t.contains("names.test.yaml:6"), "{t}");
+    assert!(t.contains("no sink `outt`"), "{t}");
+    assert!(t.contains("names.test.yaml:7"), "{t}");
+    assert!(t.contains("no operator `doubel`"), "{t}");
+    assert!(t.contains("names.test.yaml:8"), "{t}");
+}

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use weir_engine::testing::{self, Outcome, Scenario, Step};
-use weir_schema::Diagnostic;
+use weir_schema::diagnostic::codes;
 use weir_schema::test_file::{BackendChoice, StepSpec, TestFileSpec, TestSpec, load_test_file};
 use weir_schema::units::DurationSpec;
+use weir_schema::{Diagnostic, PathSeg, YamlPath};
 
 /// Output format of `weir test`.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -176,6 +177,40 @@ fn run_file(file: &Path, args: &TestArgs, live: bool) -> FileResult {
     if live {
         println!("{} ({})", file.display(), pipeline.display());
     }
+    // What the tests name (the pipeline, sources, sinks, operators, reload files) must exist:
+    // located diagnostics, as for the schema.
+    let problems = match (&loaded.spans, testing::load_pipeline(&pipeline)) {
+        (Some(spans), Ok(pipeline_spec)) => {
+            references(&spec, &pipeline_spec, dir, &loaded.source, spans)
+        }
+        (Some(spans), Err(e)) => {
+            let mut d = weir_schema::Diagnostics::new();
+            d.push(
+                Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    format!("the pipeline file {} does not validate", pipeline.display()),
+                )
+                .at(&loaded.source, spans.span(&path(&[Seg::K("pipeline")])))
+                .label("this pipeline file")
+                .help(format!(
+                    "`weir validate {}` shows why:\n{e}",
+                    pipeline.display()
+                )),
+            );
+            d
+        }
+        (None, _) => weir_schema::Diagnostics::new(),
+    };
+    if problems.has_errors() {
+        let all: Vec<&Diagnostic> = problems.iter().collect();
+        result.error = Some(format!(
+            "{}{}: invalid test file",
+            super::validate::render(&all),
+            file.display()
+        ));
+        result.time = started.elapsed();
+        return result;
+    }
     for test in &spec.tests {
         let t = Instant::now();
         // A bug of Weir's own that panics fails this test, not the whole run.
@@ -202,6 +237,144 @@ fn run_file(file: &Path, args: &TestArgs, live: bool) -> FileResult {
     }
     result.time = started.elapsed();
     result
+}
+
+/// A segment of a path into the test file.
+enum Seg<'a> {
+    K(&'a str),
+    I(usize),
+}
+
+fn path(segs: &[Seg<'_>]) -> YamlPath {
+    YamlPath(
+        segs.iter()
+            .map(|s| match s {
+                Seg::K(k) => PathSeg::Key((*k).to_owned()),
+                Seg::I(i) => PathSeg::Index(*i),
+            })
+            .collect(),
+    )
+}
+
+/// Checks every name a test file uses against its pipeline file: the `pipeline_id`, the
+/// sources fed (in `inputs` and `input` steps), the sinks expected, the operators whose dead
+/// letters are asserted, the files reloaded. Each problem is a diagnostic at its place.
+fn references(
+    spec: &TestFileSpec,
+    pipeline: &weir_schema::FileSpec,
+    dir: &Path,
+    source: &std::sync::Arc<weir_schema::SourceFile>,
+    spans: &weir_schema::SpanIndex,
+) -> weir_schema::Diagnostics {
+    let mut out = weir_schema::Diagnostics::new();
+    let mut problem = |at: &[Seg<'_>], message: String, label: &str, help: &str| {
+        out.push(
+            Diagnostic::error(codes::INVALID_VALUE, message)
+                .at(source, spans.span(&path(at)))
+                .label(label)
+                .help(help)
+                .with_path(path(at)),
+        );
+    };
+    let only = spec.pipeline_id.as_deref();
+    if let Some(id) = only
+        && !pipeline.pipelines.iter().any(|p| p.id == id)
+    {
+        let ids: Vec<String> = pipeline
+            .pipelines
+            .iter()
+            .map(|p| format!("`{}`", p.id))
+            .collect();
+        problem(
+            &[Seg::K("pipeline_id")],
+            format!("the pipeline file has no pipeline `{id}`"),
+            "no such pipeline",
+            &format!("its pipelines are {}", ids.join(", ")),
+        );
+        return out;
+    }
+    let operators: Vec<&str> = pipeline
+        .pipelines
+        .iter()
+        .filter(|p| only.is_none_or(|id| p.id == id))
+        .flat_map(|p| p.operators.iter().map(|o| o.id()))
+        .collect();
+    const SOURCE: (&str, &str) = (
+        "not a source of the pipeline",
+        "name a source id of the pipeline file",
+    );
+    for (i, test) in spec.tests.iter().enumerate() {
+        for name in test.inputs.keys() {
+            if let Err(e) = testing::resolve_source(pipeline, only, name) {
+                let at = [Seg::K("tests"), Seg::I(i), Seg::K("inputs"), Seg::K(name)];
+                problem(&at, e, SOURCE.0, SOURCE.1);
+            }
+        }
+        for (j, step) in test.steps.iter().enumerate() {
+            match step {
+                StepSpec::Input(records) => {
+                    for name in records.keys() {
+                        if let Err(e) = testing::resolve_source(pipeline, only, name) {
+                            let at = [
+                                Seg::K("tests"),
+                                Seg::I(i),
+                                Seg::K("steps"),
+                                Seg::I(j),
+                                Seg::K("input"),
+                                Seg::K(name),
+                            ];
+                            problem(&at, e, SOURCE.0, SOURCE.1);
+                        }
+                    }
+                }
+                StepSpec::Reload(f) if !dir.join(f).is_file() => {
+                    let at = [
+                        Seg::K("tests"),
+                        Seg::I(i),
+                        Seg::K("steps"),
+                        Seg::I(j),
+                        Seg::K("reload"),
+                    ];
+                    problem(
+                        &at,
+                        format!("no file {}", dir.join(f).display()),
+                        "no such file",
+                        "a reload names a pipeline file, relative to the test file",
+                    );
+                }
+                _ => {}
+            }
+        }
+        for name in test.expect.keys() {
+            if let Err(e) = testing::resolve_sink(pipeline, only, name) {
+                let at = [Seg::K("tests"), Seg::I(i), Seg::K("expect"), Seg::K(name)];
+                problem(
+                    &at,
+                    e,
+                    "not a sink of the pipeline",
+                    "name a sink id of the pipeline file",
+                );
+            }
+        }
+        for name in test.dead_letters.keys() {
+            if !operators.contains(&name.as_str()) {
+                let at = [
+                    Seg::K("tests"),
+                    Seg::I(i),
+                    Seg::K("dead_letters"),
+                    Seg::K(name),
+                ];
+                let all: Vec<String> = operators.iter().map(|o| format!("`{o}`")).collect();
+                problem(
+                    &at,
+                    format!("no operator `{name}`; the pipeline has {}", all.join(", ")),
+                    "not an operator of the pipeline",
+                    "dead letters are asserted per operator id",
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Runs one test; its failures (none: it passed).
