@@ -28,7 +28,8 @@ pub enum Format {
 #[derive(Args, Debug)]
 #[command(after_long_help = HELP)]
 pub struct TestArgs {
-    /// Test files. Default: every `*.test.yaml` under the current directory.
+    /// Test files, or directories standing for every `*.test.yaml` under them. Default: the
+    /// current directory.
     pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -63,7 +64,9 @@ Steps:
   crash                        every task dies; a new job restores the latest checkpoint
   savepoint                    stop with a savepoint
   restore: {parallelism: N, backend: memory|fs|rocksdb}   start again from it (changes optional)
-  reload: FILE                 apply another version of the pipeline file, as --watch does
+  reload: FILE                 apply another version of the pipeline file, as --watch does;
+                               the step ends when the new version passed its probation,
+                               which waits up to 1s for records when the input is idle
   advance_time: 5s             Weir has no processing-time timers yet: this only waits until
                                everything fed so far has been read
   A test with steps also runs the same inputs without them (keeping only `input` and `reload`
@@ -98,16 +101,25 @@ pub fn run(args: &TestArgs) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    let files = if args.files.is_empty() {
-        let mut found = Vec::new();
-        find_test_files(Path::new("."), &mut found);
-        found.sort();
-        found
+    // A directory stands for every test file under it.
+    let mut files = Vec::new();
+    let named = if args.files.is_empty() {
+        vec![PathBuf::from(".")]
     } else {
         args.files.clone()
     };
+    for f in named {
+        if f.is_dir() {
+            let mut found = Vec::new();
+            find_test_files(&f, &mut found);
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(f);
+        }
+    }
     if files.is_empty() {
-        eprintln!("no test files (`*.test.yaml`) under the current directory");
+        eprintln!("no test files (`*.test.yaml`) found");
         return ExitCode::FAILURE;
     }
     let mut results = Vec::new();
