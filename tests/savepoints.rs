@@ -1637,6 +1637,7 @@ fn reload_reads_only_the_running_file_or_yaml_beside_it() {
         file: Some("/etc/passwd".into()),
         plan_only: true,
         allow_non_restored_state: false,
+        ..weir_engine::control::ReloadRequest::default()
     };
     match client.reload(&request) {
         Err(weir_engine::api::ClientError::Api { status, error }) => {

@@ -513,6 +513,11 @@ pub struct ReloadRequest {
     /// reload of that run.
     #[serde(default)]
     pub allow_non_restored_state: bool,
+    /// How long a new version on probation waits for its sources' first records before it
+    /// takes its probation checkpoint anyway; `None`: one second. Not part of the API:
+    /// `weir test` shortens it, as its inputs come in steps after the reload.
+    #[serde(skip)]
+    pub probation_idle_wait: Option<std::time::Duration>,
 }
 
 /// What a reload did (or, with `plan_only`, would do).

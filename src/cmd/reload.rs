@@ -45,6 +45,7 @@ pub fn run(args: &ReloadArgs) -> ExitCode {
             .map(api_args::absolute),
         plan_only: args.plan.is_some(),
         allow_non_restored_state: args.allow_non_restored_state,
+        ..ReloadRequest::default()
     };
     match client.reload(&request) {
         Ok(outcome) => {

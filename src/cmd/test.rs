@@ -64,9 +64,9 @@ Steps:
   crash                        every task dies; a new job restores the latest checkpoint
   savepoint                    stop with a savepoint
   restore: {parallelism: N, backend: memory|fs|rocksdb}   start again from it (changes optional)
-  reload: FILE                 apply another version of the pipeline file, as --watch does;
-                               the step ends when the new version passed its probation,
-                               which waits up to 1s for records when the input is idle
+  reload: FILE                 apply another version of the pipeline file, as --watch does
+                               (the new version's probation checkpoint is taken at once,
+                               not after waiting for records: they come in later steps)
   advance_time: 5s             Weir has no processing-time timers yet: this only waits until
                                everything fed so far has been read
   A test with steps also runs the same inputs without them (keeping only `input` and `reload`

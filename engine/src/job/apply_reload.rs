@@ -209,7 +209,12 @@ impl Job {
                         continue;
                     };
                     match self
-                        .replace(new, allow_non_restored_state, &mut outcome.messages)
+                        .replace(
+                            new,
+                            allow_non_restored_state,
+                            request.probation_idle_wait,
+                            &mut outcome.messages,
+                        )
                         .await
                     {
                         Ok(ms) => pause = Some(pause.map_or(ms, |p| p.max(ms))),
@@ -235,6 +240,7 @@ impl Job {
         self: &Arc<Self>,
         new: &PipelinePlan,
         allow_non_restored_state: bool,
+        probation_idle_wait: Option<std::time::Duration>,
         messages: &mut Vec<String>,
     ) -> Result<u64, ReplaceError> {
         let id = new.id.clone();
@@ -251,7 +257,13 @@ impl Job {
         let _free_later = crate::base::dispose::hold();
         self.handover.expect(&id);
         let result = self
-            .replace_inner(new, &old, allow_non_restored_state, messages)
+            .replace_inner(
+                new,
+                &old,
+                allow_non_restored_state,
+                probation_idle_wait,
+                messages,
+            )
             .await;
         self.handover.clear(&id);
         self.prune_reload_savepoints(&id);
@@ -292,6 +304,7 @@ impl Job {
         new: &PipelinePlan,
         old: &Arc<PipelinePlan>,
         allow_non_restored_state: bool,
+        probation_idle_wait: Option<std::time::Duration>,
         messages: &mut Vec<String>,
     ) -> Result<u64, ReplaceError> {
         let id = new.id.clone();
@@ -358,6 +371,7 @@ impl Job {
             StartWatch {
                 all_started: Some(started_tx),
                 probation: Some(probation_tx),
+                probation_idle_wait,
             },
         );
         let verdict = probation_rx
@@ -395,6 +409,7 @@ impl Job {
                         all_started: None,
                         // A version that was crash-looping goes back to its restart strategy.
                         probation: (!crash_looping).then_some(probation_tx),
+                        probation_idle_wait,
                     },
                 );
                 let back = if crash_looping {

@@ -503,7 +503,13 @@ impl<'a> Driver<'a> {
                     let outcome = l
                         .wait(
                             || format!("the reload of {} to be applied", file.display()),
-                            l.job.reload(ReloadRequest::default()),
+                            l.job.reload(ReloadRequest {
+                                // The inputs that prove the new version come in the next
+                                // steps, after the reload: waiting a second for them would
+                                // only slow the test.
+                                probation_idle_wait: Some(Duration::from_millis(1)),
+                                ..ReloadRequest::default()
+                            }),
                         )
                         .map_err(context)?
                         .map_err(|e| context(ScenarioError::Run(e.to_string())))?;

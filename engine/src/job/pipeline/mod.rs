@@ -172,6 +172,9 @@ pub(crate) struct StartWatch {
     /// (every task processed up to its barrier), `Err` with the failure when a task failed
     /// before that: the pipeline then stops at once instead of restarting.
     pub probation: Option<oneshot::Sender<std::result::Result<(), String>>>,
+    /// On probation, how long to wait for the sources' first records; `None`: the default
+    /// (one second).
+    pub probation_idle_wait: Option<std::time::Duration>,
 }
 
 /// The links between the job and one supervisor.

@@ -197,6 +197,9 @@ pub(super) struct Probation {
     pub step: ProbationStep,
     /// Probation checkpoints that were aborted so far.
     pub failed_checkpoints: u32,
+    /// How long an armed probation waits for records ([`Self::IDLE_WAIT`] unless the reload
+    /// asked for another wait).
+    pub idle_wait: Duration,
 }
 
 impl Probation {
@@ -213,13 +216,14 @@ impl Probation {
             verdict,
             step: ProbationStep::Starting,
             failed_checkpoints: 0,
+            idle_wait: Self::IDLE_WAIT,
         }
     }
 
     /// When the wait for the sources' first records is over.
     pub(super) fn deadline(&self) -> Option<Instant> {
         match self.step {
-            ProbationStep::Armed { since } => Some(since + Self::IDLE_WAIT),
+            ProbationStep::Armed { since } => Some(since + self.idle_wait),
             _ => None,
         }
     }

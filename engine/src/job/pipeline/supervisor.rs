@@ -155,7 +155,11 @@ impl Supervisor {
         }
         self.checkpoints.metrics = links.metrics;
         if let Some(verdict) = links.start.probation {
-            self.phase = Phase::Probation(Probation::new(verdict));
+            let mut probation = Probation::new(verdict);
+            if let Some(wait) = links.start.probation_idle_wait {
+                probation.idle_wait = wait;
+            }
+            self.phase = Phase::Probation(probation);
         }
         self
     }
