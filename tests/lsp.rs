@@ -650,20 +650,35 @@ fn hostile_text_gives_diagnostics_and_the_server_keeps_answering() {
 }
 
 #[test]
-fn test_files_get_yaml_diagnostics_only() {
+fn test_files_get_the_test_file_diagnostics_and_its_schema() {
     let mut c = Client::start();
     c.initialize();
     let uri = "file:///nonexistent/weir-lsp/orders.test.yaml";
-    // Any well-formed YAML passes until the test-file schema is wired in.
-    c.open(uri, "pipeline: orders.yaml\ntests:\n  - name: one\n");
-    assert_eq!(c.diagnostics(uri), Vec::<Value>::new());
-    c.change(uri, 2, "pipeline: orders.yaml\ntests:\n  - name: [one\n");
+    let valid = "pipeline: orders.yaml\ntests:\n  - name: one\n    inputs: {}\n    expect: {}\n";
+    c.open(uri, valid);
+    let first = c.diagnostics(uri);
+    // What `weir test`'s loader says of the same text, nothing more.
+    let loaded = weir_schema::test_file::load_test_str("orders.test.yaml", valid);
+    assert_eq!(first.len(), loaded.diagnostics.iter().count(), "{first:#?}");
+    // A key the test-file schema does not know: located at the key, as `weir test` says it.
+    let unknown = valid.replace("pipeline:", "pipelin:");
+    c.change(uri, 2, &unknown);
     let d = c.diagnostics(uri);
-    assert_eq!(d.len(), 1, "{d:#?}");
-    assert_eq!(d[0]["code"], "weir::yaml::syntax");
-    // No pipeline schema is walked for a test file.
-    assert_eq!(c.at("textDocument/hover", uri, (0, 2)), Value::Null);
-    assert_eq!(c.at("textDocument/completion", uri, (1, 2)), json!([]));
+    assert!(!d.is_empty(), "no diagnostic for an unknown key");
+    assert_eq!(d[0]["range"]["start"]["line"], 0, "{d:#?}");
+    // A syntax error is still a YAML diagnostic.
+    c.change(uri, 3, "pipeline: orders.yaml\ntests:\n  - name: [one\n");
+    let d = c.diagnostics(uri);
+    assert!(
+        d.iter().any(|x| x["code"] == "weir::yaml::syntax"),
+        "{d:#?}"
+    );
+    // Hover walks the test-file schema, not the pipeline schema.
+    c.change(uri, 4, valid);
+    let _ = c.diagnostics(uri);
+    let hover = c.at("textDocument/hover", uri, (0, 2));
+    let text = hover.to_string();
+    assert!(text.contains("pipeline file under test"), "{hover}");
     assert_eq!(c.shutdown(), 0);
 }
 

@@ -147,21 +147,13 @@ pub fn diagnostics(doc: Doc<'_>) -> Vec<lsp_types::Diagnostic> {
     }
 }
 
-/// The diagnostics of a test file.
-///
-/// TODO(issue 18, `weir test`): call the test-file validator here once it lands (on the
-/// `weir test` branch: `weir_schema::test_file::load_test_str(&doc.name(), doc.text)
-/// .diagnostics`), and return its JSON Schema from [`schema_of`] for hover and key/value
-/// completion. Until then only the YAML itself is checked: the loader's `weir::yaml::*`
-/// diagnostics (syntax, encoding, size, depth), never the pipeline schema, which a test file
-/// does not follow.
+/// The diagnostics of a test file: those of `weir test`'s loader (YAML, the test-file
+/// schema, types), at their places in the file. Whether the names it uses exist in the
+/// pipeline file under test is checked by `weir test` itself, which reads that file.
 fn test_file_diagnostics(doc: Doc<'_>) -> Vec<Diagnostic> {
-    let loaded = weir_schema::load_str(&doc.name(), doc.text);
-    loaded
+    weir_schema::test_file::load_test_str(&doc.name(), doc.text)
         .diagnostics
-        .iter()
-        .filter(|d| d.code.starts_with("weir::yaml::"))
-        .cloned()
+        .into_iter()
         .collect()
 }
 
@@ -169,8 +161,8 @@ fn test_file_diagnostics(doc: Doc<'_>) -> Vec<Diagnostic> {
 fn schema_of(kind: Kind) -> Option<&'static Value> {
     match kind {
         Kind::Pipeline => Some(weir_schema::schema::json_schema()),
-        // TODO(issue 18, `weir test`): `Some(weir_schema::test_file::test_json_schema())`.
-        Kind::Test | Kind::Other => None,
+        Kind::Test => Some(weir_schema::test_file::test_json_schema()),
+        Kind::Other => None,
     }
 }
 
