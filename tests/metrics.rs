@@ -264,6 +264,8 @@ fn metrics_are_scraped_over_http_and_keep_counting_across_a_hot_reload() {
         "the summary does not count every generation:\n{log}"
     );
     assert!(!log.contains("first record in -"), "{log}");
+    // The version stopped for the reload did not "finish": one such line, at the real end.
+    assert_eq!(log.matches("Pipeline finished.").count(), 1, "{log}");
 }
 
 #[test]

@@ -417,12 +417,22 @@ pub(super) async fn run_pipeline(
     let id = plan.id.clone();
     let store = Arc::clone(&links.metrics);
     let elements: Vec<(String, Role)> = reports.iter().map(|r| (r.id.clone(), r.role)).collect();
+    let handover = links.handover.clone();
     let ended = pipeline::supervise(plan, reports, control, recovery, faults, workers, links).await;
+    // A version stopped for a hot reload has not finished: the pipeline goes on in the new
+    // version, and the reload's own lines tell what happened.
+    let reloading = handover.is_some_and(|h| h.is_expecting(&id));
     store.generation_ended();
     let wall = started.elapsed();
     match &ended.error {
+        None if reloading => {
+            tracing::debug!(pipeline = %id, wall = %Elapsed(wall), restarts = ended.restarts, checkpoints = ended.checkpoints, "The version before the reload stopped.")
+        }
         None => {
-            tracing::info!(pipeline = %id, wall = %Elapsed(wall), restarts = ended.restarts, checkpoints = ended.checkpoints, "Pipeline finished.")
+            // Over the whole run: every version and restart of the pipeline.
+            let restarts = store.restarts.load(std::sync::atomic::Ordering::Relaxed);
+            let checkpoints = store.checkpoints().completed;
+            tracing::info!(pipeline = %id, wall = %Elapsed(wall), restarts, checkpoints, "Pipeline finished.")
         }
         // The failure that made the strategy give up has its own line ("Task failed.").
         Some(RunError::GaveUp { reason, .. }) => {

@@ -70,6 +70,12 @@ impl Handover {
         inner.taken.insert(pipeline.to_owned(), 0);
     }
 
+    /// Whether `pipeline` is being reloaded (between [`expect`](Self::expect) and
+    /// [`clear`](Self::clear)).
+    pub fn is_expecting(&self, pipeline: &str) -> bool {
+        self.inner().expecting.contains(pipeline)
+    }
+
     /// How many states of `pipeline` were taken since [`expect`](Self::expect).
     pub fn taken(&self, pipeline: &str) -> u64 {
         self.inner().taken.get(pipeline).copied().unwrap_or(0)
