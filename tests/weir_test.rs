@@ -330,9 +330,10 @@ fn names_the_pipeline_lacks_are_located_diagnostics() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("no source `inn`"), "{t}");
-    assert!(t.contains("names.test.yaml:6"), "{t}");
+    assert!(t.contains("names.test.yaml:6:18"), "{t}");
     assert!(t.contains("no sink `outt`"), "{t}");
-    assert!(t.contains("names.test.yaml:7"), "{t}");
+    assert!(t.contains("names.test.yaml:7:15"), "{t}");
     assert!(t.contains("no operator `doubel`"), "{t}");
-    assert!(t.contains("names.test.yaml:8"), "{t}");
+    assert!(t.contains("names.test.yaml:8:21"), "{t}");
+    // Each at the name itself (the key), not at what it is given.
 }

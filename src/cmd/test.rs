@@ -279,10 +279,23 @@ fn references(
     spans: &weir_schema::SpanIndex,
 ) -> weir_schema::Diagnostics {
     let mut out = weir_schema::Diagnostics::new();
+    // A name used as a key (a source fed, a sink expected) is pointed at by its key; a
+    // value (`pipeline_id`, a reload's file) by the value.
     let mut problem = |at: &[Seg<'_>], message: String, label: &str, help: &str| {
+        let here = path(at);
+        let named_by_key = at.len() >= 2
+            && matches!(
+                at[at.len() - 2],
+                Seg::K("inputs" | "input" | "expect" | "dead_letters")
+            );
+        let span = if named_by_key {
+            spans.key_span(&here)
+        } else {
+            spans.span(&here)
+        };
         out.push(
             Diagnostic::error(codes::INVALID_VALUE, message)
-                .at(source, spans.span(&path(at)))
+                .at(source, span)
                 .label(label)
                 .help(help)
                 .with_path(path(at)),
