@@ -83,6 +83,15 @@ pub fn run(args: &InspectArgs) -> ExitCode {
         "{} damaged or missing file(s): their state is left out above",
         report.problems.len()
     );
+    if !args.path.exists() {
+        // The usual cause of files vanishing mid-read: retention of a running pipeline.
+        eprintln!(
+            "help: `{}` was deleted while it was read: a running pipeline keeps only its \
+             latest checkpoints (`checkpoints.retain`); inspect a savepoint (`weir savepoint`) \
+             or a newer checkpoint",
+            args.path.display()
+        );
+    }
     ExitCode::FAILURE
 }
 
