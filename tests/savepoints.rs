@@ -307,19 +307,14 @@ fn incremental_rocksdb_checkpoints_after_a_savepoint_still_restore() {
     );
 }
 
-/// `weir stop` without a savepoint, then `weir run` again, five times over a followed file
-/// with lines appended before each run: every run resumes from a checkpoint that holds the
-/// keyed state and the file position. (A checkpoint that completed after the tasks were told
-/// to stop used to record them all as finished, with no state: the next run then restored
-/// nothing and never read the file again.) Checkpoints every 50 ms make such a late
-/// checkpoint likely in every cycle.
-#[test]
-fn stopping_without_a_savepoint_and_running_again_keeps_state_and_position() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = r#"version: 1
+/// A pipeline `p` counting clicks per user (`u<i % 4>`) of a followed `in.jsonl` into `out`,
+/// exactly-once with 50 ms checkpoints; `settings` go before its checkpoints (state backend,
+/// parallelism).
+fn clicks_job(settings: &str) -> String {
+    const JOB: &str = r#"version: 1
 pipelines:
   - id: p
-    state: { backend: rocksdb, incremental: true }
+    SETTINGS
     checkpoints: { mode: exactly_once, interval: 50ms }
     sources:
       - { id: lines, type: file, path: in.jsonl, follow: true }
@@ -339,6 +334,37 @@ pipelines:
     sinks:
       - { id: out, type: file, input: running, path: out }
 "#;
+    JOB.replace("SETTINGS", settings)
+}
+
+/// The output of [`clicks_job`] over lines `0..n`: every line once, each user's clicks
+/// counted on.
+fn assert_clicks_once(dir: &Path, n: i64) {
+    let lines = committed(&dir.join("out"));
+    let mut seen: Vec<i64> = lines
+        .iter()
+        .map(|l| parse(l)["i"].as_i64().unwrap_or(-1))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..n).collect::<Vec<_>>(), "{lines:#?}");
+    for l in &lines {
+        let v = parse(l);
+        let i = v["i"].as_i64().unwrap_or(-1);
+        assert_eq!(v["clicks"].as_i64(), Some(i / 4 + 1), "{l}");
+    }
+}
+
+/// `weir stop` without a savepoint, then `weir run` again, five times over a followed file
+/// with lines appended before each run: every run resumes from a checkpoint that holds the
+/// keyed state and the file position. (A checkpoint that completed after the tasks were told
+/// to stop used to record them all as finished, with no state: the next run then restored
+/// nothing and never read the file again.) Checkpoints every 50 ms make such a late
+/// checkpoint likely in every cycle.
+#[test]
+fn stopping_without_a_savepoint_and_running_again_keeps_state_and_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = clicks_job("state: { backend: rocksdb, incremental: true }");
+    let text = text.as_str();
     let yaml = write_yaml(dir.path(), text);
     const PER_RUN: usize = 20;
     for cycle in 0..5 {
@@ -367,22 +393,7 @@ pipelines:
         }
     }
     // Every line once, and each user's clicks counted on across the five runs.
-    let lines = committed(&dir.path().join("out"));
-    let mut seen: Vec<i64> = lines
-        .iter()
-        .map(|l| parse(l)["i"].as_i64().unwrap_or(-1))
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(
-        seen,
-        (0..5 * PER_RUN as i64).collect::<Vec<_>>(),
-        "{lines:#?}"
-    );
-    for l in &lines {
-        let v = parse(l);
-        let i = v["i"].as_i64().unwrap_or(-1);
-        assert_eq!(v["clicks"].as_i64(), Some(i / 4 + 1), "{l}");
-    }
+    assert_clicks_once(dir.path(), 5 * PER_RUN as i64);
 }
 
 /// A hot reload of a RocksDB pipeline, then more input and checkpoints. The new version takes
@@ -392,30 +403,8 @@ pipelines:
 #[test]
 fn a_reloaded_rocksdb_pipeline_checkpoints_on_the_instances_it_took_over() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = r#"version: 1
-pipelines:
-  - id: p
-    parallelism: 2
-    state: { backend: rocksdb }
-    checkpoints: { mode: exactly_once, interval: 50ms }
-    sources:
-      - { id: lines, type: file, path: in.jsonl, follow: true }
-    operators:
-      - { id: by_user, type: key_by, input: lines, field: user }
-      - id: running
-        type: process
-        input: by_user
-        state: { clicks: value }
-        script: |
-          fn process(r) {
-              let n = state_get("clicks");
-              if n == () { n = 0; }
-              state_set("clicks", n + 1);
-              emit(#{user: r.user, clicks: n + 1, i: r.i});
-          }
-    sinks:
-      - { id: out, type: file, input: running, path: out }
-"#;
+    let text = clicks_job("parallelism: 2\n    state: { backend: rocksdb }");
+    let text = text.as_str();
     let lines = |from: i64, to: i64| -> String {
         (from..to)
             .map(|i| format!("{{\"user\":\"u{}\",\"i\":{i}}}\n", i % 4))
@@ -469,18 +458,7 @@ pipelines:
         "{log}"
     );
     // Every line once, each user's clicks counted on across the reload.
-    let out_lines = committed(&dir.path().join("out"));
-    let mut seen: Vec<i64> = out_lines
-        .iter()
-        .map(|l| parse(l)["i"].as_i64().unwrap_or(-1))
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..80).collect::<Vec<_>>(), "{out_lines:#?}");
-    for l in &out_lines {
-        let v = parse(l);
-        let i = v["i"].as_i64().unwrap_or(-1);
-        assert_eq!(v["clicks"].as_i64(), Some(i / 4 + 1), "{l}");
-    }
+    assert_clicks_once(dir.path(), 80);
 }
 
 // ---------------------------------------------------------------------------------------

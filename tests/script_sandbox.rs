@@ -7,33 +7,17 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
-use common::binary::plain;
+use common::binary::run_with_stdin;
 
 use weir_schema::ScriptLimitsSpec;
 use weir_schema::model::{MAX_CALL_LEVELS_CEILING, MAX_EXPR_DEPTH_CEILING, SCRIPT_DEPTH_BUDGET};
 
 /// Runs `weir ARGS` in `dir` with `stdin` as its input.
 fn weir(dir: &Path, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
-    let mut child = plain()
-        .args(args)
-        .current_dir(dir)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run weir");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("weir ends")
+    run_with_stdin(dir, args, stdin, env)
 }
 
 fn text(b: &[u8]) -> String {

@@ -5,28 +5,13 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
-use common::binary::plain;
+use common::binary::run_with_stdin;
 
 fn weir(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = plain()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run weir");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("weir ends")
+    run_with_stdin(dir, args, stdin, &[])
 }
 
 fn text(b: &[u8]) -> String {

@@ -1,8 +1,11 @@
 //! The `weir` binary under test: its path, the three environments the scenario tests start it
 //! in ([`plain`], [`without_api_env`], [`weir`]), signalling a started process ([`signal`])
-//! and waiting for it against a deadline ([`wait_child`]). Nothing here knows a verb; `run` drives `weir run`.
+//! and waiting for it against a deadline ([`wait_child`]), and running it to its end with a
+//! given standard input ([`run_with_stdin`]). Nothing here knows a verb; `run` drives `weir run`.
 
-use std::process::{Child, Command, ExitStatus};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The path of the `weir` binary Cargo built for these tests.
@@ -61,4 +64,25 @@ pub fn wait_child(child: &mut Child, deadline: Duration, log: impl Fn() -> Strin
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Runs [`plain`] `weir ARGS` in `dir` with `env` added and `stdin` as its whole input, to its
+/// end.
+pub fn run_with_stdin(dir: &Path, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
+    let mut child = plain()
+        .args(args)
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weir");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("weir ends")
 }
