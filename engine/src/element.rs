@@ -13,16 +13,18 @@ use std::sync::Arc;
 use rhai::{Dynamic, Map};
 use weir_schema::OnErrorSpec;
 
+use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{Batch, Pending};
+use crate::base::message::{Batch, Pending, WATERMARK_MIN};
 use crate::record::{KeyGroupRange, excerpt};
 use crate::state::StateBackend;
 
 /// One operator subtask. Only [`process`](Self::process) is required.
 ///
-/// Call order: `open` → (`restore`, when starting from a checkpoint) → `process`* (with `snapshot` and
-/// `notify_checkpoint_complete` between batches) → `on_end` (bounded input finished) →
-/// `close`. `close` also runs when the task stops early; `on_end` does not.
+/// Call order: `open` → (`restore`, `migrate_state`, `state_restored`, when starting from a
+/// checkpoint) → `process`* (with `snapshot`, `notify_checkpoint_complete`, `on_watermark`
+/// and `on_processing_time` between batches) → `on_watermark(WATERMARK_END)` and `on_end`
+/// (bounded input finished) → `close`. `close` also runs when the task stops early; `on_end` does not.
 pub trait Operator: Send {
     /// Prepares the subtask (register state, open files).
     ///
@@ -138,6 +140,59 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// The event-time watermark of this operator's input advanced to `watermark` (epoch
+    /// milliseconds; [`WATERMARK_END`](crate::base::message::WATERMARK_END) when every input
+    /// ended, which comes before [`on_end`](Self::on_end)): fire the event-time timers and
+    /// windows now due, appending what they emit to `out`. `ctx.watermark` already holds the
+    /// new value. The task loop calls it between batches, only when the combined watermark
+    /// (the minimum over the inputs that are not idle) grew, and forwards the watermark
+    /// downstream after `out`.
+    ///
+    /// # Errors
+    /// As `process`.
+    fn on_watermark(
+        &mut self,
+        _watermark: i64,
+        _out: &mut Vec<Dynamic>,
+        _ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// The earliest processing time (epoch milliseconds, on `ctx.clock`) at which the
+    /// operator wants [`on_processing_time`](Self::on_processing_time): its first pending
+    /// processing-time timer or window. `None`: no such wish. The task loop asks after every
+    /// call into the operator and wakes the task then.
+    fn next_processing_time(&self) -> Option<i64> {
+        None
+    }
+
+    /// Processing time reached `now` (at or after
+    /// [`next_processing_time`](Self::next_processing_time)): fire what is due, appending
+    /// what it emits to `out`.
+    ///
+    /// # Errors
+    /// As `process`.
+    fn on_processing_time(
+        &mut self,
+        _now: i64,
+        _out: &mut Vec<Dynamic>,
+        _ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// The keyed state (`ctx.state`) was restored (from checkpoint files, or handed over by
+    /// the version that took a savepoint), after [`restore`](Self::restore) and
+    /// [`migrate_state`](Self::migrate_state): rebuild in-memory indexes of it, such as the
+    /// queue of pending timers.
+    ///
+    /// # Errors
+    /// A backend failure while scanning the state.
+    fn state_restored(&mut self, _ctx: &mut OperatorContext) -> Result<()> {
+        Ok(())
+    }
+
     /// Every input ended: emit final results into `out`.
     ///
     /// # Errors
@@ -204,6 +259,11 @@ pub struct OperatorContext {
     /// values go through its `migrate` hook ([`Operator::migrate_state`]). Restoring a
     /// savepoint of the same script, or any checkpoint, never migrates.
     pub migrate: bool,
+    /// The current event-time watermark of the operator's input (epoch milliseconds;
+    /// [`WATERMARK_MIN`] before the first one), kept by the task loop.
+    pub watermark: i64,
+    /// Processing time.
+    pub clock: Clock,
 }
 
 impl OperatorContext {
@@ -223,6 +283,8 @@ impl OperatorContext {
             state: None,
             restored_from: None,
             migrate: false,
+            watermark: WATERMARK_MIN,
+            clock: Clock::System,
         }
     }
 

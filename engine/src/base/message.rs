@@ -1,6 +1,6 @@
 //! What travels between tasks: [`Batch`]es of records (and the [`Pending`] view a task hands
 //! to an operator in steps) and the [`Message`]s of a channel, where data and control share one
-//! stream: records, checkpoint [`Barrier`]s, watermarks and end-of-stream. Also the two sizes
+//! stream: records, checkpoint [`Barrier`]s, [`Watermark`]s and end-of-stream. Also the two sizes
 //! the runtime is tuned by ([`BATCH_SIZE`], [`CHANNEL_CAPACITY`]).
 //!
 //! Plain data: nothing here sends, receives or interprets a record.
@@ -160,6 +160,23 @@ pub struct Barrier {
     pub kind: BarrierKind,
 }
 
+/// The smallest watermark: no event-time progress yet.
+pub const WATERMARK_MIN: i64 = i64::MIN;
+
+/// The watermark of an ended input: every event-time timer and window is due.
+pub const WATERMARK_END: i64 = i64::MAX;
+
+/// Event-time progress on a channel (Flink's watermark and watermark status in one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watermark {
+    /// No record with an event time (epoch milliseconds) at or below this follows on the
+    /// channel; [`WATERMARK_END`] when the input ended.
+    At(i64),
+    /// The sender has nothing to say for now (its splits are idle): the receiver leaves the
+    /// channel out of its minimum until the next [`Watermark::At`].
+    Idle,
+}
+
 /// What travels on a channel: data and control, in order.
 #[derive(Debug)]
 pub enum Message {
@@ -167,6 +184,10 @@ pub enum Message {
     Records(Batch),
     /// A checkpoint barrier (aligned by the task loop, not by operators).
     Barrier(Barrier),
+    /// Event-time progress of the sender: no record with an earlier event time follows (or
+    /// the sender is idle). Travels in order with records and barriers, so it never overtakes
+    /// either.
+    Watermark(Watermark),
     /// The sender will send nothing more.
     EndOfStream,
 }

@@ -1,6 +1,7 @@
 //! The ground floor: the vocabulary every layer of the engine shares and that depends on none
 //! of them.
 //!
+//! - [`clock`]: processing time (wall clock, or a manual one in tests and `weir test`).
 //! - [`message`]: [`Batch`](message::Batch), [`Pending`](message::Pending),
 //!   [`Message`](message::Message), [`Barrier`](message::Barrier) and
 //!   [`BarrierKind`](message::BarrierKind), the batch and channel sizes.
@@ -15,6 +16,7 @@
 //! `runtime`, `checkpoint`, `state`, `operators`, `connectors`, `element`, `job` or anything
 //! above them: every one of those imports from here (a test in this module checks it).
 
+pub mod clock;
 pub mod dispose;
 pub mod error;
 pub mod human;

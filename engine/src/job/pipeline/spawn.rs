@@ -11,8 +11,9 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use weir_schema::StateSpec;
 
+use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{Barrier, Message};
+use crate::base::message::{Barrier, Message, WATERMARK_MIN};
 use crate::base::metrics::NodeReport;
 use crate::checkpoint::TaskId;
 use crate::connectors::SourceContext;
@@ -59,6 +60,8 @@ pub(super) struct Tasks {
     backend: Arc<StateSpec>,
     /// The pipeline's taps, shared with its other generations (the job holds them).
     pub taps: Arc<TapRegistry>,
+    /// Processing time for every operator (a manual clock under `weir test`).
+    pub clock: Clock,
     /// Where tasks send their events.
     events: UnboundedSender<TaskEvent>,
     /// Checkpoint storage and alignment, when the pipeline takes checkpoints.
@@ -117,6 +120,7 @@ impl Tasks {
             faults: faults.into_iter().collect(),
             handover: None,
             taps: Arc::default(),
+            clock: Clock::System,
             events,
             checkpointing,
             running: HashMap::new(),
@@ -452,6 +456,8 @@ impl Tasks {
                     .and_then(|r| r.plan.as_ref())
                     .and_then(|p| p.node(&node.id))
                     .is_some_and(|d| d.migrate),
+                watermark: WATERMARK_MIN,
+                clock: self.clock.clone(),
             };
             let (outputs, dead_letters) = self.node_outputs(task, pos, nid)?;
             nodes.push(ChainNode {
