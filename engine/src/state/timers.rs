@@ -10,13 +10,13 @@
 //! in the order of the keys' stable hashes, so that a run and its restored replay fire in the
 //! same order, and a timer registered while another fires is seen if it is already due.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use rhai::Dynamic;
 use weir_schema::StateKind;
 
 use crate::base::error::{Result, RunError};
-use crate::record::Key;
+use crate::record::{Key, KeyBuildHasher};
 use crate::state::{StateBackend, StateId};
 
 /// Which clock a timer follows.
@@ -59,9 +59,52 @@ pub fn state_name(domain: TimeDomain) -> &'static str {
 #[derive(Debug)]
 pub struct Timers {
     states: [StateId; 2],
-    /// By domain: time → keys with a timer then, sorted by stable hash (then value).
-    queues: [BTreeMap<i64, Vec<Key>>; 2],
+    /// By domain: time → the keys with a timer then.
+    queues: [BTreeMap<i64, Bucket>; 2],
     counts: [usize; 2],
+}
+
+/// The keys with a timer at one time. Setting is a hash insert whatever the number of keys;
+/// when the time comes due, the keys are sorted once into `firing` (popped from its end), so
+/// the firing order is the keys' stable order, whatever order they were set in.
+#[derive(Debug, Default)]
+struct Bucket {
+    set: HashSet<Key, KeyBuildHasher>,
+    /// Keys being fired, in reverse firing order (empty until the time is due).
+    firing: Vec<Key>,
+}
+
+impl Bucket {
+    fn contains(&self, key: &Key) -> bool {
+        self.set.contains(key) || (!self.firing.is_empty() && self.firing.contains(key))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.firing.is_empty()
+    }
+
+    fn remove(&mut self, key: &Key) -> bool {
+        if self.set.remove(key) {
+            return true;
+        }
+        match self.firing.iter().position(|k| k == key) {
+            Some(at) => {
+                self.firing.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The next key to fire.
+    fn pop(&mut self) -> Option<Key> {
+        if self.firing.is_empty() && !self.set.is_empty() {
+            self.firing = self.set.drain().collect();
+            // Reverse order: the first to fire is popped from the end.
+            self.firing.sort_unstable_by(|a, b| order(b, a));
+        }
+        self.firing.pop()
+    }
 }
 
 impl Timers {
@@ -114,10 +157,18 @@ impl Timers {
         key: &Key,
         time: i64,
     ) -> Result<bool> {
-        if !self.remove(domain, key, time) {
+        let d = domain.index();
+        let Some(bucket) = self.queues[d].get_mut(&time) else {
+            return Ok(false);
+        };
+        if !bucket.remove(key) {
             return Ok(false);
         }
-        state.map_remove(self.states[domain.index()], key, &time.to_string())?;
+        if bucket.is_empty() {
+            self.queues[d].remove(&time);
+        }
+        self.counts[d] -= 1;
+        state.map_remove(self.states[d], key, &time.to_string())?;
         Ok(true)
     }
 
@@ -156,9 +207,12 @@ impl Timers {
         if time > upto {
             return Ok(None);
         }
-        let keys = entry.get_mut();
-        let key = keys.remove(0);
-        if keys.is_empty() {
+        let bucket = entry.get_mut();
+        let Some(key) = bucket.pop() else {
+            entry.remove();
+            return Ok(None);
+        };
+        if bucket.is_empty() {
             entry.remove();
         }
         self.counts[d] -= 1;
@@ -166,11 +220,12 @@ impl Timers {
         Ok(Some((time, key)))
     }
 
-    /// Every timer of `key` in `domain`, earliest first (from the in-memory queue).
+    /// Every timer of `key` in `domain`, earliest first (from the in-memory queue; a scan of
+    /// every pending time).
     pub fn of_key(&self, domain: TimeDomain, key: &Key) -> Vec<i64> {
         self.queues[domain.index()]
             .iter()
-            .filter(|(_, keys)| keys.contains(key))
+            .filter(|(_, bucket)| bucket.contains(key))
             .map(|(t, _)| *t)
             .collect()
     }
@@ -203,30 +258,12 @@ impl Timers {
 
     fn insert(&mut self, domain: TimeDomain, key: &Key, time: i64) -> bool {
         let d = domain.index();
-        let keys = self.queues[d].entry(time).or_default();
-        match keys.binary_search_by(|k| order(k, key)) {
-            Ok(_) => false,
-            Err(at) => {
-                keys.insert(at, key.clone());
-                self.counts[d] += 1;
-                true
-            }
-        }
-    }
-
-    fn remove(&mut self, domain: TimeDomain, key: &Key, time: i64) -> bool {
-        let d = domain.index();
-        let Some(keys) = self.queues[d].get_mut(&time) else {
+        let bucket = self.queues[d].entry(time).or_default();
+        if bucket.contains(key) {
             return false;
-        };
-        let Ok(at) = keys.binary_search_by(|k| order(k, key)) else {
-            return false;
-        };
-        keys.remove(at);
-        if keys.is_empty() {
-            self.queues[d].remove(&time);
         }
-        self.counts[d] -= 1;
+        bucket.set.insert(key.clone());
+        self.counts[d] += 1;
         true
     }
 }
@@ -308,6 +345,35 @@ mod tests {
             }
         }
         assert_eq!(total, [40, 50]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_timer_set_or_deleted_while_its_time_fires_is_seen() -> Result<()> {
+        let mut b = backend();
+        let mut t = Timers::register(&mut b)?;
+        for n in ["a", "b", "c"] {
+            t.set(&mut b, TimeDomain::Event, &key(n), 5)?;
+        }
+        let (_, first) = t.pop_due(&mut b, TimeDomain::Event, 5)?.expect("due");
+        // While `first` fires: another key at the same time, and one of the others deleted.
+        assert!(t.set(&mut b, TimeDomain::Event, &key("d"), 5)?);
+        let other = ["a", "b", "c"]
+            .into_iter()
+            .map(key)
+            .find(|k| *k != first)
+            .expect("another key");
+        assert!(t.delete(&mut b, TimeDomain::Event, &other, 5)?);
+        assert!(t.set(&mut b, TimeDomain::Event, &first, 4)?);
+        let mut rest = Vec::new();
+        while let Some((time, k)) = t.pop_due(&mut b, TimeDomain::Event, 5)? {
+            rest.push((time, k));
+        }
+        assert_eq!(rest.len(), 3, "{rest:?}");
+        assert_eq!(rest[0], (4, first), "an earlier time set while firing comes first");
+        assert!(rest.iter().any(|(_, k)| *k == key("d")));
+        assert!(!rest.iter().any(|(_, k)| *k == other));
+        assert!(t.is_empty());
         Ok(())
     }
 
