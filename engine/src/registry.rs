@@ -12,6 +12,7 @@ use rhai::Engine;
 use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
 
 use crate::base::error::{Result, RunError};
+use crate::connectors::event_time::EventTimeSource;
 use crate::connectors::file::{DEFAULT_POLL_INTERVAL, FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
@@ -105,6 +106,23 @@ pub fn build(node: &PlanNode, ctx: &BuildContext<'_>) -> Result<NodeBuilder> {
 }
 
 fn build_source(
+    node: &PlanNode,
+    spec: &SourceSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<SourceFactory> {
+    let factory = build_plain_source(node, spec, ctx)?;
+    let Some(event_time) = spec.event_time().cloned() else {
+        return Ok(factory);
+    };
+    // Only sources that declare event time read it and make watermarks.
+    let on_error = spec.on_error().cloned().unwrap_or_default();
+    Ok(Box::new(move |s, p| {
+        let inner = factory(s, p)?;
+        Ok(Box::new(EventTimeSource::new(inner, &event_time, &on_error)) as Box<dyn Source>)
+    }))
+}
+
+fn build_plain_source(
     node: &PlanNode,
     spec: &SourceSpec,
     ctx: &BuildContext<'_>,
@@ -275,12 +293,26 @@ pub fn describe_local_state(
     bytes: &[u8],
 ) -> Option<Result<serde_json::Value>> {
     use crate::checkpoint::metadata::Section;
-    use crate::connectors::{file, file_sink, generator, stdin};
-    match (section, type_name) {
-        (Section::Source, "file") => Some(file::describe_snapshot(bytes)),
-        (Section::Source, "generator") => Some(generator::describe_snapshot(bytes)),
-        (Section::Source, "stdin") => Some(stdin::describe_snapshot(bytes)),
-        (Section::Sink, "file") => Some(file_sink::describe_snapshot(bytes)),
-        _ => None,
-    }
+    use crate::connectors::{event_time, file, file_sink, generator, stdin};
+    // A source with `event_time` keeps its watermark in front of its position.
+    let (bytes, watermark) = match section {
+        Section::Source => match event_time::inner_position(bytes) {
+            Ok(split) => split,
+            Err(e) => return Some(Err(e)),
+        },
+        _ => (bytes, None),
+    };
+    let described = match (section, type_name) {
+        (Section::Source, "file") => file::describe_snapshot(bytes),
+        (Section::Source, "generator") => generator::describe_snapshot(bytes),
+        (Section::Source, "stdin") => stdin::describe_snapshot(bytes),
+        (Section::Sink, "file") => file_sink::describe_snapshot(bytes),
+        _ => return None,
+    };
+    Some(described.map(|mut v| {
+        if let (Some(w), Some(m)) = (watermark, v.as_object_mut()) {
+            m.insert("watermark".into(), serde_json::Value::from(w));
+        }
+        v
+    }))
 }

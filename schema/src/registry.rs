@@ -114,6 +114,10 @@ pub struct FileSourceSpec {
     /// What to do with a line that does not parse. Default: `fail`.
     #[serde(default)]
     pub on_error: SourceOnError,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
 }
 
 /// Options of the `generator` source.
@@ -140,6 +144,10 @@ pub struct GeneratorSourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub parallelism: Option<u32>,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
 }
 
 /// How a generated field gets its value.
@@ -213,6 +221,67 @@ pub struct StdinSourceSpec {
     /// What to do with a line that does not parse. Default: `fail`.
     #[serde(default)]
     pub on_error: SourceOnError,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
+}
+
+/// A source's event time: where each record's time is, and how far out of order records may
+/// come. Each source subtask makes watermarks from it, per split (file, part of a file,
+/// generator sequence): the largest event time seen minus `max_out_of_orderness` minus 1 ms,
+/// the minimum over its splits, never going back.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EventTimeSpec {
+    /// The field holding the event time, a dotted path such as `ts` or `meta.time`. A record
+    /// without it, or with a value that is not a time, is treated like a record that does
+    /// not parse (the source's `on_error`).
+    pub field: String,
+    /// For numbers: epoch milliseconds (`ms`) or seconds (`s`). Default: `ms`. Exclusive
+    /// with `format`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<TimeUnit>,
+    /// For strings: their format (`rfc3339`, such as `2026-12-02T05:00:00.250Z`). Exclusive
+    /// with `unit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<TimeFormat>,
+    /// How late (in event time) a record may arrive after a later one without being late:
+    /// the watermark trails the largest event time seen by this much. Default: `0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_out_of_orderness: Option<DurationSpec>,
+    /// A split that produced nothing for this long (processing time) stops holding the
+    /// watermark back until it produces again. Absent: never idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<DurationSpec>,
+}
+
+impl EventTimeSpec {
+    /// `max_out_of_orderness` in milliseconds (0 when absent).
+    pub fn out_of_orderness_ms(&self) -> i64 {
+        self.max_out_of_orderness.map_or(0, |d| {
+            i64::try_from(d.get().as_millis()).unwrap_or(i64::MAX)
+        })
+    }
+}
+
+/// The unit of a numeric event time.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeUnit {
+    /// Milliseconds since the Unix epoch.
+    #[default]
+    Ms,
+    /// Seconds since the Unix epoch (fractions allowed).
+    S,
+}
+
+/// The format of a textual event time.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeFormat {
+    /// RFC 3339, such as `2026-12-02T05:00:00Z` or `2026-12-02T06:00:00.5+01:00`.
+    Rfc3339,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -678,6 +747,15 @@ impl SourceSpec {
             Self::File(s) => Some(&s.on_error),
             Self::Stdin(s) => Some(&s.on_error),
             Self::Generator(_) => None,
+        }
+    }
+
+    /// The source's event time, when declared.
+    pub fn event_time(&self) -> Option<&EventTimeSpec> {
+        match self {
+            Self::File(s) => s.event_time.as_ref(),
+            Self::Generator(s) => s.event_time.as_ref(),
+            Self::Stdin(s) => s.event_time.as_ref(),
         }
     }
 

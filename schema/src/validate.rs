@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crate::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::model::{
-    AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec,
-    OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
+    AggregateSpec, CheckpointMode, EventTimeSpec, FailoverSpec, FileSpec, GeneratorFieldSpec,
+    OnErrorSpec, OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec,
+    StateSpec,
 };
 use crate::registry::Section;
 use crate::span::{SourceFile, SpanIndex, YamlPath};
@@ -912,6 +913,9 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     None
                 }
             };
+            if let Some(et) = s.event_time() {
+                self.check_event_time(et, &path.join("event_time"));
+            }
             if let Some(csv) = csv
                 && (csv.delimiter.len() != 1 || !csv.delimiter.is_ascii())
             {
@@ -925,6 +929,37 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
                     .push(&mut self.cx.out);
             }
+        }
+    }
+
+    /// A source's `event_time`: a field path, `unit` or `format` (not both), a positive
+    /// `idle_timeout`.
+    fn check_event_time(&mut self, et: &EventTimeSpec, path: &YamlPath) {
+        let f = &et.field;
+        if f.is_empty() || f.split('.').any(str::is_empty) {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path.join("field"),
+                    format!("`{f}` is not a field path"),
+                    "empty path segment",
+                )
+                .help("name the field holding the event time, such as `ts` or `meta.time`")
+                .push(&mut self.cx.out);
+        }
+        if et.unit.is_some() && et.format.is_some() {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path.join("format"),
+                    "`event_time` has both `unit` and `format`",
+                    "exclusive with `unit`",
+                )
+                .help("numbers take `unit: ms | s`, strings take `format: rfc3339`: keep the one that fits the field")
+                .push(&mut self.cx.out);
+        }
+        if let Some(d) = et.idle_timeout {
+            self.positive(d, path.join("idle_timeout"), "`idle_timeout`");
         }
     }
 
@@ -1374,5 +1409,42 @@ mod tests {
                 "    checkpoints: {interval: 1s}\n    state: {backend: fs}\n    sources:",
             );
         assert_eq!(codes_of(&text), vec![codes::NOT_REPLAYABLE]);
+    }
+
+    #[test]
+    fn event_time_rules() {
+        let with = |et: &str| {
+            OK.replace(
+                "{id: src, type: file, path: in.jsonl}",
+                &format!("{{id: src, type: file, path: in.jsonl, event_time: {et}}}"),
+            )
+        };
+        assert_eq!(
+            codes_of(&with(
+                "{field: ts, unit: s, max_out_of_orderness: 1s, idle_timeout: 30s}"
+            )),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            codes_of(&with("{field: meta.time, format: rfc3339}")),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            codes_of(&with("{field: ts, unit: ms, format: rfc3339}")),
+            vec![codes::INVALID_VALUE]
+        );
+        assert_eq!(
+            codes_of(&with("{field: 'a..b'}")),
+            vec![codes::INVALID_VALUE]
+        );
+        assert_eq!(
+            codes_of(&with("{field: ts, idle_timeout: 0s}")),
+            vec![codes::INVALID_DURATION]
+        );
+        assert!(
+            !codes_of(&with("{unit: ms}")).is_empty(),
+            "the field is required"
+        );
+        assert!(!codes_of(&with("{field: ts, unit: minutes}")).is_empty());
     }
 }
