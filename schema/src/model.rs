@@ -17,6 +17,7 @@ pub use crate::registry::{
     SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec,
     UnionSpec,
 };
+pub use crate::registry::{StateDeclSpec, StateOptionsSpec, TtlUpdate};
 use crate::units::{DurationSpec, SizeSpec};
 
 /// The only file-format version this build understands.
