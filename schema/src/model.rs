@@ -17,6 +17,7 @@ pub use crate::registry::{
     ReduceSpec, SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec,
     StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec,
 };
+pub use crate::registry::{StateDeclSpec, StateOptionsSpec, TtlUpdate};
 use crate::units::{DurationSpec, SizeSpec};
 
 /// The only file-format version this build understands.

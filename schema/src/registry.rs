@@ -339,6 +339,103 @@ pub enum StateKind {
     Map,
 }
 
+/// A named keyed state of a `process`: its kind alone (`seen: list`), or its kind with a
+/// time-to-live (`seen: {kind: map, ttl: 1h}`).
+#[derive(Clone, Debug, Serialize, JsonSchema, PartialEq)]
+#[serde(untagged)]
+pub enum StateDeclSpec {
+    /// `value` | `list` | `map`, without a time-to-live.
+    Kind(StateKind),
+    /// The kind with options.
+    Options(StateOptionsSpec),
+}
+
+/// A keyed state's kind and time-to-live.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StateOptionsSpec {
+    /// `value` | `list` | `map`.
+    pub kind: StateKind,
+    /// Time-to-live of a key's value (a whole list or map counts as one value): it reads as
+    /// absent once this much processing time passed since it was last written (or read, with
+    /// `ttl_update: on_read_and_write`), and is removed from the state soon after, so that
+    /// the state stays bounded. Counted on the processing-time clock, across restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<DurationSpec>,
+    /// What renews the time-to-live. Default: `on_write`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_update: Option<TtlUpdate>,
+}
+
+/// What renews a state's time-to-live.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlUpdate {
+    /// Every write of the key's value.
+    #[default]
+    OnWrite,
+    /// Every write, and every read that finds the value.
+    OnReadAndWrite,
+}
+
+impl StateDeclSpec {
+    /// The state's kind.
+    pub fn kind(&self) -> StateKind {
+        match self {
+            Self::Kind(k) => *k,
+            Self::Options(o) => o.kind,
+        }
+    }
+
+    /// The time-to-live, if any.
+    pub fn ttl(&self) -> Option<DurationSpec> {
+        match self {
+            Self::Kind(_) => None,
+            Self::Options(o) => o.ttl,
+        }
+    }
+
+    /// What renews the time-to-live.
+    pub fn ttl_update(&self) -> TtlUpdate {
+        match self {
+            Self::Kind(_) => TtlUpdate::OnWrite,
+            Self::Options(o) => o.ttl_update.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<StateKind> for StateDeclSpec {
+    fn from(kind: StateKind) -> Self {
+        Self::Kind(kind)
+    }
+}
+
+impl<'de> Deserialize<'de> for StateDeclSpec {
+    /// The short form is a string, the long form a mapping; each is read as its own type, so
+    /// that errors name the field or value that is wrong.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = StateDeclSpec;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`value`, `list`, `map`, or `{kind: ..., ttl: ...}`")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                StateKind::deserialize(serde::de::value::StrDeserializer::new(v))
+                    .map(StateDeclSpec::Kind)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                StateOptionsSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(StateDeclSpec::Options)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// A built-in aggregate function.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -537,9 +634,10 @@ operator_spec! {
         /// Rhai script file, relative to the pipeline file.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script_file: Option<PathBuf>,
-        /// Named keyed state: name → `value` | `list` | `map`.
+        /// Named keyed state: name → `value` | `list` | `map`, or
+        /// `{kind, ttl, ttl_update}` for a state whose values expire.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        state: BTreeMap<String, StateKind>,
+        state: BTreeMap<String, StateDeclSpec>,
     }
 }
 
