@@ -15,7 +15,7 @@ pub use crate::registry::{
     FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec, KeyBySpec,
     MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat, ReduceSpec,
     SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec,
-    UnionSpec,
+    UnionSpec, WindowEmitSpec, WindowKindSpec, WindowSpec, WindowTimeSpec,
 };
 use crate::units::{DurationSpec, SizeSpec};
 
