@@ -19,7 +19,7 @@ use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
 use crate::connectors::{LineParser, Source};
 use crate::element::Operator;
-use crate::operators::aggregate::{AggregateOperator, Aggregation};
+use crate::operators::aggregate::{Accumulator, AggregateOperator, Aggregation};
 use crate::operators::filter::FilterOperator;
 use crate::operators::flat_map::FlatMapOperator;
 use crate::operators::key_by::{KeyByOperator, KeySelector};
@@ -27,6 +27,7 @@ use crate::operators::map::MapOperator;
 use crate::operators::process::ProcessOperator;
 use crate::operators::reduce::ReduceOperator;
 use crate::operators::union::UnionOperator;
+use crate::operators::window::{WindowConfig, WindowOperator};
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 use crate::record::FieldPath;
 use crate::script::runtime::{CompiledScript, ScriptFn};
@@ -222,13 +223,7 @@ fn build_operator(
                     )
                 })
             } else {
-                for agg in &a.aggregations {
-                    if agg.function.needs_field() && agg.field.is_none() {
-                        return Err(
-                            ctx.error(node, format!("`{}` needs a `field`", agg.output_name()))
-                        );
-                    }
-                }
+                check_aggregations(node, &a.aggregations, ctx)?;
                 let aggs: Vec<Aggregation> =
                     a.aggregations.iter().map(Aggregation::from_spec).collect();
                 Box::new(move |_, _| {
@@ -254,9 +249,56 @@ fn build_operator(
                 Ok(Box::new(op) as Box<dyn Operator>)
             })
         }
+        OperatorSpec::Window(w) => {
+            let time_field = match (&w.time_field, w.time) {
+                (Some(f), _) => f.clone(),
+                (None, weir_schema::WindowTimeSpec::Processing) => String::new(),
+                (None, weir_schema::WindowTimeSpec::Event) => {
+                    return Err(ctx.error(
+                        node,
+                        "an event-time window needs `time_field` (the field holding each \
+                         record's event time)",
+                    ));
+                }
+            };
+            let config = WindowConfig::from_spec(w, &time_field);
+            if w.aggregations.is_empty() {
+                let f = ctx.script_factory(node)?;
+                Box::new(move |_, _| {
+                    Ok(Box::new(WindowOperator::new(
+                        Accumulator::scripted(f()),
+                        config.clone(),
+                    )) as Box<dyn Operator>)
+                })
+            } else {
+                check_aggregations(node, &w.aggregations, ctx)?;
+                let aggs: Vec<Aggregation> =
+                    w.aggregations.iter().map(Aggregation::from_spec).collect();
+                Box::new(move |_, _| {
+                    Ok(Box::new(WindowOperator::new(
+                        Accumulator::Builtin(aggs.clone()),
+                        config.clone(),
+                    )) as Box<dyn Operator>)
+                })
+            }
+        }
         OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),
     };
     Ok(NodeBuilder::Operator { factory, keyed })
+}
+
+/// Every built-in aggregation that reads a field names one.
+fn check_aggregations(
+    node: &PlanNode,
+    aggregations: &[weir_schema::AggregationSpec],
+    ctx: &BuildContext<'_>,
+) -> Result<()> {
+    for agg in aggregations {
+        if agg.function.needs_field() && agg.field.is_none() {
+            return Err(ctx.error(node, format!("`{}` needs a `field`", agg.output_name())));
+        }
+    }
+    Ok(())
 }
 
 fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Result<OperatorFactory> {

@@ -455,6 +455,8 @@ impl Tasks {
                 on_error,
                 dead_letters: Vec::new(),
                 errors: 0,
+                late: Vec::new(),
+                late_dropped: 0,
                 state,
                 restored_from,
                 migrate: restore
