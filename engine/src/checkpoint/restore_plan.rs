@@ -817,9 +817,10 @@ fn decide_node(
             carried = true;
         }
         Some(recorded) => {
+            // Internal states (`__timers.*`, `__ttl.*`) are never what a user renamed.
             let new_names: Vec<String> = declared
                 .keys()
-                .filter(|n| !recorded.contains_key(*n))
+                .filter(|n| !recorded.contains_key(*n) && !n.starts_with("__"))
                 .cloned()
                 .collect();
             for (name, &k) in &declared {

@@ -145,9 +145,11 @@ fn decision_to_wire(decision: &RestorePlan) -> PipelineReloadPlan {
             script_changed: n.script_changed,
             parallelism: n.parallelism,
             key_groups_redistributed: n.key_groups_redistributed,
+            // Internal states (timers, TTL expiry) follow their operator's; not listed.
             states: n
                 .states
                 .iter()
+                .filter(|s| !s.name.starts_with("__"))
                 .map(|s| {
                     let (kind, from_kind) = match s.change {
                         StateChange::Kept(k)
