@@ -15,7 +15,7 @@ use weir_schema::OnErrorSpec;
 
 use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{Batch, Pending, WATERMARK_MIN};
+use crate::base::message::{Batch, Pending};
 use crate::record::{KeyGroupRange, excerpt};
 use crate::state::StateBackend;
 
@@ -260,7 +260,8 @@ pub struct OperatorContext {
     /// savepoint of the same script, or any checkpoint, never migrates.
     pub migrate: bool,
     /// The current event-time watermark of the operator's input (epoch milliseconds;
-    /// [`WATERMARK_MIN`] before the first one), kept by the task loop.
+    /// [`WATERMARK_MIN`](crate::base::message::WATERMARK_MIN) before the first one), kept by
+    /// the task loop.
     pub watermark: i64,
     /// Processing time.
     pub clock: Clock,
@@ -283,7 +284,7 @@ impl OperatorContext {
             state: None,
             restored_from: None,
             migrate: false,
-            watermark: WATERMARK_MIN,
+            watermark: crate::base::message::WATERMARK_MIN,
             clock: Clock::System,
         }
     }
