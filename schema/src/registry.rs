@@ -789,6 +789,15 @@ impl SourceSpec {
         }
     }
 
+    /// The field of the source's `event_time`, if it declares one: where an event-time
+    /// `window` downstream reads a record's event time by default.
+    ///
+    /// Integration point (issue 15): sources get `event_time` with the watermark work; until
+    /// it lands no source declares one.
+    pub fn event_time_field(&self) -> Option<&str> {
+        None
+    }
+
     /// The sink named by `on_error: {dead_letter: ...}`, if any.
     pub fn dead_letter(&self) -> Option<&str> {
         match self.on_error() {
