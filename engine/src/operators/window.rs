@@ -514,11 +514,12 @@ impl WindowOperator {
                 let (Ok(start), Some(end)) = (f.parse::<i64>(), window_end(v)) else {
                     return false;
                 };
-                if emit && WindowConfig::fire_time(end) == time {
-                    if let Ok(pair) = v.as_array_ref() {
-                        let o = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
-                        outputs.push((start, o));
-                    }
+                if emit
+                    && WindowConfig::fire_time(end) == time
+                    && let Ok(pair) = v.as_array_ref()
+                {
+                    let o = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
+                    outputs.push((start, o));
                 }
                 config.cleanup_time(end) > time
             });
@@ -1136,6 +1137,40 @@ mod tests {
             WindowOperator::new(Accumulator::scripted(s), config(Assigner::Session { gap: 6 }))
         };
         equivalence(&scripted);
+    }
+
+    #[test]
+    fn a_scripted_session_window_without_fn_merge_is_invalid() {
+        let yaml = |script: &str| {
+            format!(
+                "version: 1
+pipelines:
+  - id: p
+    sources:
+      - {{id: src, type: file, path: in.jsonl}}
+    operators:
+      - {{id: by, type: key_by, input: src, field: user}}
+      - id: w
+        type: window
+        input: by
+        time: processing
+        window: {{session: {{gap: 30s}}}}
+        script: '{script}'
+    sinks:
+      - {{id: out, type: file, input: w, path: out}}
+"
+            )
+        };
+        let base = "fn init() { 0 } fn add(acc, r) { acc + 1 }";
+        let v = crate::validate::validate_str("p.yaml", &yaml(base), std::path::Path::new("."));
+        let found: Vec<_> = v.diagnostics.iter().map(|d| (d.code, d.message.clone())).collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, weir_schema::diagnostic::codes::SCRIPT_MISSING_FUNCTION);
+        assert!(found[0].1.contains("fn merge(a, b)"), "{found:?}");
+        let with_merge = format!("{base} fn merge(a, b) {{ a + b }}");
+        let v = crate::validate::validate_str("p.yaml", &yaml(&with_merge), std::path::Path::new("."));
+        assert!(v.is_ok(true), "{:?}", v.diagnostics);
+        assert!(v.plan().expect("plan").is_ok());
     }
 
     #[test]

@@ -57,8 +57,13 @@ pub struct ChainNode {
     pub metrics: Arc<SubtaskMetrics>,
     /// Data edges leaving the chain from this node.
     pub outputs: Vec<Output>,
-    /// Dead-letter edges from this node.
+    /// Side-output edges from this node: dead letters, then (from `late_from` on) a
+    /// `window`'s late records. One list, so that barriers, watermarks and the end of input
+    /// reach every side output alike.
     pub dead_letters: Vec<Output>,
+    /// Index of the first side output in `dead_letters` that carries late records rather
+    /// than dead letters (`dead_letters.len()` when there is none).
+    pub late_from: usize,
     /// Whether records leaving this node are counted as output (sinks count input only).
     pub counts_output: bool,
     /// A fault to inject (recovery tests).
@@ -117,19 +122,39 @@ impl ChainTask {
         Ok(())
     }
 
+    /// Sends what the node's last call left in `ctx.dead_letters` and `ctx.late` to their
+    /// side outputs, and counts them (and the late records it dropped).
     async fn flush_dead_letters(node: &mut ChainNode) -> Result<()> {
+        let dropped = std::mem::take(&mut node.ctx.late_dropped);
+        if dropped > 0 || !node.ctx.late.is_empty() {
+            let late = std::mem::take(&mut node.ctx.late);
+            node.metrics.add_late(dropped, late.len() as u64);
+            let from = node.late_from.min(node.dead_letters.len());
+            Self::send_to_all(&mut node.dead_letters[from..], late).await?;
+        }
         if node.ctx.dead_letters.is_empty() {
             return Ok(());
         }
         let letters = std::mem::take(&mut node.ctx.dead_letters);
         node.metrics.add_dead_lettered(letters.len() as u64);
-        let k = node.dead_letters.len();
-        for (j, out) in node.dead_letters.iter_mut().enumerate() {
-            if j + 1 == k {
-                out.send(Batch::new(letters)).await?;
-                break;
-            }
-            out.send(Batch::new(letters.clone())).await?;
+        let to = node.late_from.min(node.dead_letters.len());
+        Self::send_to_all(&mut node.dead_letters[..to], letters).await
+    }
+
+    /// Sends `records` to every output of `outs` (nothing when there is none).
+    async fn send_to_all(outs: &mut [Output], records: Vec<Dynamic>) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let k = outs.len();
+        let mut records = Some(records);
+        for (j, out) in outs.iter_mut().enumerate() {
+            let batch = if j + 1 == k {
+                records.take().unwrap_or_default()
+            } else {
+                records.clone().unwrap_or_default()
+            };
+            out.send(Batch::new(batch)).await?;
         }
         Ok(())
     }
@@ -1251,6 +1276,7 @@ mod tests {
                 metrics: Arc::new(SubtaskMetrics::default()),
                 outputs: Vec::new(),
                 dead_letters: Vec::new(),
+                late_from: 0,
                 counts_output: true,
                 fault: None,
             }],
@@ -1294,6 +1320,7 @@ mod tests {
             metrics: Arc::new(SubtaskMetrics::default()),
             outputs,
             dead_letters: Vec::new(),
+            late_from: 0,
             counts_output: true,
             fault: None,
         }
@@ -1368,6 +1395,61 @@ mod tests {
             sent_largest <= BATCH_SIZE,
             "largest batch sent: {sent_largest}"
         );
+    }
+
+    /// Turns each record into a dead letter and a late record.
+    struct SideProbe;
+
+    impl Operator for SideProbe {
+        fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
+            for r in batch.records.drain(..) {
+                ctx.late.push(r.clone());
+                ctx.late_dropped += 1;
+                ctx.errors += 1;
+                ctx.dead_letters.push(r);
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn late_records_and_dead_letters_go_to_their_own_side_outputs() {
+        use crate::runtime::exchange::Target;
+
+        let mut receivers = Vec::new();
+        let mut sides = Vec::new();
+        for name in ["dlq", "late"] {
+            let (tx, rx) = mpsc::channel(crate::base::message::CHANNEL_CAPACITY);
+            sides.push(Output::new(
+                crate::plan::Partitioning::Forward,
+                vec![Target { sender: tx }],
+                128,
+                "p".into(),
+                name.into(),
+            ));
+            receivers.push(rx);
+        }
+        let mut side = node(Box::new(SideProbe), "w", Vec::new());
+        side.dead_letters = sides;
+        side.late_from = 1;
+        let metrics = Arc::clone(&side.metrics);
+        let mut chain = ChainTask {
+            nodes: vec![side],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let input = Batch::new(vec![Dynamic::from(1_i64), Dynamic::from(2_i64)]);
+        chain.push(0, input).await.expect("runs");
+        drop(chain);
+        for mut rx in receivers {
+            let mut got = 0;
+            while let Some(Message::Records(b)) = rx.recv().await {
+                got += b.len();
+            }
+            assert_eq!(got, 2, "each side output gets its own records once");
+        }
+        let f = metrics.figures();
+        assert_eq!((f.dead_lettered, f.late_sent, f.late_dropped), (2, 2, 2));
     }
 
     const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(Barrier {
