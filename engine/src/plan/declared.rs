@@ -42,7 +42,10 @@ pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
                 .map(|(n, d)| (n.clone(), d.kind()))
                 .chain([
                     (state_name(TimeDomain::Event).to_owned(), StateKind::Map),
-                    (state_name(TimeDomain::Processing).to_owned(), StateKind::Map),
+                    (
+                        state_name(TimeDomain::Processing).to_owned(),
+                        StateKind::Map,
+                    ),
                     (crate::state::ttl::STATE.to_owned(), StateKind::Map),
                 ])
                 .collect()

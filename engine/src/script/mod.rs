@@ -293,8 +293,83 @@ fn check_scripts_here(
                         .with_path(key.clone()),
                     );
                 }
-                Ok(ast) => check_functions(op, &ast, spans, source, &key, &mut out),
+                Ok(ast) => {
+                    check_functions(op, &ast, spans, source, &key, &mut out);
+                    check_event_timers(pipeline, op, &text, spans, source, &key, &mut out);
+                }
             }
+        }
+    }
+    out
+}
+
+/// A `process` script that sets event-time timers needs `event_time` on every source
+/// upstream: without watermarks its timers would fire only at the end of a bounded input.
+fn check_event_timers(
+    pipeline: &weir_schema::PipelineSpec,
+    op: &OperatorSpec,
+    text: &str,
+    spans: &SpanIndex,
+    source: &Arc<SourceFile>,
+    key: &YamlPath,
+    out: &mut Diagnostics,
+) {
+    if !matches!(op, OperatorSpec::Process(_)) || !calls(text, "register_event_timer") {
+        return;
+    }
+    let without: Vec<String> = upstream_sources(pipeline, op.id())
+        .into_iter()
+        .filter(|s| s.event_time().is_none())
+        .map(|s| format!("`{}`", s.id()))
+        .collect();
+    if without.is_empty() {
+        return;
+    }
+    let list = without.join(", ");
+    out.push(
+        Diagnostic::error(
+            codes::NO_EVENT_TIME,
+            format!(
+                "`process` operator `{}` sets event-time timers but is downstream of {list}, \
+                 which declare no `event_time`",
+                op.id()
+            ),
+        )
+        .at(source, spans.key_span(key))
+        .label("no watermarks reach these timers")
+        .help(format!(
+            "declare `event_time: {{field: <field>}}` on {list} so that watermarks fire the \
+             timers, or use `register_processing_timer`"
+        ))
+        .with_path(key.clone()),
+    );
+}
+
+/// Whether `text` calls the function `name` (a call, not a longer name containing it).
+fn calls(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + name.len()..].trim_start();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && after.starts_with('(')
+    })
+}
+
+/// The sources operator `id` reads from, directly or through other operators.
+fn upstream_sources<'a>(
+    pipeline: &'a weir_schema::PipelineSpec,
+    id: &str,
+) -> Vec<&'a weir_schema::SourceSpec> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![id.to_owned()];
+    let mut out = Vec::new();
+    while let Some(at) = stack.pop() {
+        if !seen.insert(at.clone()) {
+            continue;
+        }
+        if let Some(s) = pipeline.sources.iter().find(|s| s.id() == at) {
+            out.push(s);
+        } else if let Some(o) = pipeline.operators.iter().find(|o| o.id() == at) {
+            stack.extend(o.wiring().names().into_iter().map(|(n, _)| n.to_owned()));
         }
     }
     out
@@ -377,3 +452,40 @@ pub mod errors;
 pub mod fast;
 pub mod runtime;
 pub mod strict;
+
+#[cfg(test)]
+mod tests {
+    use weir_schema::diagnostic::codes;
+
+    use super::calls;
+
+    fn pipeline(event_time: &str, script: &str) -> String {
+        format!(
+            "version: 1\npipelines:\n  - id: p\n    sources:\n      - {{id: src, type: file, path: in.jsonl{event_time}}}\n    operators:\n      - {{id: by, type: key_by, input: src, field: user}}\n      - id: proc\n        type: process\n        input: by\n        script: |\n          {script}\n    sinks:\n      - {{id: out, type: stdout, input: proc}}\n"
+        )
+    }
+
+    fn codes_of(text: &str) -> Vec<&'static str> {
+        let v = crate::validate::validate_str("p.yaml", text, std::path::Path::new("."));
+        v.diagnostics.iter().map(|d| d.code).collect()
+    }
+
+    #[test]
+    fn event_timers_need_event_time_upstream() {
+        let script = "fn process(r) { register_event_timer(r.ts + 10); } fn on_timer(ts, kind) { emit(ts); }";
+        assert_eq!(codes_of(&pipeline("", script)), vec![codes::NO_EVENT_TIME]);
+        assert_eq!(
+            codes_of(&pipeline(", event_time: {field: ts}", script)),
+            Vec::<&str>::new()
+        );
+        let processing = "fn process(r) { register_processing_timer(now() + 10); } fn on_timer(ts, kind) { emit(ts); }";
+        assert_eq!(codes_of(&pipeline("", processing)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_call_is_told_from_a_longer_name() {
+        assert!(calls("x; register_event_timer (1)", "register_event_timer"));
+        assert!(!calls("my_register_event_timer(1)", "register_event_timer"));
+        assert!(!calls("let register_event_timer_at = 1;", "register_event_timer"));
+    }
+}
