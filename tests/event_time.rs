@@ -11,9 +11,10 @@
 //! 3. it is stopped with savepoints and restored at parallelism 1, then 3, then 2, reading a
 //!    growing set of files, and the last run is drained (which fires what is still open).
 //!
-//! Records are at most 800 ms out of order within each file (the bound is 1 s) and every file
-//! only grows at its end with later times, so no record is ever late, whatever the
-//! interleaving of the readers: the output depends on the input alone. (Which records are late
+//! Records are at most 800 ms out of order within each file (the bound is 1 s, 30 s for the
+//! growing files of the rescale, see [`follow_job`]) and every file only grows at its end
+//! with later times, so no record is ever late, whatever the interleaving of the readers: the
+//! output depends on the input alone. (Which records are late
 //! is deterministic only for one reader in file order; the reference pipelines
 //! `pipelines/{page_views,top_pages,sessions}.yaml` cover lateness that way.)
 //! Kill moments are seeded (`WEIR_KILL_SEED`); nothing asserts on timing.
@@ -51,12 +52,13 @@ type Event = (String, i64, i64);
 // ---------------------------------------------------------------------------------------------
 // The job and its reference.
 
-/// The windowed job over `source` (a source spec without `id` and `event_time`), with the
-/// window and the process at `parallelism` and the process script `script`.
-fn windowed_job(source: Value, parallelism: u32, script: &str) -> Value {
+/// The windowed job over `source` (a source spec without `id` and `event_time`) with
+/// `max_out_of_orderness: ooo`, the window and the process at `parallelism` and the process
+/// script `script`.
+fn windowed_job(source: Value, ooo: &str, parallelism: u32, script: &str) -> Value {
     let mut source = source;
     source["id"] = json!("events");
-    source["event_time"] = json!({"field": "ts", "unit": "ms", "max_out_of_orderness": "1s"});
+    source["event_time"] = json!({"field": "ts", "unit": "ms", "max_out_of_orderness": ooo});
     json!({
         "version": 1,
         "pipelines": [{
@@ -227,7 +229,7 @@ fn windowed_job_survives_sigkill(backend: Backend, seed: u64) {
     input.grow(&data, &["even", "odd"], 120_000, 5);
     let source =
         json!({"type": "file", "path": data.join("in").to_str().unwrap(), "parallelism": 2});
-    let job = windowed_job(source, 2, TOTALS);
+    let job = windowed_job(source, "1s", 2, TOTALS);
 
     let prepare = |name: &str| {
         let dir = tmp.join(name);
@@ -341,7 +343,7 @@ fn a_reload_moves_open_windows_and_pending_timers_and_changes_nothing() {
     const COUNT: u64 = 12_000;
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("p.yaml");
-    let v0 = with_checkpoints(windowed_job(generator(COUNT, Some(1_500)), 1, TOTALS));
+    let v0 = with_checkpoints(windowed_job(generator(COUNT, Some(1_500)), "1s", 1, TOTALS));
     write_json(&file, &v0);
     let mut run = Running::start(tmp.path(), &file, &["--watch"]);
     run.wait_until("a first checkpoint and a closed window", |s| {
@@ -353,6 +355,7 @@ fn a_reload_moves_open_windows_and_pending_timers_and_changes_nothing() {
     // The window and the process from 1 to 2 subtasks, the script refactored.
     let mut v1 = with_checkpoints(windowed_job(
         generator(COUNT, Some(1_500)),
+        "1s",
         1,
         TOTALS_REFACTORED,
     ));
@@ -372,7 +375,12 @@ fn a_reload_moves_open_windows_and_pending_timers_and_changes_nothing() {
     );
 
     // The rate lifted: the rest goes fast, to the end of the generator's records.
-    let mut v2 = with_checkpoints(windowed_job(generator(COUNT, None), 1, TOTALS_REFACTORED));
+    let mut v2 = with_checkpoints(windowed_job(
+        generator(COUNT, None),
+        "1s",
+        1,
+        TOTALS_REFACTORED,
+    ));
     v2["pipelines"][0]["operators"] = v1["pipelines"][0]["operators"].clone();
     write_by_rename(&file, &serde_json::to_string_pretty(&v2).unwrap());
     run.wait_outcome(outcome.at_ms, "applied");
@@ -407,9 +415,15 @@ fn a_reload_moves_open_windows_and_pending_timers_and_changes_nothing() {
 // 3. Rescale 1 -> 3 -> 2 through savepoints.
 
 /// The job reading `in/` in follow mode at `parallelism` (the source's readers too).
+///
+/// A reader makes a watermark per split from the split's first record on (as Flink's
+/// per-split watermarks), and reads one split's backlog before the next one's: a split it has
+/// not read from yet does not hold the watermark back. Each growth of the input spans 18 s
+/// of event time over several files, so the bound here is 30 s: a split first read after
+/// another one of the same growth is never behind the watermark.
 fn follow_job(parallelism: u32) -> Value {
     let source = json!({"type": "file", "path": "in", "follow": true, "poll_interval": "20ms"});
-    with_checkpoints(windowed_job(source, parallelism, TOTALS))
+    with_checkpoints(windowed_job(source, "30s", parallelism, TOTALS))
 }
 
 /// Runs the job at `parallelism` (from `savepoint` when given) until its source read `lines`
