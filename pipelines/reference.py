@@ -11,6 +11,10 @@ Expected files are canonical JSON lines: keys sorted, no spaces, one record per 
 sorted, a trailing newline. A golden test canonicalises the engine's output the same way and
 compares the two as multisets of lines.
 
+The event-time pipelines (page_views, top_pages, sessions) are simulated record by record with
+their watermarks, windows and lateness; each output is computed with the watermark lagging 1
+and LAG records behind the arrivals, and the two must agree (see README.md).
+
 Not covered, on purpose: outputs that depend on the generator's pseudo-random sequence
 (`two_pipelines.yaml`, pipeline `synthetic`) and the exact error text of dead-letter records
 (`all_operators.yaml`, sink `errors`); see README.md.
