@@ -15,7 +15,7 @@ use weir_schema::OnErrorSpec;
 
 use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{Batch, Pending, WATERMARK_MIN};
+use crate::base::message::{Batch, Pending};
 use crate::record::{KeyGroupRange, excerpt};
 use crate::state::StateBackend;
 
@@ -283,7 +283,7 @@ impl OperatorContext {
             state: None,
             restored_from: None,
             migrate: false,
-            watermark: WATERMARK_MIN,
+            watermark: crate::base::message::WATERMARK_MIN,
             clock: Clock::System,
         }
     }

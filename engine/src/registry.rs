@@ -224,10 +224,16 @@ fn build_operator(
         }
         OperatorSpec::Process(p) => {
             let f = ctx.script_factory(node)?;
-            let declared: Vec<_> = p.state.iter().map(|(n, k)| (n.clone(), *k)).collect();
+            let declared: Vec<_> = p.state.iter().map(|(n, d)| (n.clone(), d.kind())).collect();
+            let ttl: Vec<_> = p
+                .state
+                .iter()
+                .filter_map(|(n, d)| Some((n.clone(), d.ttl()?.get(), d.ttl_update())))
+                .collect();
             let max = ctx.max_outputs_per_record();
             Box::new(move |_, _| {
-                Ok(Box::new(ProcessOperator::new(f(), declared.clone(), max)) as Box<dyn Operator>)
+                let op = ProcessOperator::new(f(), declared.clone(), max).with_ttl(ttl.clone());
+                Ok(Box::new(op) as Box<dyn Operator>)
             })
         }
         OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),

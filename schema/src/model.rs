@@ -11,12 +11,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use crate::registry::{
-    AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, FileSinkSpec,
-    FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec, KeyBySpec,
-    MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat, ReduceSpec,
-    SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec,
-    UnionSpec,
+    AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, EventTimeSpec,
+    FileSinkSpec, FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec,
+    KeyBySpec, MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat,
+    ReduceSpec, SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec,
+    StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec,
 };
+pub use crate::registry::{StateDeclSpec, StateOptionsSpec, TtlUpdate};
 use crate::units::{DurationSpec, SizeSpec};
 
 /// The only file-format version this build understands.

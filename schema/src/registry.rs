@@ -114,6 +114,10 @@ pub struct FileSourceSpec {
     /// What to do with a line that does not parse. Default: `fail`.
     #[serde(default)]
     pub on_error: SourceOnError,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
 }
 
 /// Options of the `generator` source.
@@ -140,6 +144,10 @@ pub struct GeneratorSourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub parallelism: Option<u32>,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
 }
 
 /// How a generated field gets its value.
@@ -213,6 +221,67 @@ pub struct StdinSourceSpec {
     /// What to do with a line that does not parse. Default: `fail`.
     #[serde(default)]
     pub on_error: SourceOnError,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
+}
+
+/// A source's event time: where each record's time is, and how far out of order records may
+/// come. Each source subtask makes watermarks from it, per split (file, part of a file,
+/// generator sequence): the largest event time seen minus `max_out_of_orderness` minus 1 ms,
+/// the minimum over its splits, never going back.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EventTimeSpec {
+    /// The field holding the event time, a dotted path such as `ts` or `meta.time`. A record
+    /// without it, or with a value that is not a time, is treated like a record that does
+    /// not parse (the source's `on_error`).
+    pub field: String,
+    /// For numbers: epoch milliseconds (`ms`) or seconds (`s`). Default: `ms`. Exclusive
+    /// with `format`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<TimeUnit>,
+    /// For strings: their format (`rfc3339`, such as `2026-12-02T05:00:00.250Z`). Exclusive
+    /// with `unit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<TimeFormat>,
+    /// How late (in event time) a record may arrive after a later one without being late:
+    /// the watermark trails the largest event time seen by this much. Default: `0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_out_of_orderness: Option<DurationSpec>,
+    /// A split that produced nothing for this long (processing time) stops holding the
+    /// watermark back until it produces again. Absent: never idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<DurationSpec>,
+}
+
+impl EventTimeSpec {
+    /// `max_out_of_orderness` in milliseconds (0 when absent).
+    pub fn out_of_orderness_ms(&self) -> i64 {
+        self.max_out_of_orderness.map_or(0, |d| {
+            i64::try_from(d.get().as_millis()).unwrap_or(i64::MAX)
+        })
+    }
+}
+
+/// The unit of a numeric event time.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeUnit {
+    /// Milliseconds since the Unix epoch.
+    #[default]
+    Ms,
+    /// Seconds since the Unix epoch (fractions allowed).
+    S,
+}
+
+/// The format of a textual event time.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeFormat {
+    /// RFC 3339, such as `2026-12-02T05:00:00Z` or `2026-12-02T06:00:00.5+01:00`.
+    Rfc3339,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,6 +337,103 @@ pub enum StateKind {
     List,
     /// A map from string to value per key.
     Map,
+}
+
+/// A named keyed state of a `process`: its kind alone (`seen: list`), or its kind with a
+/// time-to-live (`seen: {kind: map, ttl: 1h}`).
+#[derive(Clone, Debug, Serialize, JsonSchema, PartialEq)]
+#[serde(untagged)]
+pub enum StateDeclSpec {
+    /// `value` | `list` | `map`, without a time-to-live.
+    Kind(StateKind),
+    /// The kind with options.
+    Options(StateOptionsSpec),
+}
+
+/// A keyed state's kind and time-to-live.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StateOptionsSpec {
+    /// `value` | `list` | `map`.
+    pub kind: StateKind,
+    /// Time-to-live of a key's value (a whole list or map counts as one value): it reads as
+    /// absent once this much processing time passed since it was last written (or read, with
+    /// `ttl_update: on_read_and_write`), and is removed from the state soon after, so that
+    /// the state stays bounded. Counted on the processing-time clock, across restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<DurationSpec>,
+    /// What renews the time-to-live. Default: `on_write`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_update: Option<TtlUpdate>,
+}
+
+/// What renews a state's time-to-live.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlUpdate {
+    /// Every write of the key's value.
+    #[default]
+    OnWrite,
+    /// Every write, and every read that finds the value.
+    OnReadAndWrite,
+}
+
+impl StateDeclSpec {
+    /// The state's kind.
+    pub fn kind(&self) -> StateKind {
+        match self {
+            Self::Kind(k) => *k,
+            Self::Options(o) => o.kind,
+        }
+    }
+
+    /// The time-to-live, if any.
+    pub fn ttl(&self) -> Option<DurationSpec> {
+        match self {
+            Self::Kind(_) => None,
+            Self::Options(o) => o.ttl,
+        }
+    }
+
+    /// What renews the time-to-live.
+    pub fn ttl_update(&self) -> TtlUpdate {
+        match self {
+            Self::Kind(_) => TtlUpdate::OnWrite,
+            Self::Options(o) => o.ttl_update.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<StateKind> for StateDeclSpec {
+    fn from(kind: StateKind) -> Self {
+        Self::Kind(kind)
+    }
+}
+
+impl<'de> Deserialize<'de> for StateDeclSpec {
+    /// The short form is a string, the long form a mapping; each is read as its own type, so
+    /// that errors name the field or value that is wrong.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = StateDeclSpec;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`value`, `list`, `map`, or `{kind: ..., ttl: ...}`")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                StateKind::deserialize(serde::de::value::StrDeserializer::new(v))
+                    .map(StateDeclSpec::Kind)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                StateOptionsSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(StateDeclSpec::Options)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// A built-in aggregate function.
@@ -468,9 +634,10 @@ operator_spec! {
         /// Rhai script file, relative to the pipeline file.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         script_file: Option<PathBuf>,
-        /// Named keyed state: name → `value` | `list` | `map`.
+        /// Named keyed state: name → `value` | `list` | `map`, or
+        /// `{kind, ttl, ttl_update}` for a state whose values expire.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        state: BTreeMap<String, StateKind>,
+        state: BTreeMap<String, StateDeclSpec>,
     }
 }
 
@@ -678,6 +845,15 @@ impl SourceSpec {
             Self::File(s) => Some(&s.on_error),
             Self::Stdin(s) => Some(&s.on_error),
             Self::Generator(_) => None,
+        }
+    }
+
+    /// The source's event time, when declared.
+    pub fn event_time(&self) -> Option<&EventTimeSpec> {
+        match self {
+            Self::File(s) => s.event_time.as_ref(),
+            Self::Generator(s) => s.event_time.as_ref(),
+            Self::Stdin(s) => s.event_time.as_ref(),
         }
     }
 

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use crate::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::model::{
-    AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec,
-    OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
+    AggregateSpec, CheckpointMode, EventTimeSpec, FailoverSpec, FileSpec, GeneratorFieldSpec,
+    OnErrorSpec, OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec,
+    StateSpec,
 };
+use crate::registry::{ProcessSpec, StateDeclSpec};
 use crate::registry::Section;
 use crate::span::{SourceFile, SpanIndex, YamlPath};
 use crate::units::DurationSpec;
@@ -811,6 +813,45 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             if let OperatorSpec::Reduce(r) = op {
                 self.check_field_path(&r.key_field, &path.join("key_field"));
             }
+            if let OperatorSpec::Process(p) = op {
+                self.check_state_ttl(p, &path);
+            }
+        }
+    }
+
+    /// State names are not reserved (`__`); a state's `ttl` is a positive duration;
+    /// `ttl_update` without a `ttl` would do nothing.
+    fn check_state_ttl(&mut self, p: &ProcessSpec, path: &YamlPath) {
+        for (name, decl) in &p.state {
+            let at = path.join("state").join(name.as_str());
+            if name.starts_with("__") {
+                self.cx
+                    .key_error(
+                        codes::OPERATOR_OPTION,
+                        &at,
+                        format!("state name `{name}` of `{}` starts with `__`", p.id),
+                        "reserved",
+                    )
+                    .help("names starting with `__` are reserved for Weir's own state (timers, expiry times); rename it")
+                    .push(&mut self.cx.out);
+            }
+            let StateDeclSpec::Options(o) = decl else {
+                continue;
+            };
+            match o.ttl {
+                Some(ttl) => self.positive(ttl, at.join("ttl"), &format!("the `ttl` of state `{name}`")),
+                None if o.ttl_update.is_some() => self
+                    .cx
+                    .key_error(
+                        codes::OPERATOR_OPTION,
+                        &at.join("ttl_update"),
+                        format!("state `{name}` of `{}` has `ttl_update` but no `ttl`", p.id),
+                        "no effect without `ttl`",
+                    )
+                    .help("add `ttl: <duration>` (such as `1h`), or remove `ttl_update`")
+                    .push(&mut self.cx.out),
+                None => {}
+            }
         }
     }
 
@@ -912,6 +953,9 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     None
                 }
             };
+            if let Some(et) = s.event_time() {
+                self.check_event_time(et, &path.join("event_time"));
+            }
             if let Some(csv) = csv
                 && (csv.delimiter.len() != 1 || !csv.delimiter.is_ascii())
             {
@@ -925,6 +969,37 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
                     .push(&mut self.cx.out);
             }
+        }
+    }
+
+    /// A source's `event_time`: a field path, `unit` or `format` (not both), a positive
+    /// `idle_timeout`.
+    fn check_event_time(&mut self, et: &EventTimeSpec, path: &YamlPath) {
+        let f = &et.field;
+        if f.is_empty() || f.split('.').any(str::is_empty) {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path.join("field"),
+                    format!("`{f}` is not a field path"),
+                    "empty path segment",
+                )
+                .help("name the field holding the event time, such as `ts` or `meta.time`")
+                .push(&mut self.cx.out);
+        }
+        if et.unit.is_some() && et.format.is_some() {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path.join("format"),
+                    "`event_time` has both `unit` and `format`",
+                    "exclusive with `unit`",
+                )
+                .help("numbers take `unit: ms | s`, strings take `format: rfc3339`: keep the one that fits the field")
+                .push(&mut self.cx.out);
+        }
+        if let Some(d) = et.idle_timeout {
+            self.positive(d, path.join("idle_timeout"), "`idle_timeout`");
         }
     }
 
@@ -1374,5 +1449,112 @@ mod tests {
                 "    checkpoints: {interval: 1s}\n    state: {backend: fs}\n    sources:",
             );
         assert_eq!(codes_of(&text), vec![codes::NOT_REPLAYABLE]);
+    }
+
+    #[test]
+    fn event_time_rules() {
+        let with = |et: &str| {
+            OK.replace(
+                "{id: src, type: file, path: in.jsonl}",
+                &format!("{{id: src, type: file, path: in.jsonl, event_time: {et}}}"),
+            )
+        };
+        assert_eq!(
+            codes_of(&with(
+                "{field: ts, unit: s, max_out_of_orderness: 1s, idle_timeout: 30s}"
+            )),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            codes_of(&with("{field: meta.time, format: rfc3339}")),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            codes_of(&with("{field: ts, unit: ms, format: rfc3339}")),
+            vec![codes::INVALID_VALUE]
+        );
+        assert_eq!(
+            codes_of(&with("{field: 'a..b'}")),
+            vec![codes::INVALID_VALUE]
+        );
+        assert_eq!(
+            codes_of(&with("{field: ts, idle_timeout: 0s}")),
+            vec![codes::INVALID_DURATION]
+        );
+        assert!(
+            !codes_of(&with("{unit: ms}")).is_empty(),
+            "the field is required"
+        );
+        assert!(!codes_of(&with("{field: ts, unit: minutes}")).is_empty());
+    }
+
+    /// A process over `by` with the given `state:` block (flow style).
+    fn with_state(state: &str) -> String {
+        OK.replace(
+            "      - id: total\n        type: aggregate\n        input: by\n        aggregations: [{fn: sum, field: amount}]\n",
+            &format!("      - id: total\n        type: process\n        input: by\n        state: {state}\n        script: 'fn process(r) {{ }}'\n"),
+        )
+    }
+
+    fn findings(text: &str) -> Vec<Diagnostic> {
+        let loaded = load_str("t.yaml", text);
+        let mut all: Vec<Diagnostic> = loaded.diagnostics.iter().cloned().collect();
+        if let (Some(spec), Some(spans)) = (&loaded.spec, &loaded.spans) {
+            all.extend(validate(spec, spans, &loaded.source, Path::new(".")).iter().cloned());
+        }
+        all
+    }
+
+    #[test]
+    fn state_entries_take_the_short_and_the_long_form() {
+        let text = with_state("{best: value, seen: {kind: map, ttl: 1h, ttl_update: on_read_and_write}, recent: {kind: list}}");
+        assert_eq!(codes_of(&text), Vec::<&str>::new());
+        let loaded = load_str("t.yaml", &text);
+        let spec = loaded.spec.expect("loads");
+        let OperatorSpec::Process(p) = &spec.pipelines[0].operators[1] else {
+            panic!("a process");
+        };
+        assert_eq!(p.state["best"], StateDeclSpec::Kind(crate::StateKind::Value));
+        assert_eq!(p.state["seen"].kind(), crate::StateKind::Map);
+        assert_eq!(p.state["seen"].ttl(), Some(DurationSpec::from_secs(3600)));
+        assert_eq!(p.state["seen"].ttl_update(), crate::TtlUpdate::OnReadAndWrite);
+        assert_eq!(p.state["recent"].ttl(), None);
+        assert_eq!(p.state["best"].ttl_update(), crate::TtlUpdate::OnWrite);
+    }
+
+    #[test]
+    fn a_state_ttl_must_be_a_positive_duration_and_is_located() {
+        let text = with_state("{seen: {kind: map, ttl: 0s}}");
+        let found = findings(&text);
+        let zero = found
+            .iter()
+            .find(|d| d.code == codes::INVALID_DURATION)
+            .unwrap_or_else(|| panic!("{found:?}"));
+        assert_eq!(&text[zero.span.clone().expect("span")], "0s");
+        assert!(zero.message.contains("`ttl` of state `seen`"), "{}", zero.message);
+
+        let text = with_state("{seen: {kind: map, ttl: soon}}");
+        let found = findings(&text);
+        let bad = found
+            .iter()
+            .find(|d| d.code == codes::INVALID_DURATION)
+            .unwrap_or_else(|| panic!("{found:?}"));
+        assert_eq!(&text[bad.span.clone().expect("span")], "soon");
+
+        let text = with_state("{seen: {kind: map, ttl_update: on_write}}");
+        let found = findings(&text);
+        let idle = found
+            .iter()
+            .find(|d| d.code == codes::OPERATOR_OPTION)
+            .unwrap_or_else(|| panic!("{found:?}"));
+        assert_eq!(&text[idle.span.clone().expect("span")], "ttl_update");
+
+        for wrong in ["{seen: {kind: bag}}", "{seen: {kind: map, tll: 1h}}", "{seen: sett}"] {
+            let found = findings(&with_state(wrong));
+            assert!(
+                found.iter().any(|d| d.span.is_some() && d.severity == crate::Severity::Error),
+                "{wrong}: {found:?}"
+            );
+        }
     }
 }

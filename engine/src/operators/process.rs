@@ -2,19 +2,39 @@
 //! `map_put`, ...) and `emit(record)`; optional `fn on_end(key)` per key at the end of a
 //! bounded input, and optional `fn migrate(old)` (or `fn migrate(name, old)`) that rewrites
 //! every value of every declared state after a savepoint restore.
+//!
+//! Keyed timers: a script that defines `fn on_timer(ts, kind)` may set and delete event- and
+//! processing-time timers for the current key (`register_event_timer(t)`, ...). They live in
+//! [`Timers`] (keyed state, so checkpoints, savepoints and rescaling carry them); event-time
+//! timers fire in [`Operator::on_watermark`] once the watermark reaches them, processing-time
+//! ones in [`Operator::on_processing_time`], earliest first, each with its key current (state
+//! functions, `emit` and `key()` work as in `process`). After a restore the queue is rebuilt
+//! ([`Operator::state_restored`]), and timers already due fire at the next watermark or
+//! wake-up.
+//!
+//! State time-to-live: states declared with a `ttl` expire through [`Ttl`] on every access,
+//! with processing time from `ctx.clock`; a sweep on a processing-time wake-up (every
+//! shortest `ttl`) removes expired values that are never read again.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use rhai::Dynamic;
-use weir_schema::StateKind;
+use weir_schema::{StateKind, TtlUpdate};
 
 use super::reduce::{migrate_keyed_state, require_keys, unkeyed};
 use crate::base::error::Result;
 use crate::base::message::{Batch, Pending};
 use crate::element::{Operator, OperatorContext};
 use crate::record::{Key, KeyBuildHasher};
-use crate::script::runtime::{ScriptFn, discard_emitted, set_key, take_emitted, with_frame};
-use crate::state::StateId;
+use crate::script::runtime::{
+    ProcessContext, ScriptFn, TimerOp, discard_emitted, set_key, set_process_context,
+    take_emitted, take_timer_ops, with_frame, with_frame_state,
+};
+use crate::state::timers::{TimeDomain, Timers};
+use crate::state::ttl::{Ttl, TtlRule};
+use crate::state::{StateBackend, StateId};
 
 /// The `process` operator.
 pub struct ProcessOperator {
@@ -23,6 +43,14 @@ pub struct ProcessOperator {
     names: Vec<(String, StateId)>,
     /// Most records one call may `emit`.
     max_outputs: usize,
+    /// Declared time-to-live by state name.
+    ttl_declared: Vec<(String, Duration, TtlUpdate)>,
+    /// The registered time-to-live rules (after `open`), when a state has one.
+    ttl: Option<Arc<Ttl>>,
+    /// When the next sweep of expired values is due (processing time).
+    next_sweep: Option<i64>,
+    /// The timers, when the script defines `fn on_timer(ts, kind)` (after `open`).
+    timers: Option<Timers>,
 }
 
 impl ProcessOperator {
@@ -34,8 +62,117 @@ impl ProcessOperator {
             declared,
             names: Vec::new(),
             max_outputs: max_outputs.max(1),
+            ttl_declared: Vec::new(),
+            ttl: None,
+            next_sweep: None,
+            timers: None,
         }
     }
+
+    /// Gives declared states a time-to-live: `(state name, ttl, what renews it)`.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Vec<(String, Duration, TtlUpdate)>) -> Self {
+        self.ttl_declared = ttl;
+        self
+    }
+
+    /// The frame context of calls made at processing time `now`.
+    fn context(&self, now: i64, ctx: &OperatorContext) -> ProcessContext {
+        ProcessContext {
+            now,
+            watermark: ctx.watermark,
+            ttl: self.ttl.clone(),
+            timers: self.timers.is_some(),
+        }
+    }
+
+    /// Applies the timers calls set or deleted.
+    fn apply(&mut self, ops: Vec<TimerOp>, ctx: &mut OperatorContext) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let (Some(timers), Some(state)) = (self.timers.as_mut(), ctx.state.as_deref_mut()) else {
+            return Ok(());
+        };
+        apply_ops(timers, state, ops)
+    }
+
+    /// Fires the timers of `domain` due at `upto`, each through `fn on_timer(ts, kind)` with
+    /// its key current, appending what they emit to `out`.
+    fn fire(
+        &mut self,
+        domain: TimeDomain,
+        upto: i64,
+        now: i64,
+        out: &mut Vec<Dynamic>,
+        ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        if self.timers.as_ref().is_none_or(|t| t.next(domain).is_none_or(|t| t > upto)) {
+            return Ok(());
+        }
+        let cx = self.context(now, ctx);
+        let Some(timers) = self.timers.as_mut() else {
+            return Ok(());
+        };
+        let script = &mut self.script;
+        let mut failures = Vec::new();
+        let result = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
+            set_process_context(cx);
+            loop {
+                let Some(due) = with_frame_state(|s| timers.pop_due(s, domain, upto)) else {
+                    return Ok(());
+                };
+                let Some((time, key)) = due? else {
+                    return Ok(());
+                };
+                set_key(Some(key.clone()));
+                let kind = Dynamic::from(domain.name());
+                let failed = match script.call("on_timer", (time, kind)) {
+                    Ok(_) => take_emitted(out).err(),
+                    Err(e) => {
+                        discard_emitted();
+                        Some(e)
+                    }
+                };
+                let ops = take_timer_ops();
+                if let Some(applied) = with_frame_state(|s| apply_ops(timers, s, ops)) {
+                    applied?;
+                }
+                if let Some(e) = failed {
+                    failures.push((timer_record(&key, time, domain), e));
+                }
+            }
+        });
+        for (r, e) in failures {
+            ctx.record_failed(r, e)?;
+        }
+        result
+    }
+}
+
+/// Sets and deletes timers as the calls asked, in order.
+fn apply_ops(timers: &mut Timers, state: &mut dyn StateBackend, ops: Vec<TimerOp>) -> Result<()> {
+    for op in ops {
+        if op.set {
+            timers.set(state, op.domain, &op.key, op.time)?;
+        } else {
+            timers.delete(state, op.domain, &op.key, op.time)?;
+        }
+    }
+    Ok(())
+}
+
+/// What a failing `on_timer` call reports as its record: `{key, timer, kind}`.
+fn timer_record(key: &Key, time: i64, domain: TimeDomain) -> Dynamic {
+    let mut m = rhai::Map::new();
+    m.insert("key".into(), key.to_dynamic());
+    m.insert("timer".into(), Dynamic::from(time));
+    m.insert("kind".into(), Dynamic::from(domain.name()));
+    Dynamic::from_map(m)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Operator for ProcessOperator {
@@ -44,6 +181,26 @@ impl Operator for ProcessOperator {
         for (name, kind) in &self.declared {
             let id = state.register(name, *kind)?;
             self.names.push((name.clone(), id));
+        }
+        let rules = self
+            .ttl_declared
+            .iter()
+            .filter_map(|(name, ttl, update)| {
+                let (_, id) = self.names.iter().find(|(n, _)| n == name)?;
+                Some(TtlRule {
+                    state: *id,
+                    name: name.clone(),
+                    ttl_ms: millis(*ttl).max(1),
+                    renew_on_read: *update == TtlUpdate::OnReadAndWrite,
+                })
+            })
+            .collect();
+        self.ttl = Ttl::register(state.as_mut(), rules)?.map(Arc::new);
+        if self.script.defines("on_timer", 2) {
+            self.timers = Some(Timers::register(state.as_mut())?);
+        }
+        if let Some(ttl) = &self.ttl {
+            self.next_sweep = Some(ctx.clock.now_ms().saturating_add(ttl.sweep_interval()));
         }
         Ok(())
     }
@@ -58,6 +215,14 @@ impl Operator for ProcessOperator {
             .map(|((name, kind), (_, id))| (name.clone(), *kind, *id))
             .collect();
         migrate_keyed_state(&mut self.script, &states, ctx)
+    }
+
+    /// Rebuilds the timer queue from the restored state.
+    fn state_restored(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        if let Some(timers) = self.timers.as_mut() {
+            timers.rebuild(ctx.state_mut()?.as_ref())?;
+        }
+        Ok(())
     }
 
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
@@ -81,10 +246,12 @@ impl Operator for ProcessOperator {
             return Err(unkeyed(ctx));
         }
         let mut failures = Vec::new();
+        let cx = self.context(ctx.clock.now_ms(), ctx);
         let script = &mut self.script;
         let records = &mut out.records;
         let exact = ctx.keeps_failed_records();
-        with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
+        let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
+            set_process_context(cx);
             while records.len() < limit {
                 let Some((r, k)) = input.next_record() else {
                     break;
@@ -104,9 +271,54 @@ impl Operator for ProcessOperator {
                     failures.push((original.unwrap_or(left), e));
                 }
             }
+            take_timer_ops()
         });
+        self.apply(ops, ctx)?;
         for (r, e) in failures {
             ctx.record_failed(r, e)?;
+        }
+        Ok(())
+    }
+
+    /// Fires the event-time timers the watermark reached, earliest first.
+    fn on_watermark(
+        &mut self,
+        watermark: i64,
+        out: &mut Vec<Dynamic>,
+        ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        let now = ctx.clock.now_ms();
+        self.fire(TimeDomain::Event, watermark, now, out, ctx)
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        let timer = self
+            .timers
+            .as_ref()
+            .and_then(|t| t.next(TimeDomain::Processing));
+        match (timer, self.next_sweep) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Fires the processing-time timers due at `now`, then removes expired state values when
+    /// a sweep is due.
+    fn on_processing_time(
+        &mut self,
+        now: i64,
+        out: &mut Vec<Dynamic>,
+        ctx: &mut OperatorContext,
+    ) -> Result<()> {
+        self.fire(TimeDomain::Processing, now, now, out, ctx)?;
+        if let (Some(ttl), Some(due)) = (&self.ttl, self.next_sweep) {
+            if now >= due {
+                let removed = ttl.sweep(ctx.state_mut()?.as_mut(), now)?;
+                if removed > 0 {
+                    tracing::debug!(operator = %ctx.operator, subtask = ctx.subtask, removed, "Removed expired state values.");
+                }
+                self.next_sweep = Some(now.saturating_add(ttl.sweep_interval()));
+            }
         }
         Ok(())
     }
@@ -115,16 +327,28 @@ impl Operator for ProcessOperator {
         if !self.script.defines("on_end", 1) {
             return Ok(());
         }
+        let now = ctx.clock.now_ms();
         let mut keys: HashSet<Key, KeyBuildHasher> = HashSet::default();
         {
             let state = ctx.state_mut()?;
             for (_, id) in &self.names {
-                keys.extend(state.keys(*id)?);
+                for k in state.keys(*id)? {
+                    // A key whose only values expired holds no state any more.
+                    let expired = match &self.ttl {
+                        Some(ttl) => ttl.is_expired(state.as_ref(), *id, &k, now)?,
+                        None => false,
+                    };
+                    if !expired {
+                        keys.insert(k);
+                    }
+                }
             }
         }
         let mut failures = Vec::new();
+        let cx = self.context(now, ctx);
         let script = &mut self.script;
-        with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
+        let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
+            set_process_context(cx);
             for k in keys {
                 let kd = k.to_dynamic();
                 set_key(Some(k));
@@ -139,7 +363,9 @@ impl Operator for ProcessOperator {
                     failures.push((kd, e));
                 }
             }
+            take_timer_ops()
         });
+        self.apply(ops, ctx)?;
         for (r, e) in failures {
             ctx.record_failed(r, e)?;
         }

@@ -17,7 +17,7 @@ pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
         OperatorSpec::Reduce(_) | OperatorSpec::Aggregate(_) => {
             BTreeMap::from([(ACC.to_owned(), StateKind::Value)])
         }
-        OperatorSpec::Process(p) => p.state.clone(),
+        OperatorSpec::Process(p) => p.state.iter().map(|(n, d)| (n.clone(), d.kind())).collect(),
         _ => BTreeMap::new(),
     }
 }

@@ -370,7 +370,6 @@ impl Key {
     }
 
     /// The stable hash.
-    #[cfg(any(test, feature = "testkit"))]
     pub fn hash_code(&self) -> u64 {
         self.hash
     }

@@ -1,11 +1,16 @@
 //! Running compiled scripts: [`ScriptFn`] (one operator subtask's compiled AST, engine and
-//! reused scope) and the runtime functions scripts call: `emit(r)`, `key()`, and keyed state
+//! reused scope) and the runtime functions scripts call: `emit(r)`, `key()`, keyed state
 //! access `state_get`/`state_set`/`state_clear`, `list_push`/`list_get`,
-//! `map_put`/`map_get`/`map_remove`.
+//! `map_put`/`map_get`/`map_remove`, and in `process` the timer functions
+//! (`register_event_timer`, ...), `now()` and `watermark()`.
 //!
 //! Those functions reach the current operator through a thread-local frame that
 //! [`with_frame`] installs around a synchronous batch of calls (so no lock is taken per call
-//! and nothing crosses an `.await`). Outside a frame they fail with a script error.
+//! and nothing crosses an `.await`). Outside a frame they fail with a script error. A
+//! `process` operator adds its [`ProcessContext`] to the frame: the processing time and
+//! watermark scripts see, its states' time-to-live (applied on every state access) and
+//! whether timers may be set; the timers a call sets or deletes wait in the frame as
+//! [`TimerOp`]s until the operator applies them ([`take_timer_ops`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -20,6 +25,8 @@ use weir_schema::span::offset_of;
 use super::errors::{self, ScriptOrigin};
 use super::fast::FastExpr;
 use crate::record::Key;
+use crate::state::timers::TimeDomain;
+use crate::state::ttl::{Access, Ttl};
 use crate::state::{StateBackend, StateId};
 
 /// A script compiled for the runtime: the whole AST, plus the body of each of its functions
@@ -422,6 +429,36 @@ struct Frame {
     over_budget: bool,
     state: Option<Box<dyn StateBackend>>,
     names: Vec<(String, StateId)>,
+    /// Set by a `process` operator ([`set_process_context`]).
+    process: Option<ProcessContext>,
+    /// Timers set or deleted since the operator last took them.
+    timer_ops: Vec<TimerOp>,
+}
+
+/// What a `process` operator adds to the frame of its calls.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessContext {
+    /// Processing time (epoch milliseconds) for `now()` and state time-to-live.
+    pub now: i64,
+    /// The operator's current watermark, for `watermark()`.
+    pub watermark: i64,
+    /// The time-to-live of its states, applied on every state access.
+    pub ttl: Option<Arc<Ttl>>,
+    /// Whether the script defines `fn on_timer(ts, kind)`, so that timers may be set.
+    pub timers: bool,
+}
+
+/// A timer a script set or deleted, for the current key at the time of the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimerOp {
+    /// `true`: set; `false`: delete.
+    pub set: bool,
+    /// Event or processing time.
+    pub domain: TimeDomain,
+    /// The key the call ran for.
+    pub key: Key,
+    /// When the timer fires (epoch milliseconds).
+    pub time: i64,
 }
 
 thread_local! {
@@ -456,8 +493,31 @@ pub fn with_frame<R>(
         fr.key = None;
         fr.max_outputs = 0;
         fr.emitted = Vec::new();
+        fr.process = None;
+        fr.timer_ops = Vec::new();
     });
     out
+}
+
+/// Gives the calls of the current frame (inside [`with_frame`]) a `process` operator's
+/// context; [`with_frame`] drops it at its end.
+pub fn set_process_context(cx: ProcessContext) {
+    FRAME.with(|fr| fr.borrow_mut().process = Some(cx));
+}
+
+/// Takes the timers the calls since the last take set or deleted, in call order.
+pub fn take_timer_ops() -> Vec<TimerOp> {
+    FRAME.with(|fr| std::mem::take(&mut fr.borrow_mut().timer_ops))
+}
+
+/// Runs `f` on the frame's state backend (inside [`with_frame`]); `None` when the frame holds
+/// none.
+pub fn with_frame_state<R>(f: impl FnOnce(&mut dyn StateBackend) -> R) -> Option<R> {
+    FRAME.with(|fr| {
+        let mut fr = fr.borrow_mut();
+        let state: &mut dyn StateBackend = fr.state.as_deref_mut()?;
+        Some(f(state))
+    })
 }
 
 /// Sets the key the next calls see (inside [`with_frame`]).
@@ -509,9 +569,12 @@ fn err<T>(msg: String) -> Res<T> {
     )))
 }
 
-/// Runs `f` on the frame's state backend, the current key and the handle of state `name`.
+/// Runs `f` on the frame's state backend, the current key and the handle of state `name`;
+/// `access` says how `f` uses the value, for the state's time-to-live (an expired value is
+/// removed before `f` sees it).
 fn with_state<T>(
     name: &str,
+    access: Access,
     f: impl FnOnce(&mut dyn StateBackend, &Key, StateId) -> crate::base::error::Result<T>,
 ) -> Res<T> {
     FRAME.with(|fr| {
@@ -532,7 +595,61 @@ fn with_state<T>(
         let (Some(state), Some(key)) = (fr.state.as_deref_mut(), fr.key.as_ref()) else {
             return err("state is only available while processing a keyed record".to_owned());
         };
-        f(state, key, id).or_else(|e| err(e.to_string()))
+        let ttl = fr
+            .process
+            .as_ref()
+            .and_then(|p| Some((p.ttl.as_deref()?, p.now)));
+        if let Some((ttl, now)) = ttl {
+            ttl.expire_if_due(state, id, key, now)
+                .or_else(|e| err(e.to_string()))?;
+        }
+        let out = f(state, key, id).or_else(|e| err(e.to_string()))?;
+        if let Some((ttl, now)) = ttl {
+            ttl.touched(state, id, key, now, access)
+                .or_else(|e| err(e.to_string()))?;
+        }
+        Ok(out)
+    })
+}
+
+/// Queues a timer set or delete for the current key (see [`TimerOp`]).
+fn timer_op(function: &str, domain: TimeDomain, set: bool, time: i64) -> Res<()> {
+    FRAME.with(|fr| {
+        let mut fr = fr.borrow_mut();
+        let Some(process) = fr.process.as_ref().filter(|_| fr.active) else {
+            return err(format!(
+                "`{function}` is only available in a keyed `process` operator"
+            ));
+        };
+        if !process.timers {
+            return err(format!(
+                "`{function}`: the script defines no `fn on_timer(ts, kind)` to run when the \
+                 timer fires; define it"
+            ));
+        }
+        let Some(key) = fr.key.clone() else {
+            return err(format!(
+                "`{function}` is only available while processing a keyed record or timer"
+            ));
+        };
+        fr.timer_ops.push(TimerOp {
+            set,
+            domain,
+            key,
+            time,
+        });
+        Ok(())
+    })
+}
+
+/// A value of the current `process` context.
+fn process_value(function: &str, f: impl FnOnce(&ProcessContext) -> i64) -> Res<i64> {
+    FRAME.with(|fr| {
+        let fr = fr.borrow();
+        match fr.process.as_ref().filter(|_| fr.active) {
+            Some(p) => Ok(f(p)),
+            None => err(format!("`{function}()` is only available in a `process` operator")),
+        }
     })
 }
 
@@ -561,7 +678,7 @@ fn register(engine: &mut Engine) {
         })
     });
     engine.register_fn("state_get", |name: ImmutableString| -> Res<Dynamic> {
-        with_state(&name, |s, k, id| Ok(s.get(id, k)?.unwrap_or(Dynamic::UNIT)))
+        with_state(&name, Access::Read, |s, k, id| Ok(s.get(id, k)?.unwrap_or(Dynamic::UNIT)))
     });
     engine.register_fn(
         "state_set",
@@ -569,18 +686,18 @@ fn register(engine: &mut Engine) {
             if let Some(e) = sizes.exceeded(data_sizes(&v)) {
                 return err(format!("state_set(\"{name}\"): {e}"));
             }
-            with_state(&name, |s, k, id| s.put(id, k, v))
+            with_state(&name, Access::Write, |s, k, id| s.put(id, k, v))
         },
     );
     engine.register_fn("state_clear", |name: ImmutableString| -> Res<()> {
-        with_state(&name, |s, k, id| s.clear(id, k))
+        with_state(&name, Access::Clear, |s, k, id| s.clear(id, k))
     });
     engine.register_fn(
         "list_push",
         move |name: ImmutableString, v: Dynamic| -> Res<()> {
             let mut item = Some(v);
             let mut refused = None;
-            with_state(&name, |s, k, id| {
+            with_state(&name, Access::Write, |s, k, id| {
                 s.update(id, k, &mut |slot| {
                     let Some(v) = item.take() else { return };
                     let item = element_sizes(&v);
@@ -606,17 +723,17 @@ fn register(engine: &mut Engine) {
         },
     );
     engine.register_fn("list_get", |name: ImmutableString| -> Res<Array> {
-        with_state(&name, |s, k, id| {
+        with_state(&name, Access::Read, |s, k, id| {
             Ok(s.get(id, k)?
                 .and_then(|d| d.into_array().ok())
                 .unwrap_or_default())
         })
     });
     engine.register_fn("list_len", |name: ImmutableString| -> Res<i64> {
-        with_state(&name, |s, k, id| Ok(count(s.list_len(id, k)?)))
+        with_state(&name, Access::Read, |s, k, id| Ok(count(s.list_len(id, k)?)))
     });
     engine.register_fn("list_pop", |name: ImmutableString| -> Res<Dynamic> {
-        with_state(&name, |s, k, id| {
+        with_state(&name, Access::Write, |s, k, id| {
             Ok(s.list_pop(id, k)?.unwrap_or(Dynamic::UNIT))
         })
     });
@@ -628,7 +745,7 @@ fn register(engine: &mut Engine) {
                     "list_trim(\"{name}\", {keep}): the number of items to keep cannot be negative"
                 ));
             };
-            with_state(&name, |s, k, id| Ok(count(s.list_trim(id, k, keep)?)))
+            with_state(&name, Access::Write, |s, k, id| Ok(count(s.list_trim(id, k, keep)?)))
         },
     );
     engine.register_fn(
@@ -636,7 +753,7 @@ fn register(engine: &mut Engine) {
         move |name: ImmutableString, field: ImmutableString, v: Dynamic| -> Res<()> {
             let mut entry = Some(v);
             let mut refused = None;
-            with_state(&name, |s, k, id| {
+            with_state(&name, Access::Write, |s, k, id| {
                 s.update(id, k, &mut |slot| {
                     let Some(v) = entry.take() else { return };
                     let entry = entry_sizes(&v);
@@ -670,7 +787,7 @@ fn register(engine: &mut Engine) {
     engine.register_fn(
         "map_get",
         |name: ImmutableString, field: ImmutableString| -> Res<Dynamic> {
-            with_state(&name, |s, k, id| {
+            with_state(&name, Access::Read, |s, k, id| {
                 Ok(s.map_get(id, k, &field)?.unwrap_or(Dynamic::UNIT))
             })
         },
@@ -678,16 +795,30 @@ fn register(engine: &mut Engine) {
     engine.register_fn(
         "map_remove",
         |name: ImmutableString, field: ImmutableString| -> Res<()> {
-            with_state(&name, |s, k, id| s.map_remove(id, k, &field))
+            with_state(&name, Access::Write, |s, k, id| s.map_remove(id, k, &field))
         },
     );
     engine.register_fn("map_len", |name: ImmutableString| -> Res<i64> {
-        with_state(&name, |s, k, id| Ok(count(s.map_len(id, k)?)))
+        with_state(&name, Access::Read, |s, k, id| Ok(count(s.map_len(id, k)?)))
     });
     engine.register_fn("map_keys", |name: ImmutableString| -> Res<Array> {
-        with_state(&name, |s, k, id| {
+        with_state(&name, Access::Read, |s, k, id| {
             Ok(s.map_keys(id, k)?.into_iter().map(Dynamic::from).collect())
         })
+    });
+    for (function, domain, set) in [
+        ("register_event_timer", TimeDomain::Event, true),
+        ("register_processing_timer", TimeDomain::Processing, true),
+        ("delete_event_timer", TimeDomain::Event, false),
+        ("delete_processing_timer", TimeDomain::Processing, false),
+    ] {
+        engine.register_fn(function, move |time: i64| -> Res<()> {
+            timer_op(function, domain, set, time)
+        });
+    }
+    engine.register_fn("now", || -> Res<i64> { process_value("now", |p| p.now) });
+    engine.register_fn("watermark", || -> Res<i64> {
+        process_value("watermark", |p| p.watermark)
     });
 }
 

@@ -306,6 +306,176 @@ pub fn checkpoint_files_restore_rescale(factory: Factory<'_>) {
     assert_eq!(total, n as usize);
 }
 
+/// Keyed timers ([`Timers`](super::timers::Timers)) on the backend: set, delete, fire in time
+/// order; through a checkpoint into this backend's files, restored whole (fired timers stay
+/// fired, pending ones come back and fire) and into three backends of another split (each
+/// timer lands in exactly the subtask owning its key).
+pub fn timers_checkpoint_restore_rescale(factory: Factory<'_>) {
+    use super::timers::{TimeDomain, Timers};
+    let m = 32;
+    let store = MemoryStore::new();
+    let mut b = factory(m, KeyGroupRange::all(m));
+    let mut t = Timers::register(b.as_mut()).unwrap();
+    for i in 0..40 {
+        t.set(b.as_mut(), TimeDomain::Event, &key(i), 100 + i).unwrap();
+        t.set(b.as_mut(), TimeDomain::Processing, &key(i), 1_000 - i).unwrap();
+    }
+    assert!(t.delete(b.as_mut(), TimeDomain::Event, &key(39), 139).unwrap());
+    let mut fired = Vec::new();
+    while let Some((time, _)) = t.pop_due(b.as_mut(), TimeDomain::Event, 109).unwrap() {
+        fired.push(time);
+    }
+    assert_eq!(fired, (100..110).collect::<Vec<_>>(), "in time order, once each");
+    let pending = b.checkpoint(1).unwrap();
+    // After the barrier: must not show in the restored state.
+    t.set(b.as_mut(), TimeDomain::Event, &key(99), 5).unwrap();
+    let target = SnapshotTarget {
+        checkpoint: 1,
+        private_prefix: "chk-1/op-0".to_owned(),
+        shared_prefix: "shared/op-0".to_owned(),
+    };
+    let files = pending.write(&store, &target).unwrap();
+
+    let mut whole = factory(m, KeyGroupRange::all(m));
+    let mut restored = Timers::register(whole.as_mut()).unwrap();
+    whole.restore_files(&store, &files).unwrap();
+    restored.rebuild(whole.as_ref()).unwrap();
+    assert_eq!(restored.len(TimeDomain::Event), 29);
+    assert_eq!(restored.len(TimeDomain::Processing), 40);
+    assert_eq!(restored.next(TimeDomain::Event), Some(110));
+    assert_eq!(restored.next(TimeDomain::Processing), Some(961));
+    let mut times = Vec::new();
+    while let Some((time, k)) = restored
+        .pop_due(whole.as_mut(), TimeDomain::Event, i64::MAX)
+        .unwrap()
+    {
+        assert_eq!(k, key(time - 100));
+        times.push(time);
+    }
+    assert_eq!(times, (110..139).collect::<Vec<_>>());
+
+    let mut total = [0, 0];
+    for sub in 0..3 {
+        let range = KeyGroupRange::for_subtask(m, 3, sub);
+        let mut part = factory(m, range);
+        let mut timers = Timers::register(part.as_mut()).unwrap();
+        part.restore_files(&store, &files).unwrap();
+        timers.rebuild(part.as_ref()).unwrap();
+        total[0] += timers.len(TimeDomain::Event);
+        total[1] += timers.len(TimeDomain::Processing);
+        while let Some((_, k)) = timers
+            .pop_due(part.as_mut(), TimeDomain::Processing, i64::MAX)
+            .unwrap()
+        {
+            assert!(range.contains(k.key_group(m)));
+        }
+        assert_eq!(timers.len(TimeDomain::Processing), 0);
+    }
+    assert_eq!(total, [29, 40]);
+}
+
+/// State time-to-live ([`Ttl`](super::ttl::Ttl)) on the backend, for value, list and map
+/// states: a value reads as absent once expired, a write renews it (a read too under
+/// `on_read_and_write`), a clear forgets its expiry; expiry times survive a snapshot and
+/// restore into another split, where expired values are absent; a sweep removes every
+/// expired value, so that nothing is left behind.
+pub fn ttl_expiry(factory: Factory<'_>) {
+    use super::ttl::{Access, STATE, Ttl, TtlRule};
+    let m = 16;
+    let mut b = factory(m, KeyGroupRange::all(m));
+    let v = b.register("v", StateKind::Value).unwrap();
+    let l = b.register("l", StateKind::List).unwrap();
+    let mp = b.register("m", StateKind::Map).unwrap();
+    let plain = b.register("plain", StateKind::Value).unwrap();
+    let rules = |v, l, mp| {
+        vec![
+            TtlRule { state: v, name: "v".to_owned(), ttl_ms: 100, renew_on_read: false },
+            TtlRule { state: l, name: "l".to_owned(), ttl_ms: 100, renew_on_read: true },
+            TtlRule { state: mp, name: "m".to_owned(), ttl_ms: 300, renew_on_read: false },
+        ]
+    };
+    let ttl = Ttl::register(b.as_mut(), rules(v, l, mp)).unwrap().unwrap();
+    assert_eq!(ttl.sweep_interval(), 100);
+    // An access as a script makes it: expire, then act, then report.
+    let write = |b: &mut dyn StateBackend, id, k: &Key, now, f: &dyn Fn(&mut dyn StateBackend)| {
+        ttl.expire_if_due(b, id, k, now).unwrap();
+        f(b);
+        ttl.touched(b, id, k, now, Access::Write).unwrap();
+    };
+    let read = |b: &mut dyn StateBackend, id, k: &Key, now| -> Option<Dynamic> {
+        ttl.expire_if_due(b, id, k, now).unwrap();
+        let got = b.get(id, k).unwrap();
+        ttl.touched(b, id, k, now, Access::Read).unwrap();
+        got
+    };
+    for i in 0..20 {
+        let k = key(i);
+        write(b.as_mut(), v, &k, 1_000, &|b| b.put(v, &k, Dynamic::from(i)).unwrap());
+        write(b.as_mut(), l, &k, 1_000, &|b| b.list_push(l, &k, Dynamic::from(i)).unwrap());
+        write(b.as_mut(), mp, &k, 1_000, &|b| {
+            b.map_put(mp, &k, "f", Dynamic::from(i)).unwrap();
+        });
+        b.put(plain, &k, Dynamic::from(i)).unwrap();
+    }
+    let k0 = key(0);
+    assert!(read(b.as_mut(), v, &k0, 1_099).is_some(), "alive before its ttl");
+    // A read renews `l` (on_read_and_write) but not `v` (on_write).
+    assert!(read(b.as_mut(), l, &k0, 1_050).is_some());
+    assert!(read(b.as_mut(), v, &k0, 1_100).is_none(), "expired at write + ttl");
+    assert!(b.get(v, &k0).unwrap().is_none(), "and removed");
+    assert!(read(b.as_mut(), l, &k0, 1_120).is_some(), "renewed by the read at 1050");
+    // A write renews.
+    let k1 = key(1);
+    write(b.as_mut(), v, &k1, 1_090, &|b| b.put(v, &k1, Dynamic::from(-1_i64)).unwrap());
+    assert_eq!(read(b.as_mut(), v, &k1, 1_150).unwrap().as_int(), Ok(-1));
+    // A cleared value forgets its expiry; written again, it starts over.
+    let k2 = key(2);
+    b.clear(v, &k2).unwrap();
+    ttl.touched(b.as_mut(), v, &k2, 1_010, Access::Clear).unwrap();
+    assert!(!ttl.is_expired(b.as_ref(), v, &k2, 5_000).unwrap());
+
+    // Across a snapshot and a restore into two halves, at 1_200: every `v` expired (k1's at
+    // 1_190), every `l` but k0's (renewed by the read at 1_120 to 1_220); every `m` alive.
+    let snap = b.snapshot(KeyGroupRange::all(m)).unwrap();
+    let mut alive = [0, 0, 0, 0];
+    for sub in 0..2 {
+        let range = KeyGroupRange::for_subtask(m, 2, sub);
+        let mut c = factory(m, range);
+        c.restore(&[&snap]).unwrap();
+        let (v2, l2, m2) = (
+            c.register("v", StateKind::Value).unwrap(),
+            c.register("l", StateKind::List).unwrap(),
+            c.register("m", StateKind::Map).unwrap(),
+        );
+        let plain2 = c.register("plain", StateKind::Value).unwrap();
+        let ttl2 = Ttl::register(c.as_mut(), rules(v2, l2, m2)).unwrap().unwrap();
+        for i in 0..20 {
+            let k = key(i);
+            if !range.contains(k.key_group(m)) {
+                continue;
+            }
+            for (slot, id) in [v2, l2, m2, plain2].into_iter().enumerate() {
+                ttl2.expire_if_due(c.as_mut(), id, &k, 1_200).unwrap();
+                if c.get(id, &k).unwrap().is_some() {
+                    alive[slot] += 1;
+                }
+            }
+        }
+        // Sweeping at 1_400 leaves only the states without a ttl, and no expiry times.
+        ttl2.sweep(c.as_mut(), 1_400).unwrap();
+        assert!(c.keys(v2).unwrap().is_empty());
+        assert!(c.keys(l2).unwrap().is_empty());
+        assert!(c.keys(m2).unwrap().is_empty());
+        let index = c.register(STATE, StateKind::Map).unwrap();
+        assert!(c.keys(index).unwrap().is_empty(), "no expiry time is left behind");
+        for k in c.keys(plain2).unwrap() {
+            assert!(range.contains(k.key_group(m)));
+        }
+    }
+    // v: k2 was cleared without expiry, the rest expired. l: only k0 (renewed). m: all 20.
+    assert_eq!(alive, [0, 1, 20, 20]);
+}
+
 /// Expands to one `#[test]` per conformance case. `$run` is an expression of type
 /// `fn(Factory<'_>)` (or a closure of that shape) that builds the backend's factory, runs the
 /// case it is given and checks what it must afterwards (e.g. that working directories are
@@ -321,6 +491,8 @@ macro_rules! conformance_suite {
             snapshot_is_isolated_from_later_writes,
             bad_snapshot_is_an_error,
             checkpoint_files_restore_rescale,
+            timers_checkpoint_restore_rescale,
+            ttl_expiry,
         );
     };
     (@cases $run:expr; $($case:ident,)+) => {

@@ -8,7 +8,8 @@
 //! `conformance` holds the test suite every backend must pass (tests only); `snapshot_files`
 //! owns the on-disk layout of a subtask's snapshot files in a checkpoint and their
 //! redistribution on rescale, which the task loop calls; `timers` keeps an operator's keyed
-//! event- and processing-time timers in a backend's map states.
+//! event- and processing-time timers in a backend's map states; `ttl` keeps the expiry times
+//! of states with a time-to-live, also in a map state.
 
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
@@ -26,6 +27,7 @@ pub mod memory;
 pub mod rocksdb;
 pub mod snapshot_files;
 pub mod timers;
+pub mod ttl;
 
 #[cfg(any(test, feature = "testkit"))]
 pub use self::rocksdb::RocksdbBackend;

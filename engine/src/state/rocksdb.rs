@@ -1374,7 +1374,7 @@ mod tests {
     }
 
     #[test]
-    fn rocksdb_with_a_one_entry_cache_passes_list_and_map_housekeeping() {
+    fn rocksdb_with_a_one_entry_cache_passes_list_and_map_housekeeping_and_ttl() {
         // Every access misses the cache: reads and writes go through the database.
         let dir = tempfile::tempdir().unwrap();
         let spec = spec();
@@ -1385,6 +1385,7 @@ mod tests {
         };
         conformance::list_and_map_housekeeping(&factory);
         conformance::list_and_map_state(&factory);
+        conformance::ttl_expiry(&factory);
     }
 
     #[test]
