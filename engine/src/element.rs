@@ -251,6 +251,12 @@ pub struct OperatorContext {
     pub dead_letters: Vec<Dynamic>,
     /// Records failed (skipped or dead-lettered) so far.
     pub errors: u64,
+    /// Late records (a `window`'s) for its `late` output, since the runtime last collected
+    /// them.
+    pub late: Vec<Dynamic>,
+    /// Late records dropped (a `window` without `late` output) since the runtime last
+    /// collected the count.
+    pub late_dropped: u64,
     /// Keyed state, for keyed operators.
     pub state: Option<Box<dyn StateBackend>>,
     /// The checkpoint this run restored from (`None` on a fresh start).
@@ -260,7 +266,7 @@ pub struct OperatorContext {
     /// savepoint of the same script, or any checkpoint, never migrates.
     pub migrate: bool,
     /// The current event-time watermark of the operator's input (epoch milliseconds;
-    /// [`WATERMARK_MIN`] before the first one), kept by the task loop.
+    /// [`WATERMARK_MIN`](crate::base::message::WATERMARK_MIN) before the first one), kept by the task loop.
     pub watermark: i64,
     /// Processing time.
     pub clock: Clock,
@@ -280,6 +286,8 @@ impl OperatorContext {
             on_error: ErrorPolicy::Fail,
             dead_letters: Vec::new(),
             errors: 0,
+            late: Vec::new(),
+            late_dropped: 0,
             state: None,
             restored_from: None,
             migrate: false,

@@ -12,13 +12,14 @@ use rhai::Engine;
 use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
 
 use crate::base::error::{Result, RunError};
+use crate::connectors::event_time::EventTimeSource;
 use crate::connectors::file::{DEFAULT_POLL_INTERVAL, FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
 use crate::connectors::{LineParser, Source};
 use crate::element::Operator;
-use crate::operators::aggregate::{AggregateOperator, Aggregation};
+use crate::operators::aggregate::{Accumulator, AggregateOperator, Aggregation};
 use crate::operators::filter::FilterOperator;
 use crate::operators::flat_map::FlatMapOperator;
 use crate::operators::key_by::{KeyByOperator, KeySelector};
@@ -26,6 +27,7 @@ use crate::operators::map::MapOperator;
 use crate::operators::process::ProcessOperator;
 use crate::operators::reduce::ReduceOperator;
 use crate::operators::union::UnionOperator;
+use crate::operators::window::{WindowConfig, WindowOperator};
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
 use crate::record::FieldPath;
 use crate::script::runtime::{CompiledScript, ScriptFn};
@@ -105,6 +107,23 @@ pub fn build(node: &PlanNode, ctx: &BuildContext<'_>) -> Result<NodeBuilder> {
 }
 
 fn build_source(
+    node: &PlanNode,
+    spec: &SourceSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<SourceFactory> {
+    let factory = build_plain_source(node, spec, ctx)?;
+    let Some(event_time) = spec.event_time().cloned() else {
+        return Ok(factory);
+    };
+    // Only sources that declare event time read it and make watermarks.
+    let on_error = spec.on_error().cloned().unwrap_or_default();
+    Ok(Box::new(move |s, p| {
+        let inner = factory(s, p)?;
+        Ok(Box::new(EventTimeSource::new(inner, &event_time, &on_error)) as Box<dyn Source>)
+    }))
+}
+
+fn build_plain_source(
     node: &PlanNode,
     spec: &SourceSpec,
     ctx: &BuildContext<'_>,
@@ -204,13 +223,7 @@ fn build_operator(
                     )
                 })
             } else {
-                for agg in &a.aggregations {
-                    if agg.function.needs_field() && agg.field.is_none() {
-                        return Err(
-                            ctx.error(node, format!("`{}` needs a `field`", agg.output_name()))
-                        );
-                    }
-                }
+                check_aggregations(node, &a.aggregations, ctx)?;
                 let aggs: Vec<Aggregation> =
                     a.aggregations.iter().map(Aggregation::from_spec).collect();
                 Box::new(move |_, _| {
@@ -236,9 +249,56 @@ fn build_operator(
                 Ok(Box::new(op) as Box<dyn Operator>)
             })
         }
+        OperatorSpec::Window(w) => {
+            let time_field = match (&w.time_field, w.time) {
+                (Some(f), _) => f.clone(),
+                (None, weir_schema::WindowTimeSpec::Processing) => String::new(),
+                (None, weir_schema::WindowTimeSpec::Event) => {
+                    return Err(ctx.error(
+                        node,
+                        "an event-time window needs `time_field` (the field holding each \
+                         record's event time)",
+                    ));
+                }
+            };
+            let config = WindowConfig::from_spec(w, &time_field);
+            if w.aggregations.is_empty() {
+                let f = ctx.script_factory(node)?;
+                Box::new(move |_, _| {
+                    Ok(Box::new(WindowOperator::new(
+                        Accumulator::scripted(f()),
+                        config.clone(),
+                    )) as Box<dyn Operator>)
+                })
+            } else {
+                check_aggregations(node, &w.aggregations, ctx)?;
+                let aggs: Vec<Aggregation> =
+                    w.aggregations.iter().map(Aggregation::from_spec).collect();
+                Box::new(move |_, _| {
+                    Ok(Box::new(WindowOperator::new(
+                        Accumulator::Builtin(aggs.clone()),
+                        config.clone(),
+                    )) as Box<dyn Operator>)
+                })
+            }
+        }
         OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),
     };
     Ok(NodeBuilder::Operator { factory, keyed })
+}
+
+/// Every built-in aggregation that reads a field names one.
+fn check_aggregations(
+    node: &PlanNode,
+    aggregations: &[weir_schema::AggregationSpec],
+    ctx: &BuildContext<'_>,
+) -> Result<()> {
+    for agg in aggregations {
+        if agg.function.needs_field() && agg.field.is_none() {
+            return Err(ctx.error(node, format!("`{}` needs a `field`", agg.output_name())));
+        }
+    }
+    Ok(())
 }
 
 fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Result<OperatorFactory> {
@@ -281,12 +341,26 @@ pub fn describe_local_state(
     bytes: &[u8],
 ) -> Option<Result<serde_json::Value>> {
     use crate::checkpoint::metadata::Section;
-    use crate::connectors::{file, file_sink, generator, stdin};
-    match (section, type_name) {
-        (Section::Source, "file") => Some(file::describe_snapshot(bytes)),
-        (Section::Source, "generator") => Some(generator::describe_snapshot(bytes)),
-        (Section::Source, "stdin") => Some(stdin::describe_snapshot(bytes)),
-        (Section::Sink, "file") => Some(file_sink::describe_snapshot(bytes)),
-        _ => None,
-    }
+    use crate::connectors::{event_time, file, file_sink, generator, stdin};
+    // A source with `event_time` keeps its watermark in front of its position.
+    let (bytes, watermark) = match section {
+        Section::Source => match event_time::inner_position(bytes) {
+            Ok(split) => split,
+            Err(e) => return Some(Err(e)),
+        },
+        _ => (bytes, None),
+    };
+    let described = match (section, type_name) {
+        (Section::Source, "file") => file::describe_snapshot(bytes),
+        (Section::Source, "generator") => generator::describe_snapshot(bytes),
+        (Section::Source, "stdin") => stdin::describe_snapshot(bytes),
+        (Section::Sink, "file") => file_sink::describe_snapshot(bytes),
+        _ => return None,
+    };
+    Some(described.map(|mut v| {
+        if let (Some(w), Some(m)) = (watermark, v.as_object_mut()) {
+            m.insert("watermark".into(), serde_json::Value::from(w));
+        }
+        v
+    }))
 }

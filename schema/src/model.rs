@@ -15,7 +15,8 @@ pub use crate::registry::{
     FileSinkSpec, FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec,
     KeyBySpec, MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat,
     ReduceSpec, SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec,
-    StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec,
+    StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec, WindowEmitSpec, WindowKindSpec, WindowSpec,
+    WindowTimeSpec,
 };
 pub use crate::registry::{StateDeclSpec, StateOptionsSpec, TtlUpdate};
 use crate::units::{DurationSpec, SizeSpec};

@@ -427,7 +427,10 @@ impl<'de> Deserialize<'de> for StateDeclSpec {
                     .map(StateDeclSpec::Kind)
             }
 
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
                 StateOptionsSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(StateDeclSpec::Options)
             }
@@ -646,6 +649,112 @@ operator_spec! {
     UnionSpec {}
 }
 
+/// How a `window` groups a key's records in time. Windows are `[start, end)` in epoch
+/// milliseconds, aligned to the epoch (a `1m` tumbling window starts on whole minutes).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum WindowKindSpec {
+    /// Fixed, non-overlapping windows of `size`: each record is in exactly one.
+    Tumbling {
+        /// The window length, such as `1m`.
+        size: DurationSpec,
+    },
+    /// Windows of `size` starting every `slide` (`slide` at most `size`): each record is in
+    /// `size / slide` windows, and updates each of them.
+    Sliding {
+        /// The window length, such as `10s`.
+        size: DurationSpec,
+        /// How often a window starts, such as `5s`; at most `size`.
+        slide: DurationSpec,
+    },
+    /// Sessions: a record opens the window `[time, time + gap)`, and windows of a key that
+    /// overlap or touch merge, so a session ends after `gap` without records of its key.
+    /// A scripted accumulator needs `fn merge(a, b)` for this.
+    Session {
+        /// The inactivity that closes a session, such as `30s`.
+        gap: DurationSpec,
+    },
+}
+
+/// Which time a `window` follows.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowTimeSpec {
+    /// The record's event time (`time_field`); windows close when the watermark passes
+    /// their end. Needs `event_time` on the sources upstream.
+    #[default]
+    Event,
+    /// The wall clock when the record arrives; windows close when the clock passes their
+    /// end. Records are never late.
+    Processing,
+}
+
+/// When a `window` emits a window's result.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowEmitSpec {
+    /// Once when the window closes (the watermark, or the clock, passes its end), and again
+    /// for each late record accepted within `allowed_lateness`.
+    #[default]
+    OnClose,
+    /// After every record, the updated result of each window it changed; nothing more at
+    /// close.
+    OnUpdate,
+}
+
+operator_spec! {
+    /// `window` (keyed, after a `key_by`): groups each key's records into `tumbling`,
+    /// `sliding` or `session` windows of event or processing time, aggregates each window
+    /// with built-in `aggregations` (as `aggregate`) or a script defining `fn init()`,
+    /// `fn add(acc, r)`, optional `fn finish(acc)` and, for sessions, `fn merge(a, b)`, and
+    /// emits `{key, window_start, window_end, <as>: value, ...}` per `emit`. Event-time
+    /// windows close when the watermark passes their end; a record that arrives after its
+    /// window closed and `allowed_lateness` passed is late: sent to `late`, or dropped and
+    /// counted.
+    WindowSpec {
+        /// The window kind: `{tumbling: {size}}`, `{sliding: {size, slide}}` or
+        /// `{session: {gap}}`.
+        window: WindowKindSpec,
+        /// `event` (default) or `processing` time.
+        #[serde(default)]
+        time: WindowTimeSpec,
+        /// The field holding a record's event time (a dotted path; epoch milliseconds).
+        /// Default: the `event_time.field` of the sources upstream.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        time_field: Option<String>,
+        /// Built-in aggregations, each `{fn, field, as}`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        aggregations: Vec<AggregationSpec>,
+        /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Rhai script file, relative to the pipeline file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script_file: Option<PathBuf>,
+        /// How long after a window closed records for it are still accepted: each updates
+        /// the window and emits its result again. Default: `0s`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        allowed_lateness: Option<DurationSpec>,
+        /// A sink (by id) that receives late records unchanged. Default: late records are
+        /// dropped and counted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        late: Option<String>,
+        /// When to emit. Default: `on_close`.
+        #[serde(default)]
+        emit: WindowEmitSpec,
+        /// Name of the key field in emitted records. Default: `key`.
+        #[serde(default = "default_key_field")]
+        key_field: String,
+    }
+}
+
+impl WindowSpec {
+    /// `allowed_lateness`, defaulted to zero.
+    pub fn lateness(&self) -> std::time::Duration {
+        self.allowed_lateness.map(|d| d.0).unwrap_or_default()
+    }
+}
+
 /// An operator. `type` selects the kind.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -664,6 +773,8 @@ pub enum OperatorSpec {
     Aggregate(AggregateSpec),
     /// Keyed process function with named state (Rhai `fn process(r)`).
     Process(ProcessSpec),
+    /// Keyed event- or processing-time windows (tumbling, sliding, session).
+    Window(WindowSpec),
     /// Merges several inputs.
     Union(UnionSpec),
 }
@@ -892,6 +1003,7 @@ impl OperatorSpec {
             Self::Reduce(_) => "reduce",
             Self::Aggregate(_) => "aggregate",
             Self::Process(_) => "process",
+            Self::Window(_) => "window",
             Self::Union(_) => "union",
         }
     }
@@ -917,6 +1029,7 @@ impl OperatorSpec {
             Self::Reduce(s) => c!(s),
             Self::Aggregate(s) => c!(s),
             Self::Process(s) => c!(s),
+            Self::Window(s) => c!(s),
             Self::Union(s) => c!(s),
         }
     }
@@ -945,11 +1058,19 @@ impl OperatorSpec {
         self.common().partitioning
     }
 
+    /// The sink late records go to (`late:` of a `window`), if any.
+    pub fn late_target(&self) -> Option<&str> {
+        match self {
+            Self::Window(w) => w.late.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Whether the operator reads keyed state and so must follow a `key_by`.
     pub fn is_keyed(&self) -> bool {
         matches!(
             self,
-            Self::Reduce(_) | Self::Aggregate(_) | Self::Process(_)
+            Self::Reduce(_) | Self::Aggregate(_) | Self::Process(_) | Self::Window(_)
         )
     }
 
@@ -964,6 +1085,7 @@ impl OperatorSpec {
             Self::Reduce(s) => (&s.script, &s.script_file),
             Self::Aggregate(s) => (&s.script, &s.script_file),
             Self::Process(s) => (&s.script, &s.script_file),
+            Self::Window(s) => (&s.script, &s.script_file),
             Self::Union(_) => return None,
         };
         match (script, file) {
@@ -983,6 +1105,7 @@ impl OperatorSpec {
             Self::Reduce(s) => s.script.is_some() && s.script_file.is_some(),
             Self::Aggregate(s) => s.script.is_some() && s.script_file.is_some(),
             Self::Process(s) => s.script.is_some() && s.script_file.is_some(),
+            Self::Window(s) => s.script.is_some() && s.script_file.is_some(),
             Self::Union(_) => false,
         }
     }
@@ -1000,6 +1123,11 @@ impl OperatorSpec {
             Self::Aggregate(a) if a.aggregations.is_empty() => &[("init", 0), ("add", 2)],
             Self::Aggregate(_) => &[],
             Self::Process(_) => &[("process", 1)],
+            Self::Window(w) if w.aggregations.is_empty() => match w.window {
+                WindowKindSpec::Session { .. } => &[("init", 0), ("add", 2), ("merge", 2)],
+                _ => &[("init", 0), ("add", 2)],
+            },
+            Self::Window(_) => &[],
             Self::Union(_) => &[],
         }
     }

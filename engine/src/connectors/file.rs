@@ -159,6 +159,16 @@ pub struct Split {
     pub end: Option<u64>,
 }
 
+impl Split {
+    /// A stable number for the split (its path and first byte), as event-time watermarks
+    /// per split know it across restores.
+    pub fn id(&self) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(self.path.as_os_str().as_encoded_bytes());
+        (u64::from(h.finalize()) << 32) ^ self.start
+    }
+}
+
 /// The splits of reader `subtask` out of `parallelism` for bounded reading.
 pub fn plan_splits(files: &[(PathBuf, u64)], parallelism: u32, subtask: u32) -> Vec<Split> {
     let p = u64::from(parallelism.max(1));
@@ -697,6 +707,9 @@ impl FileSource {
         let follow = self.follow;
         let r = &mut self.active[idx];
         let mut produced = false;
+        if ctx.track_splits {
+            ctx.mark_split(r.split.id(), out.len());
+        }
         while out.len() < BATCH_SIZE {
             if r.buf.is_empty() && r.split.end.is_some_and(|e| r.pos >= e) {
                 r.done = true;
@@ -758,6 +771,9 @@ impl FileSource {
             }
             r.buf.clear();
             r.lines_in_buf = 0;
+        }
+        if r.done && ctx.track_splits {
+            ctx.end_split(r.split.id());
         }
         Ok(produced)
     }

@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 use rhai::{Dynamic, Map};
 use weir_schema::{CsvOptions, RecordFormat, SourceOnError};
 
+use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
+use crate::base::message::Watermark;
 
+pub mod event_time;
 pub mod file;
 pub mod file_sink;
 pub mod generator;
@@ -51,6 +54,17 @@ pub struct SourceContext {
     /// The checkpoint this run restored from (`None` on a fresh start).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     pub restored_from: Option<u64>,
+    /// Processing time (a manual clock under `weir test`).
+    pub clock: Clock,
+    /// Whether the source should say which split its records come from
+    /// ([`mark_split`](Self::mark_split), [`end_split`](Self::end_split)): set when the
+    /// source declares `event_time`, whose watermarks are made per split.
+    pub track_splits: bool,
+    /// `(index in the poll's output, split id)`: the records from that index on come from
+    /// that split (see [`crate::connectors::event_time`]).
+    pub split_marks: Vec<(usize, u64)>,
+    /// Splits finished during the poll.
+    pub ended_splits: Vec<u64>,
 }
 
 impl SourceContext {
@@ -71,6 +85,26 @@ impl SourceContext {
             dead_letters: Vec::new(),
             bytes_read: 0,
             restored_from,
+            clock: Clock::System,
+            track_splits: false,
+            split_marks: Vec::new(),
+            ended_splits: Vec::new(),
+        }
+    }
+
+    /// The records the source appends to its output from index `at` on come from split `id`
+    /// (a stable number: the same split has the same id after a restore). Only needed from a
+    /// source that reads several splits in one poll; a no-op unless splits are tracked.
+    pub fn mark_split(&mut self, id: u64, at: usize) {
+        if self.track_splits {
+            self.split_marks.push((at, id));
+        }
+    }
+
+    /// Split `id` is read to its end: it no longer holds the watermark back.
+    pub fn end_split(&mut self, id: u64) {
+        if self.track_splits {
+            self.ended_splits.push(id);
         }
     }
 }
@@ -132,6 +166,13 @@ pub trait Source: Send {
                 ctx.parallelism
             ),
         })
+    }
+
+    /// The watermark made since the last call, if any (only a source with `event_time`
+    /// makes them, see [`event_time::EventTimeSource`]); the task asks after each poll and
+    /// after a restore, and sends it downstream after the poll's records.
+    fn take_watermark(&mut self) -> Option<Watermark> {
+        None
     }
 
     /// How far behind the end of its input the source is (bytes for files), when it can

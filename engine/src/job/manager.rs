@@ -99,6 +99,8 @@ pub(super) struct Job {
     earlier: Mutex<HashMap<String, Earlier>>,
     /// Whether the optional per-batch figures are measured.
     detailed_metrics: bool,
+    /// Processing time for every pipeline (manual under `weir test`).
+    pub(super) clock: crate::base::clock::Clock,
     /// Reloads that did not apply (applied ones are `reloads`), and the last pause.
     pub(super) reload_counts: ReloadCounts,
 }
@@ -201,6 +203,7 @@ impl Job {
             metrics: Mutex::default(),
             earlier: Mutex::default(),
             detailed_metrics: !options.no_metrics,
+            clock: options.clock.clone(),
             reload_counts: ReloadCounts {
                 last_pause_ms: AtomicU64::new(u64::MAX),
                 ..ReloadCounts::default()
@@ -286,6 +289,7 @@ impl Job {
             handover: Some(Arc::clone(&self.handover)),
             taps: Some(self.tap_registry(&plan.id)),
             metrics: Arc::clone(&store),
+            clock: self.clock.clone(),
         };
         let (ended_tx, ended_rx) = oneshot::channel();
         let job = Arc::clone(self);

@@ -82,6 +82,9 @@ pub struct JobOptions {
     /// Skip the optional per-batch measurements (busy and backpressured time, input queue
     /// fill, source lag; `weir run --no-metrics`). Record counts are always kept.
     pub no_metrics: bool,
+    /// Where processing time comes from: the system clock, or a manual one that `weir test`
+    /// moves with its `advance_time` steps.
+    pub clock: crate::base::clock::Clock,
 }
 
 /// Renders diagnostics as text.

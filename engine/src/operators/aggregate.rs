@@ -3,6 +3,9 @@
 //! script with `fn init()`, `fn add(acc, r)` and optional `fn finish(acc)` (and optional
 //! `fn migrate(old)` for the accumulators after a savepoint restore). Emits
 //! `{<key_field>: key, <as>: value, ...}` per `emit`.
+//!
+//! Also home of [`Accumulator`], the accumulator logic (built-ins or Rhai `init/add/finish`,
+//! plus `merge` for session windows) that `window` shares.
 
 use std::cmp::Ordering;
 
@@ -103,9 +106,141 @@ pub struct ScriptAggregate {
     has_finish: bool,
 }
 
-enum Kind {
+/// How a keyed accumulator is built, updated and turned into output: the built-in
+/// aggregations, or a Rhai script with `fn init()`, `fn add(acc, r)`, optional
+/// `fn finish(acc)` (and `fn merge(a, b)` where accumulators merge, as session windows do).
+pub enum Accumulator {
+    /// Built-in aggregations; the accumulator is an array with one slot per aggregation.
     Builtin(Vec<Aggregation>),
+    /// A Rhai accumulator.
     Script(ScriptAggregate),
+}
+
+use Accumulator as Kind;
+
+impl Accumulator {
+    /// The scripted form.
+    pub fn scripted(script: ScriptFn) -> Self {
+        let has_finish = script.defines("finish", 1);
+        Self::Script(ScriptAggregate { script, has_finish })
+    }
+
+    /// The output record of accumulator `acc` under `key`: `{<key_field>: key, <as>: value,
+    /// ...}` for built-ins, `{<key_field>: key, ...finish(acc)}` for a script (a map).
+    ///
+    /// # Errors
+    /// A failing `finish`.
+    pub fn output(
+        &mut self,
+        key_field: &str,
+        key: &Key,
+        acc: &Dynamic,
+    ) -> std::result::Result<Dynamic, String> {
+        AggregateOperator::output(self, key_field, key, acc)
+    }
+
+    /// Reads and checks the aggregated fields of `r` into `values` (built-ins; a script
+    /// reads the record itself, so this does nothing there).
+    ///
+    /// # Errors
+    /// As [`AggregateOperator::extract`]: a missing or ill-typed field.
+    pub fn extract(&self, r: &Dynamic, values: &mut Vec<Dynamic>) -> std::result::Result<(), String> {
+        match self {
+            Self::Builtin(aggs) => AggregateOperator::extract(aggs, r, values),
+            Self::Script(_) => Ok(()),
+        }
+    }
+
+    /// Adds one record to the accumulator in `slot` (`None`: start from `init`). Built-ins
+    /// take the `values` [`extract`](Self::extract) read; a script takes the record in
+    /// `args[1]` (by value, handed back there) with `args[0]` as scratch. Under
+    /// `keep_backup` a failing `add` leaves `slot` as it was; otherwise it may be emptied.
+    ///
+    /// # Errors
+    /// A failing `init` or `add`.
+    pub fn add(
+        &mut self,
+        slot: &mut Option<Dynamic>,
+        values: &[Dynamic],
+        args: &mut [Dynamic; 2],
+        keep_backup: bool,
+    ) -> std::result::Result<(), String> {
+        match self {
+            Self::Builtin(aggs) => {
+                apply(aggs, values, slot);
+                Ok(())
+            }
+            Self::Script(s) => {
+                args[0] = match slot.take() {
+                    Some(a) => a,
+                    None => s.script.call("init", ())?,
+                };
+                let backup = keep_backup.then(|| args[0].clone());
+                match s.script.invoke("add", args) {
+                    Ok(new) => {
+                        *slot = Some(new);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        *slot = backup;
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Merges accumulator `b` into `a` (session windows): built-ins combine slot by slot
+    /// (sums and counts add, min/max compare, averages add their sums and counts); a script
+    /// calls `fn merge(a, b)`.
+    ///
+    /// # Errors
+    /// A script without `merge` (validation requires it), or a failing `merge`.
+    pub fn merge(&mut self, a: Dynamic, b: Dynamic) -> std::result::Result<Dynamic, String> {
+        match self {
+            Self::Builtin(aggs) => {
+                let mut a = a;
+                if let (Ok(mut xs), Ok(ys)) = (a.as_array_mut(), b.as_array_ref()) {
+                    for ((agg, x), y) in aggs.iter().zip(xs.iter_mut()).zip(ys.iter()) {
+                        merge_slot(agg.function, x, y);
+                    }
+                }
+                Ok(a)
+            }
+            Self::Script(s) => s.script.call("merge", (a, b)),
+        }
+    }
+}
+
+/// Folds built-in slot `y` into `x`.
+fn merge_slot(function: AggregateFunction, x: &mut Dynamic, y: &Dynamic) {
+    match function {
+        AggregateFunction::Count => {
+            *x = Dynamic::from(x.as_int().unwrap_or(0) + y.as_int().unwrap_or(0));
+        }
+        _ if y.is_unit() => {}
+        _ if x.is_unit() => *x = y.clone(),
+        AggregateFunction::Sum => add_into(x, y),
+        AggregateFunction::Min | AggregateFunction::Max => {
+            let better = if function == AggregateFunction::Min {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            };
+            if compare(y, x) == Some(better) {
+                *x = y.clone();
+            }
+        }
+        AggregateFunction::Avg => {
+            let (Ok(mut p), Ok(q)) = (x.as_array_mut(), y.as_array_ref()) else {
+                return;
+            };
+            let sum = p[0].as_float().unwrap_or(0.0) + q[0].as_float().unwrap_or(0.0);
+            let n = p[1].as_int().unwrap_or(0) + q[1].as_int().unwrap_or(0);
+            p[0] = Dynamic::from(sum);
+            p[1] = Dynamic::from(n);
+        }
+    }
 }
 
 /// The `aggregate` operator.
@@ -131,9 +266,8 @@ impl AggregateOperator {
 
     /// A scripted aggregate.
     pub fn scripted(script: ScriptFn, emit: EmitMode, key_field: String) -> Self {
-        let has_finish = script.defines("finish", 1);
         Self {
-            kind: Kind::Script(ScriptAggregate { script, has_finish }),
+            kind: Accumulator::scripted(script),
             emit,
             key_field,
             state: None,
@@ -332,29 +466,14 @@ impl Operator for AggregateOperator {
                     ctx.state_mut()?
                         .update(id, &k, &mut |slot| apply(aggs, values, slot))?;
                 }
-                Kind::Script(s) => {
-                    let script = &mut s.script;
+                Kind::Script(_) => {
                     let original = exact.then(|| r.clone());
                     // `add` gets the record by value and hands it back (see `ScriptFn::invoke`).
                     let mut args = [Dynamic::UNIT, r];
+                    let kind = &mut self.kind;
                     ctx.state_mut()?.update(id, &k, &mut |slot| {
-                        args[0] = match slot.take() {
-                            Some(a) => a,
-                            None => match script.call("init", ()) {
-                                Ok(a) => a,
-                                Err(e) => {
-                                    failure = Some(e);
-                                    return;
-                                }
-                            },
-                        };
-                        let backup = keep_backup.then(|| args[0].clone());
-                        match script.invoke("add", &mut args) {
-                            Ok(new) => *slot = Some(new),
-                            Err(e) => {
-                                failure = Some(e);
-                                *slot = backup;
-                            }
+                        if let Err(e) = kind.add(slot, &[], &mut args, keep_backup) {
+                            failure = Some(e);
                         }
                     })?;
                     let [_, left] = args;

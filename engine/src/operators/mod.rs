@@ -11,3 +11,4 @@ pub mod map;
 pub mod process;
 pub mod reduce;
 pub mod union;
+pub mod window;

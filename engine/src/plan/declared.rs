@@ -10,12 +10,26 @@ use weir_schema::{OperatorSpec, StateKind};
 /// sees it.
 pub const ACC: &str = "acc";
 
+/// The name of the map state of a `window`: a key's open windows (field = start).
+pub const WINDOWS: &str = "windows";
+
 /// The named keyed states an operator declares: `acc: value` for the keyed `reduce` and
-/// `aggregate`, the `state:` map of a `process`.
+/// `aggregate`, the `state:` map of a `process`, the open windows and timers of a `window`.
 pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
     match op {
         OperatorSpec::Reduce(_) | OperatorSpec::Aggregate(_) => {
             BTreeMap::from([(ACC.to_owned(), StateKind::Value)])
+        }
+        OperatorSpec::Window(_) => {
+            use crate::state::timers::{TimeDomain, state_name};
+            BTreeMap::from([
+                (WINDOWS.to_owned(), StateKind::Map),
+                (state_name(TimeDomain::Event).to_owned(), StateKind::Map),
+                (
+                    state_name(TimeDomain::Processing).to_owned(),
+                    StateKind::Map,
+                ),
+            ])
         }
         OperatorSpec::Process(p) => p.state.iter().map(|(n, d)| (n.clone(), d.kind())).collect(),
         _ => BTreeMap::new(),

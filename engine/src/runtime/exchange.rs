@@ -1,5 +1,6 @@
 //! Exchanges: how one upstream subtask sends batches along one plan edge to the downstream
-//! subtasks (forward, hash by key group, rebalance, broadcast). An output also notes how long
+//! subtasks (forward, hash by key group, rebalance, broadcast). Barriers, watermarks and
+//! end-of-stream go to every downstream subtask, whatever the partitioning. An output also notes how long
 //! it waited for room in a full channel (backpressure), which the task reads once per batch.
 
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use tokio::sync::mpsc::Sender;
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::base::error::{Result, RunError};
-use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending};
+use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending, Watermark};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 
@@ -152,6 +153,18 @@ impl Output {
     pub async fn barrier(&mut self, barrier: Barrier) -> Result<()> {
         for t in 0..self.targets.len() {
             self.send_to(t, Message::Barrier(barrier)).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends a watermark to every target, whatever the partitioning (after every record
+    /// sent before it): each downstream subtask combines the watermarks of all its inputs.
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn watermark(&mut self, watermark: Watermark) -> Result<()> {
+        for t in 0..self.targets.len() {
+            self.send_to(t, Message::Watermark(watermark)).await?;
         }
         Ok(())
     }

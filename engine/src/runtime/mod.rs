@@ -16,3 +16,4 @@ pub mod fault;
 pub mod input;
 pub mod tap;
 pub mod task;
+pub mod watermark;

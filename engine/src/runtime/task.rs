@@ -24,9 +24,12 @@ use super::exchange::Output;
 use super::fault::{Fault, FaultKind};
 use super::input::{InputLease, Received};
 use super::tap::{TapCursor, TapRegistry, TapSide};
+use super::watermark::{Advance, WatermarkCombiner};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending};
+use crate::base::message::{
+    BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, WATERMARK_END, Watermark,
+};
 use crate::base::metrics::SubtaskMetrics;
 use crate::checkpoint::restore_plan::RestorePlan;
 use crate::checkpoint::{
@@ -263,43 +266,116 @@ impl ChainTask {
         Ok(())
     }
 
-    /// Ends the input: each node's `on_end` output flows downstream, then every operator
-    /// closes and every output gets end-of-stream.
+    /// Calls one of node `i`'s hooks that emit outside `process` (`on_watermark`,
+    /// `on_processing_time`, `on_end`) and sends what it emitted on: counted as the node's
+    /// output, offered to taps, out of the node's outputs and through the rest of the chain,
+    /// in [`BATCH_SIZE`] pieces.
+    ///
+    /// # Errors
+    /// The hook's failure or a disconnected downstream.
+    async fn run_hook(
+        &mut self,
+        i: usize,
+        hook: impl FnOnce(&mut dyn Operator, &mut Vec<Dynamic>, &mut OperatorContext) -> Result<()>,
+    ) -> Result<()> {
+        let mut out: Vec<Dynamic> = Vec::new();
+        {
+            let node = &mut self.nodes[i];
+            let errors_before = node.ctx.errors;
+            running(&node.ctx.pipeline, &node.ctx.operator);
+            hook(&mut *node.operator, &mut out, &mut node.ctx)?;
+            let counted = if node.counts_output {
+                out.len() as u64
+            } else {
+                0
+            };
+            node.metrics
+                .add(0, counted, node.ctx.errors - errors_before);
+            if node.counts_output && !out.is_empty() && self.taps.is_active() {
+                self.taps
+                    .offer(&node.ctx.operator, TapSide::Output, node.ctx.subtask, &out);
+            }
+            Self::flush_dead_letters(node).await?;
+        }
+        while !out.is_empty() {
+            let rest = out.split_off(out.len().min(BATCH_SIZE));
+            let chunk = Batch::new(std::mem::replace(&mut out, rest));
+            let node = &mut self.nodes[i];
+            for o in &mut node.outputs {
+                o.send(chunk.clone()).await?;
+            }
+            if i + 1 < self.nodes.len() {
+                self.push(i + 1, chunk).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The task's event-time watermark advanced (or the task went idle): each node, upstream
+    /// first, gets `on_watermark` when its watermark grows, what that emits flows downstream
+    /// like records, and then the watermark goes out of every output of the node (dead
+    /// letters included), so it follows everything the node emitted before it.
+    ///
+    /// # Errors
+    /// An operator failure or a disconnected downstream.
+    pub async fn advance_watermark(&mut self, watermark: Watermark) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            if let Watermark::At(w) = watermark
+                && w > self.nodes[i].ctx.watermark
+            {
+                self.nodes[i].ctx.watermark = w;
+                self.run_hook(i, |op, out, ctx| op.on_watermark(w, out, ctx))
+                    .await?;
+            }
+            let node = &mut self.nodes[i];
+            for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
+                o.watermark(watermark).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The earliest processing time any node wants to be woken at.
+    pub fn next_processing_time(&self) -> Option<i64> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.operator.next_processing_time())
+            .min()
+    }
+
+    /// Processing time reached `now`: every node whose wake-up is due gets
+    /// `on_processing_time`, upstream first; what it emits flows downstream like records.
+    ///
+    /// # Errors
+    /// An operator failure or a disconnected downstream.
+    pub async fn fire_processing_time(&mut self, now: i64) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i]
+                .operator
+                .next_processing_time()
+                .is_some_and(|t| t <= now)
+            {
+                self.run_hook(i, |op, out, ctx| op.on_processing_time(now, out, ctx))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the input: each node, upstream first, gets `on_watermark(WATERMARK_END)` (every
+    /// event-time timer and window fires) and then `on_end`, their output flowing downstream;
+    /// then every operator closes and every output gets end-of-stream.
     ///
     /// # Errors
     /// An operator failure or a disconnected downstream.
     pub async fn end(&mut self) -> Result<()> {
         for i in 0..self.nodes.len() {
-            let mut out: Vec<Dynamic> = Vec::new();
-            {
-                let node = &mut self.nodes[i];
-                let errors_before = node.ctx.errors;
-                running(&node.ctx.pipeline, &node.ctx.operator);
-                node.operator.on_end(&mut out, &mut node.ctx)?;
-                let counted = if node.counts_output {
-                    out.len() as u64
-                } else {
-                    0
-                };
-                node.metrics
-                    .add(0, counted, node.ctx.errors - errors_before);
-                if node.counts_output && self.taps.is_active() {
-                    self.taps
-                        .offer(&node.ctx.operator, TapSide::Output, node.ctx.subtask, &out);
-                }
-                Self::flush_dead_letters(node).await?;
+            if self.nodes[i].ctx.watermark < WATERMARK_END {
+                self.nodes[i].ctx.watermark = WATERMARK_END;
+                self.run_hook(i, |op, out, ctx| op.on_watermark(WATERMARK_END, out, ctx))
+                    .await?;
             }
-            while !out.is_empty() {
-                let rest = out.split_off(out.len().min(BATCH_SIZE));
-                let chunk = Batch::new(std::mem::replace(&mut out, rest));
-                let node = &mut self.nodes[i];
-                for o in &mut node.outputs {
-                    o.send(chunk.clone()).await?;
-                }
-                if i + 1 < self.nodes.len() {
-                    self.push(i + 1, chunk).await?;
-                }
-            }
+            self.run_hook(i, |op, out, ctx| op.on_end(out, ctx)).await?;
         }
         self.close()?;
         for node in &mut self.nodes {
@@ -788,6 +864,12 @@ pub async fn run_source(
             chain.restore(&from, true, &env.received())?;
         }
         env.started();
+        // A restored source with event time says its watermark before any record, so that
+        // downstream judges lateness as the run before the restore did.
+        if let Some(w) = source.take_watermark() {
+            chain.advance_watermark(w).await?;
+        }
+        let processing = chain.nodes[0].ctx.clock.clone();
         // After a stop-with-savepoint barrier the source is paused: it produces nothing
         // more and waits for the stop, the drain, or a resume when the savepoint failed.
         // Every command goes through `source_command`, wherever it is received, so that a
@@ -804,6 +886,12 @@ pub async fn run_source(
             }
             if env.control.should_stop() && env.checkpointing.is_none() {
                 break SourceFlow::EndInput;
+            }
+            if let Some(t) = chain.next_processing_time() {
+                let now = processing.now_ms();
+                if now >= t {
+                    chain.fire_processing_time(now).await?;
+                }
             }
             if paused {
                 let flow = match env.commands.recv().await {
@@ -848,6 +936,9 @@ pub async fn run_source(
                 chain.push(0, Batch::new(out)).await?;
                 env.produced();
             }
+            if let Some(w) = source.take_watermark() {
+                chain.advance_watermark(w).await?;
+            }
             match poll {
                 // Yield after every batch, not only when tokio's budget runs out: the task
                 // that the batch just woke (downstream, often on this worker) then processes
@@ -858,8 +949,12 @@ pub async fn run_source(
                 // through a scripted map.
                 Poll::Ready => tokio::task::yield_now().await,
                 Poll::Idle(d) => {
+                    let wake = chain.next_processing_time();
                     let flow = tokio::select! {
                         () = tokio::time::sleep(d) => SourceFlow::Continue,
+                        () = processing.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
+                            SourceFlow::Continue
+                        }
                         Some(cmd) = env.commands.recv() => {
                             source_command(cmd, &mut chain, &mut env, &mut source, &mut paused)
                                 .await?
@@ -956,12 +1051,16 @@ pub async fn run_chain(
             .as_ref()
             .map_or(AlignmentMode::AtLeastOnce, |c| c.mode);
         let mut aligner = BarrierAligner::new(n as u32, mode);
+        let mut watermarks = WatermarkCombiner::new(n);
         for i in 0..n {
             if inputs.get().ended(i) {
                 let _ = aligner.on_end_of_stream(i as u32);
+                let _ = watermarks.on_end(i);
             }
         }
+        let clock = chain.nodes[0].ctx.clock.clone();
         while !inputs.get().all_ended() {
+            let wake = chain.next_processing_time();
             let received = tokio::select! {
                 biased;
                 Some(cmd) = env.commands.recv() => {
@@ -977,6 +1076,10 @@ pub async fn run_chain(
                         | TaskCommand::Resume
                         | TaskCommand::NotifyProduced => {}
                     }
+                    continue;
+                }
+                () = clock.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
+                    chain.fire_processing_time(clock.now_ms()).await?;
                     continue;
                 }
                 r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
@@ -1006,9 +1109,16 @@ pub async fn run_chain(
                     }
                     aligner.on_barrier(input, b)
                 }
-                // Not yet combined nor forwarded (issue 15 lands it in steps).
-                Message::Watermark(_) => continue,
-                Message::EndOfStream => aligner.on_end_of_stream(input),
+                Message::Watermark(w) => {
+                    let advance = watermarks.on_watermark(input as usize, w);
+                    follow_watermark(advance, &mut chain).await?;
+                    continue;
+                }
+                Message::EndOfStream => {
+                    let advance = watermarks.on_end(input as usize);
+                    follow_watermark(advance, &mut chain).await?;
+                    aligner.on_end_of_stream(input)
+                }
             };
             let step = step.map_err(|e| RunError::Internal(format!("{}: {e}", env.element)))?;
             if matches!(step.action, AlignerAction::Snapshot(_)) {
@@ -1030,6 +1140,16 @@ pub async fn run_chain(
     }
     chain.free_state(&env);
     result
+}
+
+/// Does what the combined watermark says: advance the chain, or tell downstream that this
+/// task is idle or active again.
+async fn follow_watermark(advance: Advance, chain: &mut ChainTask) -> Result<()> {
+    match advance {
+        Advance::None => Ok(()),
+        Advance::To(w) | Advance::Active(w) => chain.advance_watermark(Watermark::At(w)).await,
+        Advance::Idle => chain.advance_watermark(Watermark::Idle).await,
+    }
 }
 
 async fn apply_step(step: AlignerStep, chain: &mut ChainTask, env: &mut TaskEnv) -> Result<()> {

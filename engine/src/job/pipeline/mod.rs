@@ -188,6 +188,8 @@ pub(crate) struct SupervisorLinks {
     pub taps: Option<Arc<crate::runtime::tap::TapRegistry>>,
     /// The pipeline's figures, kept by the job across generations.
     pub metrics: Arc<PipelineMetrics>,
+    /// Processing time for every operator (the job's, shared by every generation).
+    pub clock: crate::base::clock::Clock,
 }
 
 /// Figures of one completed checkpoint.

@@ -13,7 +13,7 @@ use weir_schema::StateSpec;
 
 use crate::base::clock::Clock;
 use crate::base::error::{Result, RunError};
-use crate::base::message::{Barrier, Message, WATERMARK_MIN};
+use crate::base::message::{Barrier, Message, WATERMARK_MIN, Watermark};
 use crate::base::metrics::NodeReport;
 use crate::checkpoint::TaskId;
 use crate::connectors::SourceContext;
@@ -244,7 +244,9 @@ impl Tasks {
     }
 
     /// Keeps a `noop`-failed task's inputs flowing: records are dropped, barriers and the end
-    /// of the stream are passed on so that downstream alignment and termination go on.
+    /// of the stream are passed on so that downstream alignment and termination go on. It
+    /// says it is idle first: it sends no record, so its watermark must not hold downstream
+    /// back (the watermarks it reads are dropped with the records).
     pub(super) fn spawn_drainer(&mut self, task: TaskId) {
         let Some(slot) = self.channels.slot(task) else {
             return;
@@ -257,6 +259,9 @@ impl Tasks {
                 let Some(mut lease) = InputLease::take(&slot) else {
                     return Ok(());
                 };
+                for o in &mut outputs {
+                    o.watermark(Watermark::Idle).await?;
+                }
                 let mut last = 0;
                 while !lease.get().all_ended() {
                     match lease.get().recv(|_| false).await {
@@ -450,6 +455,8 @@ impl Tasks {
                 on_error,
                 dead_letters: Vec::new(),
                 errors: 0,
+                late: Vec::new(),
+                late_dropped: 0,
                 state,
                 restored_from,
                 migrate: restore
@@ -519,7 +526,8 @@ impl Tasks {
             match &self.builders[head.index.0] {
                 NodeBuilder::Source(factory) => {
                     let source = factory(s, p)?;
-                    let sctx = SourceContext::new(&plan.id, &head.id, s, p, restored_from);
+                    let mut sctx = SourceContext::new(&plan.id, &head.id, s, p, restored_from);
+                    sctx.clock = self.clock.clone();
                     self.join.spawn_on(
                         async move { run_source(source, sctx, chain_task, env).await },
                         &self.workers,

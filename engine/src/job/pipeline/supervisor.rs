@@ -154,6 +154,7 @@ impl Supervisor {
             self.tasks.taps = taps;
         }
         self.checkpoints.metrics = links.metrics;
+        self.tasks.clock = links.clock;
         if let Some(verdict) = links.start.probation {
             let mut probation = Probation::new(verdict);
             if let Some(wait) = links.start.probation_idle_wait {
