@@ -302,7 +302,7 @@ def top_pages():
         return (top,)
 
     (top,) = deterministic(compute)
-    return {("top_pages", "top_pages", "top"): top}
+    return {("top_pages", "top_pages", "top_out"): top}
 
 
 def sessions():
@@ -324,7 +324,7 @@ def sessions():
         return (out,)
 
     (out,) = deterministic(compute)
-    return {("sessions", "sessions", "sessions"): out}
+    return {("sessions", "sessions", "sessions_out"): out}
 
 
 def expected_files():
