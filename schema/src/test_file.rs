@@ -80,9 +80,10 @@ pub enum StepSpec {
     /// job, as `weir run --watch` does when the file changes; its sources are replaced and
     /// its sinks captured as the original's were.
     Reload(PathBuf),
-    /// Let processing time pass. Weir has no processing-time timers yet (no operator or
-    /// script function reads the clock), so this step only waits until every record fed so
-    /// far has been read; see `weir test --help`.
+    /// Let processing time pass. A test runs on a manual clock that starts at 0 (the Unix
+    /// epoch) and moves only here: once every record fed so far went through the pipeline,
+    /// the clock moves forward by this much, and the processing-time timers and windows now
+    /// due fire; see `weir test --help`.
     AdvanceTime(DurationSpec),
 }
 

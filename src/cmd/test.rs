@@ -67,11 +67,14 @@ Steps:
   reload: FILE                 apply another version of the pipeline file, as --watch does
                                (the new version's probation checkpoint is taken at once,
                                not after waiting for records: they come in later steps)
-  advance_time: 5s             Weir has no processing-time timers yet: this only waits until
-                               everything fed so far has been read
-  A test with steps also runs the same inputs without them (keeping only `input` and `reload`
-  steps: a reload changes the pipeline, not only how it runs); every sink must receive the
-  same records (exactly-once equivalence), or the test fails with the difference.
+  advance_time: 5s             once everything fed so far went through the pipeline, move
+                               the test's clock (processing time; it starts at 0, the Unix
+                               epoch, and moves only here) by 5s: processing-time timers and
+                               windows now due fire
+  A test with steps also runs the same inputs without them (keeping only `input`, `reload`
+  and `advance_time` steps: they change what the pipeline computes, not only how it runs);
+  every sink must receive the same records (exactly-once equivalence), or the test fails
+  with the difference.
 
 Exit status: 0 when every test passed, 1 otherwise.";
 

@@ -1,7 +1,8 @@
 //! Rendering a [`FilePlan`] for people: plain text (`weir graph`), Graphviz DOT and Mermaid.
 //!
 //! Each rendering shows, per pipeline, the logical graph (nodes with id, type and parallelism;
-//! edges labelled with their partitioning, dead-letter edges marked; chained nodes grouped) and
+//! edges labelled with their partitioning, dead-letter edges marked; chained nodes grouped;
+//! sources with `event_time` marked as where watermarks originate) and
 //! the physical graph (one task per chain and subtask; for each edge between chains, which
 //! subtasks it connects). This module only reads plans: output is deterministic (plan order,
 //! never hash order) and nothing here may change a plan or panic on a malformed one.
@@ -59,6 +60,23 @@ fn node_id(plan: &PipelinePlan, node: super::NodeId) -> &str {
 /// A node's type and parallelism, as `map x2`.
 fn node_summary(node: &PlanNode) -> String {
     format!("{} x{}", node.type_name(), node.parallelism)
+}
+
+/// Where watermarks originate: a source with `event_time`, as `watermarks: ts - 1s (idle
+/// 30s)`; `None` for every other node.
+fn watermark_origin(node: &PlanNode) -> Option<String> {
+    let super::NodeKind::Source(source) = &node.kind else {
+        return None;
+    };
+    let et = source.event_time()?;
+    let mut s = format!("watermarks: {}", et.field);
+    if let Some(d) = et.max_out_of_orderness.filter(|d| !d.get().is_zero()) {
+        let _ = write!(s, " - {d}");
+    }
+    if let Some(d) = et.idle_timeout {
+        let _ = write!(s, " (idle {d})");
+    }
+    Some(s)
 }
 
 /// A task's name: the ids of its chained nodes joined by `+`.
@@ -189,13 +207,19 @@ fn text_pipeline(out: &mut String, plan: &PipelinePlan) {
 
     out.push_str("  logical graph:\n    nodes:\n");
     for node in &plan.nodes {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "      {}: {} (x{})",
             node.id,
             node.type_name(),
             node.parallelism
         );
+        match watermark_origin(node) {
+            Some(w) => {
+                let _ = writeln!(out, ", {w}");
+            }
+            None => out.push('\n'),
+        }
     }
     out.push_str("    edges:\n");
     if plan.edges.is_empty() {
@@ -419,7 +443,10 @@ fn dot_logical_node(out: &mut String, indent: &str, pi: usize, node: &PlanNode) 
         out,
         "{indent}{} [label={}];",
         dot_quote(&format!("p{pi}_n{}", node.index.0)),
-        dot_lines(&[&node.id, &node_summary(node)])
+        match watermark_origin(node) {
+            Some(w) => dot_lines(&[&node.id, &node_summary(node), &w]),
+            None => dot_lines(&[&node.id, &node_summary(node)]),
+        }
     );
 }
 
@@ -522,10 +549,11 @@ fn mermaid_pipeline(out: &mut String, pi: usize, plan: &PipelinePlan) {
 fn mermaid_logical_node(out: &mut String, indent: &str, pi: usize, node: &PlanNode) {
     let _ = writeln!(
         out,
-        "{indent}p{pi}_n{}[\"{}<br/>{}\"]",
+        "{indent}p{pi}_n{}[\"{}<br/>{}{}\"]",
         node.index.0,
         mermaid_text(&node.id),
-        mermaid_text(&node_summary(node))
+        mermaid_text(&node_summary(node)),
+        watermark_origin(node).map_or_else(String::new, |w| format!("<br/>{}", mermaid_text(&w)))
     );
 }
 
@@ -567,6 +595,23 @@ pipelines:
         );
         let spec = loaded.spec.expect("test YAML has a spec");
         compile_file(&spec, Path::new(".")).expect("plan compiles")
+    }
+
+    #[test]
+    fn sources_with_event_time_are_marked_as_where_watermarks_originate() {
+        let yaml = "version: 1\npipelines:\n  - id: p\n    sources:\n      - id: clicks\n        type: file\n        path: c.jsonl\n        event_time: {field: ts, max_out_of_orderness: 1s, idle_timeout: 30s}\n      - {id: plain, type: file, path: d.jsonl}\n    operators:\n      - {id: both, type: union, inputs: [clicks, plain]}\n    sinks:\n      - {id: out, type: stdout, input: both}\n";
+        let loaded = load_str("w.yaml", yaml);
+        let spec = loaded.spec.expect("spec");
+        let plan = compile_file(&spec, Path::new(".")).expect("plan");
+        let t = text(&plan);
+        assert!(
+            t.lines()
+                .any(|l| l == "      clicks: file (x1), watermarks: ts - 1s (idle 30s)"),
+            "{t}"
+        );
+        assert!(t.lines().any(|l| l == "      plain: file (x1)"), "{t}");
+        assert!(dot(&plan).contains("watermarks: ts - 1s (idle 30s)"));
+        assert!(mermaid(&plan).contains("<br/>watermarks: ts - 1s (idle 30s)"));
     }
 
     #[test]

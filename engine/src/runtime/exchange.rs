@@ -1,7 +1,8 @@
 //! Exchanges: how one upstream subtask sends batches along one plan edge to the downstream
 //! subtasks (forward, hash by key group, rebalance, broadcast). Barriers, watermarks and
-//! end-of-stream go to every downstream subtask, whatever the partitioning. An output also notes how long
-//! it waited for room in a full channel (backpressure), which the task reads once per batch.
+//! end-of-stream go to every downstream subtask, whatever the partitioning. An output also
+//! notes how long it waited for room in a full channel (backpressure), which the task reads
+//! once per batch.
 
 use std::time::{Duration, Instant};
 

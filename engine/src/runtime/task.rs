@@ -1407,4 +1407,416 @@ mod tests {
             "a stop does not end the input"
         );
     }
+
+    /// What a [`Recorder`] saw, in order.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Seen {
+        Records(usize),
+        Watermark(i64),
+        Snapshot(u64),
+        ProcessingTime(i64),
+        End,
+    }
+
+    /// A pass-through that records every call the task loop makes into it; it may ask for
+    /// one processing-time wake-up (and emits one record `{"fired": now}` then).
+    struct Recorder {
+        seen: Arc<std::sync::Mutex<Vec<Seen>>>,
+        wake_at: Option<i64>,
+    }
+
+    impl Recorder {
+        fn new(wake_at: Option<i64>) -> (Self, Arc<std::sync::Mutex<Vec<Seen>>>) {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            (
+                Self {
+                    seen: Arc::clone(&seen),
+                    wake_at,
+                },
+                seen,
+            )
+        }
+
+        fn note(&self, s: Seen) {
+            self.seen.lock().expect("not poisoned").push(s);
+        }
+    }
+
+    impl Operator for Recorder {
+        fn process(&mut self, batch: &mut Batch, _ctx: &mut OperatorContext) -> Result<()> {
+            self.note(Seen::Records(batch.len()));
+            Ok(())
+        }
+
+        fn snapshot(
+            &mut self,
+            checkpoint: u64,
+            _ctx: &mut OperatorContext,
+        ) -> Result<Option<Vec<u8>>> {
+            self.note(Seen::Snapshot(checkpoint));
+            Ok(None)
+        }
+
+        fn on_watermark(
+            &mut self,
+            watermark: i64,
+            _out: &mut Vec<Dynamic>,
+            ctx: &mut OperatorContext,
+        ) -> Result<()> {
+            assert_eq!(ctx.watermark, watermark, "the context holds the new watermark");
+            self.note(Seen::Watermark(watermark));
+            Ok(())
+        }
+
+        fn next_processing_time(&self) -> Option<i64> {
+            self.wake_at
+        }
+
+        fn on_processing_time(
+            &mut self,
+            now: i64,
+            out: &mut Vec<Dynamic>,
+            _ctx: &mut OperatorContext,
+        ) -> Result<()> {
+            self.note(Seen::ProcessingTime(now));
+            self.wake_at = None;
+            let mut m = rhai::Map::new();
+            m.insert("fired".into(), Dynamic::from(now));
+            out.push(Dynamic::from_map(m));
+            Ok(())
+        }
+
+        fn on_end(&mut self, _out: &mut Vec<Dynamic>, _ctx: &mut OperatorContext) -> Result<()> {
+            self.note(Seen::End);
+            Ok(())
+        }
+    }
+
+    fn chain_env(checkpointing: bool) -> (TaskEnv, mpsc::UnboundedSender<TaskCommand>) {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (events, events_rx) = mpsc::unbounded_channel();
+        // Acks are not looked at; keep the receiver alive.
+        std::mem::forget(events_rx);
+        let env = TaskEnv::new(
+            TaskId::new(1, 0),
+            "p".into(),
+            "rec".into(),
+            rx,
+            events,
+            checkpointing.then(|| Checkpointing {
+                store: Arc::new(MemoryStore::new()),
+                mode: AlignmentMode::ExactlyOnce,
+            }),
+            None,
+            Arc::new(Control::default()),
+        );
+        (env, commands)
+    }
+
+    fn forward_to(tx: mpsc::Sender<Message>) -> Output {
+        Output::new(
+            crate::plan::Partitioning::Forward,
+            vec![crate::runtime::exchange::Target { sender: tx }],
+            128,
+            "p".into(),
+            "rec".into(),
+        )
+    }
+
+    /// What arrives on a channel until its end-of-stream, records as their count.
+    async fn drain(mut rx: mpsc::Receiver<Message>) -> Vec<String> {
+        let mut got = Vec::new();
+        while let Some(m) = rx.recv().await {
+            got.push(match m {
+                Message::Records(b) => format!("records {}", b.len()),
+                Message::Barrier(b) => format!("barrier {}", b.checkpoint),
+                Message::Watermark(Watermark::At(w)) => format!("watermark {w}"),
+                Message::Watermark(Watermark::Idle) => "idle".into(),
+                Message::EndOfStream => {
+                    got.push("end".into());
+                    break;
+                }
+            });
+        }
+        got
+    }
+
+    fn batch(n: i64) -> Message {
+        Message::Records(Batch::new((0..n).map(Dynamic::from).collect()))
+    }
+
+    const B1: Barrier = Barrier {
+        checkpoint: 1,
+        kind: BarrierKind::Checkpoint,
+    };
+
+    #[tokio::test]
+    async fn a_task_combines_its_inputs_watermarks_in_order_with_barriers() {
+        use crate::runtime::input::InputSet;
+        let (t0, r0) = mpsc::channel(64);
+        let (t1, r1) = mpsc::channel(64);
+        let slot = Arc::new(std::sync::Mutex::new(Some(InputSet::new(vec![r0, r1]))));
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let (rec, seen) = Recorder::new(None);
+        let chain = ChainTask {
+            nodes: vec![node(Box::new(rec), "rec", vec![forward_to(out_tx)])],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let (env, _commands) = chain_env(true);
+        use Watermark::{At, Idle};
+        for m in [
+            batch(2),
+            Message::Watermark(At(10)),
+            Message::Barrier(B1),
+            // Behind the barrier: input 0 is parked until input 1 delivers barrier 1.
+            Message::Watermark(At(30)),
+            Message::EndOfStream,
+        ] {
+            t0.send(m).await.expect("send");
+        }
+        for m in [
+            Message::Watermark(At(20)),
+            batch(3),
+            Message::Watermark(At(25)),
+            Message::Barrier(B1),
+            Message::Watermark(Idle),
+            Message::EndOfStream,
+        ] {
+            t1.send(m).await.expect("send");
+        }
+        let lease = InputLease::take(&slot).expect("free");
+        let reader = tokio::spawn(drain(out_rx));
+        run_chain(lease, chain, env).await.expect("runs");
+        let seen = seen.lock().expect("not poisoned").clone();
+        let marks: Vec<&Seen> = seen
+            .iter()
+            .filter(|s| !matches!(s, Seen::Records(_)))
+            .collect();
+        assert_eq!(
+            marks,
+            vec![
+                &Seen::Watermark(10),
+                &Seen::Snapshot(1),
+                // Input 0's 30 only after the snapshot; the minimum with input 1 (25).
+                &Seen::Watermark(25),
+                // Input 1 idle: input 0 alone.
+                &Seen::Watermark(30),
+                // The end of the input: every timer due, before on_end.
+                &Seen::Watermark(WATERMARK_END),
+                &Seen::End,
+            ],
+            "{seen:?}"
+        );
+        let sent = reader.await.expect("reader");
+        let at = |what: &str| sent.iter().position(|s| s == what).expect(what);
+        assert!(at("watermark 10") < at("barrier 1"), "{sent:?}");
+        assert!(at("barrier 1") < at("watermark 25"), "{sent:?}");
+        assert!(at("watermark 25") < at("watermark 30"), "{sent:?}");
+        assert_eq!(sent.last().map(String::as_str), Some("end"));
+        assert_eq!(
+            sent.iter()
+                .filter(|s| s.starts_with("records"))
+                .count(),
+            2,
+            "{sent:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn watermarks_go_to_every_subtask_of_hash_and_rebalance_exchanges() {
+        for partitioning in [
+            crate::plan::Partitioning::Hash,
+            crate::plan::Partitioning::Rebalance,
+        ] {
+            let (mut targets, mut receivers) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                let (tx, rx) = mpsc::channel(8);
+                targets.push(crate::runtime::exchange::Target { sender: tx });
+                receivers.push(rx);
+            }
+            let mut out = Output::new(partitioning, targets, 128, "p".into(), "x".into());
+            let mut b = Batch::new(vec![Dynamic::from(1_i64)]);
+            b.keys
+                .push(crate::record::Key::from_dynamic(&Dynamic::from(7_i64)));
+            out.send(b).await.expect("send");
+            out.watermark(Watermark::At(5)).await.expect("send");
+            out.watermark(Watermark::Idle).await.expect("send");
+            out.end().await.expect("send");
+            let mut records = 0;
+            for rx in receivers {
+                let got = drain(rx).await;
+                records += got.iter().filter(|s| s.starts_with("records")).count();
+                let marks: Vec<&str> = got
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|s| !s.starts_with("records"))
+                    .collect();
+                assert_eq!(marks, ["watermark 5", "idle", "end"], "{partitioning:?}");
+            }
+            assert_eq!(records, 1, "the record went to one subtask only");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_source_task_sends_its_watermarks_after_the_records_that_made_them() {
+        use crate::connectors::event_time::EventTimeSource;
+        use weir_schema::{EventTimeSpec, SourceOnError};
+
+        /// Three polls of two records each, then done.
+        struct Timed {
+            polls: i64,
+        }
+        impl Source for Timed {
+            fn poll(&mut self, out: &mut Vec<Dynamic>, _ctx: &mut SourceContext) -> Result<Poll> {
+                if self.polls == 3 {
+                    return Ok(Poll::Done);
+                }
+                self.polls += 1;
+                for ts in [self.polls * 1_000, self.polls * 1_000 - 500] {
+                    let mut m = rhai::Map::new();
+                    m.insert("ts".into(), Dynamic::from(ts));
+                    out.push(Dynamic::from_map(m));
+                }
+                Ok(Poll::Ready)
+            }
+        }
+        let spec = EventTimeSpec {
+            field: "ts".into(),
+            unit: None,
+            format: None,
+            max_out_of_orderness: Some(weir_schema::units::DurationSpec::from_millis(100)),
+            idle_timeout: None,
+        };
+        let source = Box::new(EventTimeSource::new(
+            Box::new(Timed { polls: 0 }),
+            &spec,
+            &SourceOnError::Fail,
+        ));
+        let (mut targets, mut receivers) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            let (tx, rx) = mpsc::channel(64);
+            targets.push(crate::runtime::exchange::Target { sender: tx });
+            receivers.push(rx);
+        }
+        let out = Output::new(
+            crate::plan::Partitioning::Rebalance,
+            targets,
+            128,
+            "p".into(),
+            "src".into(),
+        );
+        let (rec, seen) = Recorder::new(None);
+        let chain = ChainTask {
+            nodes: vec![node(Box::new(rec), "src", vec![out])],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let (env, _commands) = chain_env(false);
+        let sctx = SourceContext::new("p", "src", 0, 1, None);
+        run_source(source, sctx, chain, env).await.expect("runs");
+        let seen = seen.lock().expect("not poisoned").clone();
+        assert_eq!(
+            seen,
+            vec![
+                Seen::Records(2),
+                Seen::Watermark(899),
+                Seen::Records(2),
+                Seen::Watermark(1_899),
+                Seen::Records(2),
+                Seen::Watermark(2_899),
+                Seen::Watermark(WATERMARK_END),
+                Seen::End,
+            ]
+        );
+        for rx in receivers {
+            let got = drain(rx).await;
+            let marks: Vec<&str> = got
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !s.starts_with("records"))
+                .collect();
+            assert_eq!(
+                marks,
+                ["watermark 899", "watermark 1899", "watermark 2899", "end"],
+                "every subtask gets every watermark"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn processing_time_wakes_a_task_on_a_manual_clock_when_it_is_moved() {
+        use crate::base::clock::Clock;
+        use crate::runtime::input::InputSet;
+        let clock = Clock::manual(0);
+        let (t0, r0) = mpsc::channel(8);
+        let slot = Arc::new(std::sync::Mutex::new(Some(InputSet::new(vec![r0]))));
+        let (out_tx, mut out_rx) = mpsc::channel(8);
+        let (rec, seen) = Recorder::new(Some(1_000));
+        let mut n = node(Box::new(rec), "rec", vec![forward_to(out_tx)]);
+        n.ctx.clock = clock.clone();
+        let chain = ChainTask {
+            nodes: vec![n],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let (env, _commands) = chain_env(false);
+        let lease = InputLease::take(&slot).expect("free");
+        let task = tokio::spawn(run_chain(lease, chain, env));
+        t0.send(batch(1)).await.expect("send");
+        // A record flows through, the clock stands still: no wake-up yet.
+        assert!(matches!(out_rx.recv().await, Some(Message::Records(_))));
+        clock.advance(999);
+        clock.advance(1);
+        let fired = tokio::time::timeout(Duration::from_secs(60), out_rx.recv())
+            .await
+            .expect("the move of the clock wakes the task");
+        let Some(Message::Records(b)) = fired else {
+            panic!("expected the fired record, got {fired:?}");
+        };
+        assert_eq!(b.records[0].as_map_ref().expect("map")["fired"].as_int(), Ok(1_000));
+        t0.send(Message::EndOfStream).await.expect("send");
+        task.await.expect("no panic").expect("runs");
+        let seen = seen.lock().expect("not poisoned").clone();
+        assert_eq!(
+            seen,
+            vec![
+                Seen::Records(1),
+                Seen::ProcessingTime(1_000),
+                Seen::Watermark(WATERMARK_END),
+                Seen::End
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn processing_time_wakes_a_task_on_the_system_clock() {
+        use crate::base::clock::Clock;
+        use crate::runtime::input::InputSet;
+        let (t0, r0) = mpsc::channel(8);
+        let slot = Arc::new(std::sync::Mutex::new(Some(InputSet::new(vec![r0]))));
+        let (out_tx, mut out_rx) = mpsc::channel(8);
+        let at = Clock::System.now_ms() + 20;
+        let (rec, _seen) = Recorder::new(Some(at));
+        let chain = ChainTask {
+            nodes: vec![node(Box::new(rec), "rec", vec![forward_to(out_tx)])],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let (env, _commands) = chain_env(false);
+        let lease = InputLease::take(&slot).expect("free");
+        let task = tokio::spawn(run_chain(lease, chain, env));
+        let fired = tokio::time::timeout(Duration::from_secs(60), out_rx.recv())
+            .await
+            .expect("the wall clock wakes the task");
+        let Some(Message::Records(b)) = fired else {
+            panic!("expected the fired record, got {fired:?}");
+        };
+        let now = b.records[0].as_map_ref().expect("map")["fired"]
+            .as_int()
+            .expect("int");
+        assert!(now >= at, "fired at {now}, due at {at}");
+        t0.send(Message::EndOfStream).await.expect("send");
+        task.await.expect("no panic").expect("runs");
+    }
 }

@@ -23,6 +23,7 @@ use weir_schema::FileSpec;
 
 use super::rewrite::{Layout, Rewrite, rewrite};
 use super::{Outcome, Scenario, ScenarioError, Step};
+use crate::base::clock::Clock;
 use crate::control::{JobControl, ReloadRequest, StopRequest};
 use crate::job::{JobOptions, JobSummary, RecoveryOptions};
 
@@ -122,6 +123,9 @@ pub(super) struct Driver<'a> {
     at_checkpoint: BTreeMap<SourceKey, u64>,
     /// The last savepoint per pipeline and what had been read then.
     savepoint: Option<Savepoint>,
+    /// Processing time of every job of the run: manual, moved by `advance_time` steps
+    /// (starting at 0, the Unix epoch), shared across crashes, restores and reloads.
+    clock: Clock,
     failures: Vec<String>,
 }
 
@@ -164,6 +168,7 @@ impl<'a> Driver<'a> {
             written: BTreeMap::new(),
             at_checkpoint: BTreeMap::new(),
             savepoint: None,
+            clock: Clock::manual(0),
             failures: Vec::new(),
         };
         for key in d.fed.clone() {
@@ -260,6 +265,7 @@ impl<'a> Driver<'a> {
             file: Some(self.running_file.clone()),
             recovery: RecoveryOptions::default(),
             from_savepoints,
+            clock: self.clock.clone(),
             ..JobOptions::default()
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -353,6 +359,27 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// Takes a checkpoint of every pipeline once everything fed so far has been read.
+    fn checkpoint(&mut self, l: &Live) -> Result<(), ScenarioError> {
+        self.caught_up(l)?;
+        for p in &self.pipelines {
+            let info = l
+                .wait(
+                    || format!("a checkpoint of pipeline `{p}` to complete"),
+                    l.job.trigger_checkpoint(p),
+                )?
+                .map_err(|e| ScenarioError::Run(e.to_string()))?;
+            if info.failed() {
+                return Err(ScenarioError::Run(format!(
+                    "checkpoint {} of `{p}` failed",
+                    info.id
+                )));
+            }
+        }
+        self.at_checkpoint = self.written.clone();
+        Ok(())
+    }
+
     /// Waits for a job's end and records its failures.
     fn finish(&mut self, mut live: Live) -> Result<(), ScenarioError> {
         tracing::debug!("Waiting for the job's end.");
@@ -402,30 +429,19 @@ impl<'a> Driver<'a> {
             tracing::debug!(step = n, name = step.name(), "Test step.");
             match step {
                 Step::Input(batch) => self.feed(batch).map_err(context)?,
-                Step::AdvanceTime(_) => {
+                Step::AdvanceTime(d) => {
+                    // Everything fed so far goes through the whole pipeline first (a
+                    // checkpoint's barrier follows it everywhere), so what the move of the
+                    // clock fires sees every record fed before it, in every run alike.
                     if let Some(l) = &live {
-                        self.caught_up(l).map_err(context)?;
+                        self.checkpoint(l).map_err(context)?;
                     }
+                    self.clock
+                        .advance(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
                 }
                 Step::Checkpoint => {
                     let l = live.as_ref().ok_or_else(|| stopped(n, step))?;
-                    self.caught_up(l).map_err(context)?;
-                    for p in &self.pipelines {
-                        let info = l
-                            .wait(
-                                || format!("a checkpoint of pipeline `{p}` to complete"),
-                                l.job.trigger_checkpoint(p),
-                            )
-                            .map_err(context)?
-                            .map_err(|e| context(ScenarioError::Run(e.to_string())))?;
-                        if info.failed() {
-                            return Err(context(ScenarioError::Run(format!(
-                                "checkpoint {} of `{p}` failed",
-                                info.id
-                            ))));
-                        }
-                    }
-                    self.at_checkpoint = self.written.clone();
+                    self.checkpoint(l).map_err(context)?;
                 }
                 Step::Crash => {
                     let mut l = live.take().ok_or_else(|| stopped(n, step))?;

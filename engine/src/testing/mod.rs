@@ -49,8 +49,9 @@ pub enum Step {
     },
     /// Apply another version of the pipeline file.
     Reload(PathBuf),
-    /// Let processing time pass: nothing in Weir reads it yet, so this waits until every
-    /// record fed so far has been read.
+    /// Let processing time pass: once every record fed so far went through the pipeline (a
+    /// checkpoint), the run's manual clock moves forward by this much, and processing-time
+    /// timers and windows now due fire.
     AdvanceTime(Duration),
 }
 
@@ -221,8 +222,8 @@ pub fn sink_name(spec: &FileSpec, pipeline: Option<&str>, p: &str, s: &str) -> S
 }
 
 /// Runs a scenario in a temporary directory: with its steps when `with_steps`; otherwise
-/// every input at once, straight through (keeping only `input` and `reload` steps when it
-/// has reloads).
+/// every input at once, straight through (keeping only `input`, `reload` and `advance_time`
+/// steps when it has reloads or moves of processing time).
 ///
 /// # Errors
 /// A setup or run problem (see [`ScenarioError`]); a pipeline that fails is reported in
@@ -245,18 +246,19 @@ pub fn run_scenario(scenario: &Scenario, with_steps: bool) -> Result<Outcome, Sc
     // Without steps, a reload still happens where it was written (a reload changes the
     // pipeline, not only how it runs), with its inputs fed step by step; otherwise every
     // input is read at once.
-    let reloads = scenario.steps.iter().any(|s| matches!(s, Step::Reload(_)));
+    // Likewise the moves of processing time: what a processing-time window holds depends
+    // on which records came before the clock moved.
+    let kept = |s: &Step| matches!(s, Step::Input(_) | Step::Reload(_) | Step::AdvanceTime(_));
+    let stepped = scenario
+        .steps
+        .iter()
+        .any(|s| matches!(s, Step::Reload(_) | Step::AdvanceTime(_)));
     let plain;
     let (scenario, follow) = if with_steps {
         (scenario, true)
-    } else if reloads {
+    } else if stepped {
         plain = Scenario {
-            steps: scenario
-                .steps
-                .iter()
-                .filter(|s| matches!(s, Step::Input(_) | Step::Reload(_)))
-                .cloned()
-                .collect(),
+            steps: scenario.steps.iter().filter(|s| kept(s)).cloned().collect(),
             ..scenario.clone()
         };
         (&plain, true)

@@ -152,6 +152,14 @@ pub(super) fn rewrite(
                 if let Some(n) = s.get("parallelism") {
                     replaced["parallelism"] = n.clone();
                 }
+                // Event time is read from the fed records as from the real ones; a record
+                // without one goes where the source's `on_error` says.
+                if let Some(et) = s.get("event_time") {
+                    replaced["event_time"] = et.clone();
+                    if let Some(on_error) = s.get("on_error") {
+                        replaced["on_error"] = on_error.clone();
+                    }
+                }
                 sources.push(replaced);
                 continue;
             }
