@@ -629,7 +629,10 @@ operator_spec! {
     /// `list_push`, `map_put` and friends; it emits with `emit(record)`. An optional
     /// `fn migrate(old)` (or `fn migrate(name, old)`, `name` being the state's) rewrites each
     /// state value restored from a savepoint taken with another version of the script, and an
-    /// optional `fn on_end(key)` runs per key at the end of a bounded input.
+    /// optional `fn on_end(key)` runs per key at the end of a bounded input. A script that
+    /// defines `fn on_timer(ts, kind)` may set keyed event- and processing-time timers
+    /// (`register_event_timer(t)`, `register_processing_timer(t)`), which call it with their
+    /// key current; `now()` and `watermark()` read the two clocks.
     ProcessSpec {
         /// Inline Rhai script. The functions it defines and may call: docs/SCRIPT_API.md.
         #[serde(default, skip_serializing_if = "Option::is_none")]

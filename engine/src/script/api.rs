@@ -222,6 +222,87 @@ pub const HOST_FUNCTIONS: &[HostFn] = &[
                   k.sort(); emit(k); } }",
         emits: r#"["f1","f2","f3"]"#,
     },
+    HostFn {
+        name: "register_event_timer",
+        params: &["time: int"],
+        returns: "()",
+        meaning: "Sets an event-time timer for the current key at `time` (epoch milliseconds): \
+                  `fn on_timer(time, \"event\")` runs with this key current once the watermark \
+                  reaches `time` (at the latest when the input ends). One timer per key and \
+                  time: setting it again does nothing. Timers are keyed state: checkpoints and \
+                  savepoints keep them.",
+        errors: "The script defines no `fn on_timer(ts, kind)`; called outside a keyed \
+                 `process` operator.",
+        operators: PROCESS,
+        example: "fn process(r) { register_event_timer(r * 10); register_event_timer(15); }\n\
+                  fn on_timer(ts, kind) { emit(`${kind} ${ts}`); }",
+        emits: r#""event 10", "event 15", "event 20", "event 30""#,
+    },
+    HostFn {
+        name: "register_processing_timer",
+        params: &["time: int"],
+        returns: "()",
+        meaning: "Sets a processing-time timer for the current key at `time` (epoch \
+                  milliseconds, compare `now()`): `fn on_timer(time, \"processing\")` runs \
+                  once the wall clock reaches it. Pending processing-time timers do not fire \
+                  when the input ends.",
+        errors: "As `register_event_timer`.",
+        operators: PROCESS,
+        example: "fn process(r) { register_processing_timer(now() + 1000 * r); }\n\
+                  fn on_timer(ts, kind) { emit(`${kind} +${ts - 1700000000000}`); }",
+        emits: r#""processing +1000", "processing +2000", "processing +3000""#,
+    },
+    HostFn {
+        name: "delete_event_timer",
+        params: &["time: int"],
+        returns: "()",
+        meaning: "Deletes the current key's event-time timer at `time` (nothing when there is \
+                  none).",
+        errors: "As `register_event_timer`.",
+        operators: PROCESS,
+        example: "fn process(r) { register_event_timer(r); delete_event_timer(r - 1); }\n\
+                  fn on_timer(ts, kind) { emit(ts); }",
+        emits: "3",
+    },
+    HostFn {
+        name: "delete_processing_timer",
+        params: &["time: int"],
+        returns: "()",
+        meaning: "Deletes the current key's processing-time timer at `time` (nothing when \
+                  there is none).",
+        errors: "As `register_event_timer`.",
+        operators: PROCESS,
+        example: "fn process(r) { register_processing_timer(now() + r); \
+                  if r == 2 { delete_processing_timer(now() + 1); } }\n\
+                  fn on_timer(ts, kind) { emit(ts % 1000); }",
+        emits: "2, 3",
+    },
+    HostFn {
+        name: "now",
+        params: &[],
+        returns: "int",
+        meaning: "Processing time: the wall clock in epoch milliseconds (in `weir test`, a \
+                  clock that moves only with `advance_time`). State time-to-live and \
+                  processing-time timers follow the same clock.",
+        errors: "Called outside a `process` operator.",
+        operators: PROCESS,
+        example: "fn process(r) { emit(now() - 1700000000000); }",
+        emits: "0, 0, 0",
+    },
+    HostFn {
+        name: "watermark",
+        params: &[],
+        returns: "int",
+        meaning: "The operator's current event-time watermark in epoch milliseconds: every \
+                  record with an earlier event time is expected to have arrived. Before the \
+                  first watermark it is the smallest integer; in `on_timer` for an event-time \
+                  timer it is the watermark that fired it.",
+        errors: "Called outside a `process` operator.",
+        operators: PROCESS,
+        example: "fn process(r) { register_event_timer(r); }\n\
+                  fn on_timer(ts, kind) { emit(watermark() > ts); }",
+        emits: "true, true, true",
+    },
 ];
 
 /// A function a script defines for its operator to call.
@@ -364,6 +445,23 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
         emits: r#"{"all":[1,2,3],"key":"u"}"#,
     },
     EntryPoint {
+        operator: "process",
+        name: "on_timer",
+        params: &["ts", "kind"],
+        required: false,
+        meaning: "Called when a timer the script set fires: `ts` is its time, `kind` is \
+                  `\"event\"` (the watermark reached `ts`) or `\"processing\"` (the wall clock \
+                  did). The timer's key is current: `key()`, the state functions and `emit` work \
+                  as in `process`, and it may set further timers. Event-time timers fire in \
+                  time order; timers restored from a checkpoint that are already due fire at \
+                  the next watermark or wake-up.",
+        errors: "As `process`; the record in the error is `{key, timer, kind}`.",
+        example: "fn process(r) { list_push(\"seen\", r.n); register_event_timer(100); }\n\
+                  fn on_timer(ts, kind) { emit(#{key: key(), at: ts, kind: kind, \
+                  seen: list_get(\"seen\")}); }",
+        emits: r#"{"at":100,"key":"u","kind":"event","seen":[1,2,3]}"#,
+    },
+    EntryPoint {
         operator: "reduce, aggregate, process",
         name: "migrate",
         params: &["old"],
@@ -429,7 +527,10 @@ pub fn render_markdown() -> String {
         "\n## Functions\n\n\
          State functions work on the current record's key in the states the operator declares \
          (`state: {count: value, seen: list, by: map}`); the examples run in such a `process` \
-         operator on the records `1`, `2`, `3` of key `\"u\"`.\n\n\
+         operator on the records `1`, `2`, `3` of key `\"u\"`, with the processing-time clock \
+         at `1700000000000`; then the clock moves on a minute and the input ends (the \
+         watermark reaches the end of time). A state declared with a time-to-live \
+         (`seen: {kind: list, ttl: 1h}`) reads as absent once it expired.\n\n\
          | Function | Returns | Operators | Meaning |\n|---|---|---|---|\n",
     );
     for f in HOST_FUNCTIONS {
@@ -601,9 +702,17 @@ mod tests {
         out.iter().map(excerpt).collect::<Vec<_>>().join(", ")
     }
 
-    /// Runs `op` on `records` one batch per record, then ends the input.
+    /// Processing time when the examples run (epoch milliseconds).
+    const NOW: i64 = 1_700_000_000_000;
+
+    /// Runs `op` on `records` one batch per record with the clock at [`NOW`], then moves the
+    /// clock on a minute (processing-time timers fire), and ends the input as the task loop
+    /// does (the watermark reaches the end, then `on_end`).
     fn run(op: Box<dyn Operator>, records: &[Dynamic], keyed_input: bool) -> String {
-        let mut h = Harness::new(op, keyed_ctx()).expect("opens");
+        let mut ctx = keyed_ctx();
+        ctx.clock = crate::base::clock::Clock::manual(NOW);
+        let clock = ctx.clock.clone();
+        let mut h = Harness::new(op, ctx).expect("opens");
         let mut out = Vec::new();
         for r in records {
             let batch = if keyed_input {
@@ -616,6 +725,18 @@ mod tests {
             };
             out.extend(h.push(batch).expect("runs").records);
         }
+        clock.advance(60_000);
+        let now = clock.now_ms();
+        if h.operator.next_processing_time().is_some_and(|t| t <= now) {
+            h.operator
+                .on_processing_time(now, &mut out, &mut h.ctx)
+                .expect("timers");
+        }
+        let end = crate::base::message::WATERMARK_END;
+        h.ctx.watermark = end;
+        h.operator
+            .on_watermark(end, &mut out, &mut h.ctx)
+            .expect("watermark");
         assert_eq!(h.ctx.errors, 0, "the example fails a record");
         out.extend(h.finish().expect("ends"));
         shown(&out)
