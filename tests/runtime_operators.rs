@@ -280,6 +280,58 @@ pipelines:
 }
 
 #[test]
+fn a_processing_time_window_emits_its_open_windows_at_the_end_of_input() {
+    for p in [1, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = write_orders(dir.path(), 3000);
+        // One window as long as a thousand days: the whole run falls into it.
+        let yaml = format!(
+            r#"
+version: 1
+pipelines:
+  - id: win
+    parallelism: {p}
+    sources:
+      - {{ id: in, type: file, path: orders.jsonl }}
+    operators:
+      - {{ id: by_user, type: key_by, input: in, field: user }}
+      - id: per_user
+        type: window
+        input: by_user
+        time: processing
+        window: {{ tumbling: {{ size: 1000days }} }}
+        key_field: user
+        aggregations: [{{ fn: sum, field: amount, as: total }}, {{ fn: count }}]
+    sinks:
+      - {{ id: out, type: file, input: per_user, path: out }}
+"#
+        );
+        assert_ok(&run_yaml(dir.path(), &yaml), "pipeline");
+        let mut per: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for r in &recs {
+            let e = per
+                .entry(r["user"].as_str().unwrap().to_owned())
+                .or_default();
+            e.0 += r["amount"].as_i64().unwrap();
+            e.1 += 1;
+        }
+        let got = read_output(&dir.path().join("out"));
+        assert_eq!(got.len(), per.len(), "one window per user, parallelism {p}");
+        let size = 1000 * 86_400_000_i64;
+        for g in &got {
+            let (total, count) = per[g["user"].as_str().unwrap()];
+            assert_eq!(
+                (g["total"].as_i64(), g["count"].as_i64()),
+                (Some(total), Some(count))
+            );
+            let start = g["window_start"].as_i64().unwrap();
+            assert_eq!(g["window_end"].as_i64(), Some(start + size));
+            assert_eq!(start % size, 0, "aligned to the epoch");
+        }
+    }
+}
+
+#[test]
 fn emit_updates_ends_with_the_final_value_per_key() {
     let dir = tempfile::tempdir().unwrap();
     let recs = write_orders(dir.path(), 2000);

@@ -370,6 +370,12 @@ pub struct SubtaskStatus {
     pub skipped: u64,
     /// Failed records sent to a dead-letter output.
     pub dead_lettered: u64,
+    /// Late records (a `window`'s) dropped and counted.
+    #[serde(default)]
+    pub late_dropped: u64,
+    /// Late records (a `window`'s) sent to its `late` output.
+    #[serde(default)]
+    pub late_sent: u64,
     /// Bytes read (file sources).
     pub bytes_read: u64,
     /// Time spent processing, milliseconds (0 with `weir run --no-metrics`).

@@ -108,6 +108,9 @@ pub mod codes {
     pub const SCRIPT_RUNTIME: &str = "weir::script::runtime";
     /// An operator option that does not fit its kind (aggregations without field, ...).
     pub const OPERATOR_OPTION: &str = "weir::config::operator_option";
+    /// An event-time `window` downstream of sources without `event_time`: no watermark would
+    /// ever close its windows.
+    pub const NO_EVENT_TIME: &str = "weir::config::no_event_time";
     /// A `${VAR}` names an environment variable that is not set (and has no default), or a
     /// `${VAR:?message}` found it unset or empty.
     pub const ENV_UNDEFINED: &str = "weir::env::undefined";

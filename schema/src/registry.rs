@@ -971,6 +971,12 @@ impl SourceSpec {
         }
     }
 
+    /// The field of the source's `event_time`, if it declares one: where an event-time
+    /// `window` downstream reads a record's event time by default.
+    pub fn event_time_field(&self) -> Option<&str> {
+        self.event_time().map(|e| e.field.as_str())
+    }
+
     /// The sink named by `on_error: {dead_letter: ...}`, if any.
     pub fn dead_letter(&self) -> Option<&str> {
         match self.on_error() {

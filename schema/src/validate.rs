@@ -15,7 +15,7 @@ use crate::diagnostic::{Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::model::{
     AggregateSpec, CheckpointMode, EventTimeSpec, FailoverSpec, FileSpec, GeneratorFieldSpec,
     OnErrorSpec, OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec,
-    StateSpec,
+    StateSpec, WindowKindSpec, WindowSpec, WindowTimeSpec,
 };
 use crate::registry::Section;
 use crate::registry::{ProcessSpec, StateDeclSpec};
@@ -155,6 +155,19 @@ struct PipelineCheck<'a, 'c> {
 
 const ID_HELP: &str = "use letters, digits, `_` and `-`, starting with a letter or `_`";
 
+/// What [`Validator::check_aggregations`] checks: an `aggregate`'s or a `window`'s
+/// accumulator settings.
+struct Aggregations<'x> {
+    kind: &'static str,
+    id: &'x str,
+    aggregations: &'x [crate::model::AggregationSpec],
+    has_script: bool,
+    key_field: &'x str,
+    /// Output names the operator writes itself.
+    reserved: &'x [&'static str],
+    path: &'x YamlPath,
+}
+
 fn valid_id(id: &str) -> bool {
     let mut chars = id.chars();
     chars
@@ -270,8 +283,13 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .help("remove `on_error`; set it on the operators whose scripts can fail")
                     .push(&mut self.cx.out);
             }
-            if let OperatorSpec::Aggregate(a) = op {
-                for (i, agg) in a.aggregations.iter().enumerate() {
+            let aggregations = match op {
+                OperatorSpec::Aggregate(a) => a.aggregations.as_slice(),
+                OperatorSpec::Window(w) => w.aggregations.as_slice(),
+                _ => &[],
+            };
+            {
+                for (i, agg) in aggregations.iter().enumerate() {
                     if agg.function == AggregateFunction::Count && agg.field.is_some() {
                         self.cx
                             .key_error(codes::NO_EFFECT, &path.join("aggregations").join(i).join("field"), "`count` counts records and reads no field", "ignored by count")
@@ -358,7 +376,8 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         }
     }
 
-    /// Checks `on_error: {dead_letter: X}` targets; returns the sinks used as targets.
+    /// Checks `on_error: {dead_letter: X}` targets and a `window`'s `late: X`; returns the
+    /// sinks used as targets.
     fn check_dead_letters(&mut self) -> HashSet<usize> {
         let mut targets = HashSet::new();
         let mut named: Vec<(YamlPath, &str)> = Vec::new();
@@ -374,7 +393,17 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 named.push((at.join("on_error").join("dead_letter"), target.as_str()));
             }
         }
-        for (path, target) in named {
+        let late_from = named.len();
+        for (oi, op) in self.p.operators.iter().enumerate() {
+            if let Some(target) = op.late_target() {
+                named.push((self.base.join("operators").join(oi).join("late"), target));
+            }
+        }
+        for (n, (path, target)) in named.into_iter().enumerate() {
+            if n >= late_from {
+                self.check_late_target(&path, target, &mut targets);
+                continue;
+            }
             match self.ids.get(target) {
                 Some(Elem {
                     section: Section::Sinks,
@@ -428,6 +457,53 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             }
         }
         targets
+    }
+
+    /// A `window`'s `late: X` must name a sink without input.
+    fn check_late_target(&mut self, path: &YamlPath, target: &str, targets: &mut HashSet<usize>) {
+        let problem = match self.ids.get(target) {
+            Some(Elem {
+                section: Section::Sinks,
+                index,
+            }) => {
+                targets.insert(*index);
+                let w = self.p.sinks[*index].wiring();
+                if w.input.is_none() && w.inputs.is_empty() {
+                    return;
+                }
+                (
+                    format!("late-record sink `{target}` also has an input"),
+                    "this sink also receives regular records",
+                    format!(
+                        "give late records a sink of their own: remove `input` from `{target}` or add a new sink without `input`"
+                    ),
+                )
+            }
+            Some(_) => (
+                format!("late-record target `{target}` is not a sink"),
+                "not a sink",
+                "late records go to a sink declared under `sinks:` without an `input`".to_owned(),
+            ),
+            None => {
+                let sinks: Vec<&str> = self.p.sinks.iter().map(SinkSpec::id).collect();
+                let help = match did_you_mean(target, sinks.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None => "declare a sink without `input` under `sinks:` and name it here, or \
+                             remove `late` to drop late records (they are counted)"
+                        .to_owned(),
+                };
+                (
+                    format!("late-record sink `{target}` does not exist"),
+                    "no sink with this id",
+                    help,
+                )
+            }
+        };
+        let (message, label, help) = problem;
+        self.cx
+            .error(codes::DEAD_LETTER, path, message, label)
+            .help(help)
+            .push(&mut self.cx.out);
     }
 
     /// Resolves inputs; returns edges (from, to) between elements that exist.
@@ -637,7 +713,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             down.entry(*a).or_default().push(*b);
             up.entry(*b).or_default().push(*a);
         }
-        // Dead-letter edges count for reachability.
+        // Dead-letter and late-record edges count for reachability.
         for (si, src) in self.p.sources.iter().enumerate() {
             if let Some(t) = src.dead_letter()
                 && let Some(
@@ -656,20 +732,25 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             }
         }
         for (oi, op) in self.p.operators.iter().enumerate() {
-            if let OnErrorSpec::DeadLetter(t) = op.on_error()
-                && let Some(
+            let dead_letter = match op.on_error() {
+                OnErrorSpec::DeadLetter(t) => Some(t.as_str()),
+                _ => None,
+            };
+            for t in dead_letter.into_iter().chain(op.late_target()) {
+                if let Some(
                     sink @ Elem {
                         section: Section::Sinks,
                         ..
                     },
-                ) = self.ids.get(t.as_str())
-            {
-                let from = Elem {
-                    section: Section::Operators,
-                    index: oi,
-                };
-                down.entry(from).or_default().push(*sink);
-                up.entry(*sink).or_default().push(from);
+                ) = self.ids.get(t)
+                {
+                    let from = Elem {
+                        section: Section::Operators,
+                        index: oi,
+                    };
+                    down.entry(from).or_default().push(*sink);
+                    up.entry(*sink).or_default().push(from);
+                }
             }
         }
         let walk = |starts: Vec<Elem>, graph: &HashMap<Elem, Vec<Elem>>| {
@@ -799,6 +880,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     }
                 }
                 OperatorSpec::Aggregate(a) => self.check_aggregate(a, &path),
+                OperatorSpec::Window(w) => self.check_window(w, &path, oi),
                 OperatorSpec::Union(_) => {}
                 _ if op.needs_script() && op.script().is_none() => {
                     let (name, arity) = op.required_functions()[0];
@@ -873,19 +955,41 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
 
     fn check_aggregate(&mut self, a: &AggregateSpec, path: &YamlPath) {
         let has_script = a.script.is_some() || a.script_file.is_some();
-        if a.aggregations.is_empty() != has_script {
+        self.check_aggregations(Aggregations {
+            kind: "aggregate",
+            id: &a.id,
+            aggregations: &a.aggregations,
+            has_script,
+            key_field: &a.key_field,
+            reserved: &[],
+            path,
+        });
+    }
+
+    /// The `aggregations` (or script) of an `aggregate` or a `window`.
+    fn check_aggregations(&mut self, x: Aggregations<'_>) {
+        let Aggregations {
+            kind,
+            id,
+            aggregations,
+            has_script,
+            key_field,
+            reserved,
+            path,
+        } = x;
+        if aggregations.is_empty() != has_script {
             let msg = if has_script {
                 "has both `aggregations` and a script"
             } else {
                 "needs `aggregations` or a script"
             };
             self.cx
-                .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "aggregations" } else { "id" }), format!("aggregate `{}` {msg}", a.id), "how to aggregate?")
+                .key_error(codes::OPERATOR_OPTION, &path.join(if has_script { "aggregations" } else { "id" }), format!("{kind} `{id}` {msg}"), "how to aggregate?")
                 .help("list built-ins such as `aggregations: [{fn: sum, field: amount, as: total}]`, or give a script defining `fn init()` and `fn add(acc, r)`")
                 .push(&mut self.cx.out);
         }
         let mut names: HashMap<String, usize> = HashMap::new();
-        for (i, agg) in a.aggregations.iter().enumerate() {
+        for (i, agg) in aggregations.iter().enumerate() {
             let apath = path.join("aggregations").join(i);
             if agg.function.needs_field() && agg.field.is_none() {
                 let f = agg.output_name();
@@ -898,7 +1002,17 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 self.check_field_path(f, &apath.join("field"));
             }
             let out = agg.output_name();
-            if out == a.key_field {
+            if reserved.contains(&out.as_str()) {
+                self.cx
+                    .error(
+                        codes::OPERATOR_OPTION,
+                        &apath,
+                        format!("aggregation output `{out}` collides with the window bounds"),
+                        "a name the window writes",
+                    )
+                    .help("rename it with `as:`; every output record has `window_start` and `window_end`")
+                    .push(&mut self.cx.out);
+            } else if out == key_field {
                 self.cx
                     .error(
                         codes::OPERATOR_OPTION,
@@ -922,6 +1036,159 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .push(&mut self.cx.out);
             }
         }
+    }
+
+    fn check_window(&mut self, w: &WindowSpec, path: &YamlPath, oi: usize) {
+        self.check_aggregations(Aggregations {
+            kind: "window",
+            id: &w.id,
+            aggregations: &w.aggregations,
+            has_script: w.script.is_some() || w.script_file.is_some(),
+            key_field: &w.key_field,
+            reserved: &["window_start", "window_end"],
+            path,
+        });
+        self.check_field_path(&w.key_field, &path.join("key_field"));
+        let at = path.join("window");
+        match w.window {
+            WindowKindSpec::Tumbling { size } => {
+                self.positive(size, at.join("tumbling").join("size"), "the window size");
+            }
+            WindowKindSpec::Sliding { size, slide } => {
+                let at = at.join("sliding");
+                self.positive(size, at.join("size"), "the window size");
+                self.positive(slide, at.join("slide"), "the slide");
+                if slide > size {
+                    self.cx
+                        .error(
+                            codes::OPERATOR_OPTION,
+                            &at.join("slide"),
+                            format!("window `{}` slides by {slide}, more than its size {size}", w.id),
+                            "longer than `size`",
+                        )
+                        .help("a slide longer than the size leaves gaps in which records belong to no window; use at most the size (equal to it is a tumbling window)")
+                        .push(&mut self.cx.out);
+                }
+            }
+            WindowKindSpec::Session { gap } => {
+                let gap_at = at.join("session").join("gap");
+                self.positive(gap, gap_at, "the session gap");
+                if w.lateness() > gap.0 {
+                    self.cx
+                        .warning(
+                            codes::OPERATOR_OPTION,
+                            &path.join("allowed_lateness"),
+                            format!("window `{}` accepts records {} late, longer than its session gap {gap}", w.id, humantime::format_duration(w.lateness())),
+                            "longer than the gap",
+                        )
+                        .help("a late record can then bridge sessions already emitted, which are emitted again merged, and closed sessions stay in state that long; a lateness under the gap is the usual choice")
+                        .push(&mut self.cx.out);
+                }
+            }
+        }
+        if let Some(f) = &w.time_field {
+            self.check_field_path(f, &path.join("time_field"));
+        }
+        if w.time == WindowTimeSpec::Processing {
+            let no_effect = [
+                (w.time_field.is_some(), "time_field"),
+                (w.allowed_lateness.is_some(), "allowed_lateness"),
+                (w.late.is_some(), "late"),
+            ];
+            for (set, key) in no_effect {
+                if set {
+                    self.cx
+                        .key_error(
+                            codes::NO_EFFECT,
+                            &path.join(key),
+                            format!("`{key}` has no effect on the processing-time window `{}`", w.id),
+                            "no effect with `time: processing`",
+                        )
+                        .help("a processing-time window takes each record's arrival time, so no record is ever late; remove it, or use `time: event`")
+                        .push(&mut self.cx.out);
+                }
+            }
+            return;
+        }
+        self.check_window_event_time(w, path, oi);
+    }
+
+    /// An event-time window needs `event_time` on every source upstream (its watermarks close
+    /// the windows) and, without `time_field`, their fields must agree.
+    fn check_window_event_time(&mut self, w: &WindowSpec, path: &YamlPath, oi: usize) {
+        let sources = self.upstream_sources(oi);
+        let mut fields: Vec<&str> = Vec::new();
+        let mut without: Vec<&str> = Vec::new();
+        for &si in &sources {
+            let src = &self.p.sources[si];
+            match src.event_time_field() {
+                Some(f) => {
+                    if !fields.contains(&f) {
+                        fields.push(f);
+                    }
+                }
+                None => without.push(src.id()),
+            }
+        }
+        if !without.is_empty() {
+            let list = without
+                .iter()
+                .map(|s| format!("`{s}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.cx
+                .key_error(
+                    codes::NO_EVENT_TIME,
+                    &path.join("id"),
+                    format!("event-time window `{}` is downstream of {list}, which declare no `event_time`", w.id),
+                    "no watermarks reach this window",
+                )
+                .help(format!(
+                    "declare `event_time: {{field: {}}}` on {list} so that watermarks close the windows, or use `time: processing`",
+                    w.time_field.as_deref().unwrap_or("<field>")
+                ))
+                .push(&mut self.cx.out);
+            return;
+        }
+        if w.time_field.is_none() && fields.len() > 1 {
+            self.cx
+                .key_error(
+                    codes::OPERATOR_OPTION,
+                    &path.join("id"),
+                    format!("the sources upstream of window `{}` take event time from different fields ({})", w.id, fields.join(", ")),
+                    "which event time?",
+                )
+                .help("set `time_field:` on the window to the field its records carry the event time in")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    /// The sources operator `oi` reads from, directly or through other operators.
+    fn upstream_sources(&self, oi: usize) -> Vec<usize> {
+        let mut seen: HashSet<Elem> = HashSet::new();
+        let mut stack = vec![Elem {
+            section: Section::Operators,
+            index: oi,
+        }];
+        let mut out = Vec::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e) {
+                continue;
+            }
+            match e.section {
+                Section::Sources => out.push(e.index),
+                Section::Operators => {
+                    for (name, _) in self.p.operators[e.index].wiring().names() {
+                        if let Some(up) = self.ids.get(name) {
+                            stack.push(*up);
+                        }
+                    }
+                }
+                Section::Sinks => {}
+            }
+        }
+        out.sort_unstable();
+        out
     }
 
     fn check_sources(&mut self) {
@@ -1394,6 +1661,100 @@ mod tests {
     }
 
     const OK: &str = "version: 1\npipelines:\n  - id: p\n    sources:\n      - {id: src, type: file, path: in.jsonl}\n    operators:\n      - {id: by, type: key_by, input: src, field: user}\n      - id: total\n        type: aggregate\n        input: by\n        aggregations: [{fn: sum, field: amount}]\n    sinks:\n      - {id: out, type: file, input: total, path: out}\n";
+
+    const WINDOW: &str = "version: 1\npipelines:\n  - id: p\n    sources:\n      - {id: src, type: file, path: in.jsonl}\n    operators:\n      - {id: by, type: key_by, input: src, field: user}\n      - id: w\n        type: window\n        input: by\n        window: {tumbling: {size: 1m}}\n        time: processing\n        aggregations: [{fn: count, as: views}]\n    sinks:\n      - {id: out, type: file, input: w, path: out}\n";
+
+    /// The diagnostics of `text`, with the text each points at.
+    fn located(text: &str) -> Vec<(&'static str, String)> {
+        let loaded = load_str("t.yaml", text);
+        let spec = loaded
+            .spec
+            .as_ref()
+            .unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
+        validate(
+            spec,
+            loaded.spans.as_ref().expect("spans"),
+            &loaded.source,
+            Path::new("."),
+        )
+        .iter()
+        .map(|d| {
+            (
+                d.code,
+                d.span
+                    .clone()
+                    .map(|s| text[s].to_owned())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_window_validates_its_kind_durations_and_accumulator() {
+        assert_eq!(codes_of(WINDOW), Vec::<&str>::new());
+        let text = WINDOW.replace(
+            "{tumbling: {size: 1m}}",
+            "{sliding: {size: 10s, slide: 20s}}",
+        );
+        assert_eq!(
+            located(&text),
+            vec![(codes::OPERATOR_OPTION, "20s".to_owned())]
+        );
+        let text = WINDOW.replace("{tumbling: {size: 1m}}", "{session: {gap: 0s}}");
+        assert_eq!(
+            located(&text),
+            vec![(codes::INVALID_DURATION, "0s".to_owned())]
+        );
+        let text = WINDOW.replace("        aggregations: [{fn: count, as: views}]\n", "");
+        assert_eq!(
+            codes_of(&text),
+            vec![codes::OPERATOR_OPTION],
+            "needs one of them"
+        );
+        let text = WINDOW.replace(
+            "        aggregations:",
+            "        script: 'fn init() { 0 } fn add(a, r) { a + 1 }'\n        aggregations:",
+        );
+        assert_eq!(codes_of(&text), vec![codes::OPERATOR_OPTION], "not both");
+        let text = WINDOW.replace("as: views", "as: window_end");
+        assert_eq!(codes_of(&text), vec![codes::OPERATOR_OPTION]);
+        let text = WINDOW.replace("input: by\n", "input: src\n");
+        assert!(codes_of(&text).contains(&codes::KEYED_WITHOUT_KEY_BY));
+    }
+
+    #[test]
+    fn an_event_time_window_needs_event_time_upstream_and_late_names_a_sink() {
+        let event = WINDOW.replace("        time: processing\n", "");
+        assert_eq!(
+            located(&event),
+            vec![(codes::NO_EVENT_TIME, "id".to_owned())]
+        );
+        let with_late = WINDOW.replace("        time: processing\n", "        late: late_out\n")
+            + "      - {id: late_out, type: file, path: late}\n";
+        assert_eq!(
+            codes_of(&with_late),
+            vec![codes::NO_EVENT_TIME],
+            "a sink without input is a valid late target"
+        );
+        let missing = with_late.replace("late: late_out", "late: late_oot");
+        let found = located(&missing);
+        assert!(
+            found.contains(&(codes::DEAD_LETTER, "late_oot".to_owned())),
+            "{found:?}"
+        );
+        let fed = with_late.replace(
+            "{id: late_out, type: file,",
+            "{id: late_out, type: file, input: w,",
+        );
+        assert!(codes_of(&fed).contains(&codes::DEAD_LETTER));
+        // Processing time has no late records, nor lateness, nor a time field.
+        let text = WINDOW.replace(
+            "        time: processing\n",
+            "        time: processing\n        allowed_lateness: 1s\n        time_field: ts\n",
+        );
+        assert_eq!(codes_of(&text), vec![codes::NO_EFFECT, codes::NO_EFFECT]);
+    }
 
     #[test]
     fn valid_file_has_no_findings() {

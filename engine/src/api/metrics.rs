@@ -30,6 +30,7 @@ struct Families {
     sent: Counters,
     errors: Counters,
     discarded: Counters,
+    late: Counters,
     received_bytes: Counters,
     busy: SecondsCounters,
     backpressured: SecondsCounters,
@@ -73,6 +74,13 @@ impl Families {
             let mut l = labels.clone();
             l.push(("reason", reason.to_owned()));
             self.discarded.get_or_create(&l).inc_by(n);
+        }
+        if op.type_name == "window" {
+            for (reason, n) in [("dropped", s.late_dropped), ("late_output", s.late_sent)] {
+                let mut l = labels.clone();
+                l.push(("reason", reason.to_owned()));
+                self.late.get_or_create(&l).inc_by(n);
+            }
         }
         if op.role == "source" {
             self.received_bytes
@@ -190,6 +198,11 @@ impl Families {
             "component_discarded_records",
             "Failed records by what happened to them: reason=\"skipped\" (dropped) or \"dead_letter\" (sent to a dead-letter output)",
             self.discarded,
+        );
+        r.register(
+            "component_late_records",
+            "Records a window received after their windows closed and their allowed lateness passed, by what became of them: reason=\"dropped\" (counted only) or \"late_output\" (sent to its `late` sink)",
+            self.late,
         );
         r.register(
             "component_received_bytes",

@@ -50,6 +50,10 @@ pub struct SubtaskMetrics {
     pub errors: AtomicU64,
     /// Of `errors`, the ones sent to a dead-letter output.
     pub dead_lettered: AtomicU64,
+    /// Late records (a `window`'s) dropped and counted.
+    pub late_dropped: AtomicU64,
+    /// Late records sent to a `late` output.
+    pub late_sent: AtomicU64,
     /// Bytes read from outside (file sources).
     pub bytes_read: AtomicU64,
     /// Nanoseconds spent processing.
@@ -79,6 +83,8 @@ impl SubtaskMetrics {
             records_out: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            late_dropped: AtomicU64::new(0),
+            late_sent: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             backpressured_ns: AtomicU64::new(0),
@@ -110,6 +116,16 @@ impl SubtaskMetrics {
     pub fn add_dead_lettered(&self, n: u64) {
         if n > 0 {
             self.dead_lettered.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds late records: `dropped` ones, and `sent` ones to a `late` output.
+    pub fn add_late(&self, dropped: u64, sent: u64) {
+        if dropped > 0 {
+            self.late_dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if sent > 0 {
+            self.late_sent.fetch_add(sent, Ordering::Relaxed);
         }
     }
 
@@ -165,6 +181,8 @@ impl SubtaskMetrics {
             errors,
             skipped: errors - dead_lettered,
             dead_lettered,
+            late_dropped: load(&self.late_dropped),
+            late_sent: load(&self.late_sent),
             bytes_read: load(&self.bytes_read),
             busy: Duration::from_nanos(load(&self.busy_ns)),
             backpressured: Duration::from_nanos(load(&self.backpressured_ns)),
@@ -192,6 +210,10 @@ pub struct SubtaskFigures {
     pub skipped: u64,
     /// Failed records sent to a dead-letter output.
     pub dead_lettered: u64,
+    /// Late records (a `window`'s) dropped.
+    pub late_dropped: u64,
+    /// Late records sent to a `late` output.
+    pub late_sent: u64,
     /// Bytes read (file sources).
     pub bytes_read: u64,
     /// Time spent processing.

@@ -604,6 +604,8 @@ fn operator_statuses(plan: &PipelinePlan, store: &PipelineMetrics) -> Vec<Operat
                             errors: f.errors,
                             skipped: f.skipped,
                             dead_lettered: f.dead_lettered,
+                            late_dropped: f.late_dropped,
+                            late_sent: f.late_sent,
                             bytes_read: f.bytes_read,
                             busy_ms: f.busy.as_millis() as u64,
                             backpressured_ms: f.backpressured.as_millis() as u64,

@@ -1139,6 +1139,40 @@ mod tests {
     }
 
     #[test]
+    fn a_scripted_session_window_without_fn_merge_is_invalid() {
+        let yaml = |script: &str| {
+            format!(
+                "version: 1
+pipelines:
+  - id: p
+    sources:
+      - {{id: src, type: file, path: in.jsonl}}
+    operators:
+      - {{id: by, type: key_by, input: src, field: user}}
+      - id: w
+        type: window
+        input: by
+        time: processing
+        window: {{session: {{gap: 30s}}}}
+        script: '{script}'
+    sinks:
+      - {{id: out, type: file, input: w, path: out}}
+"
+            )
+        };
+        let base = "fn init() { 0 } fn add(acc, r) { acc + 1 }";
+        let v = crate::validate::validate_str("p.yaml", &yaml(base), std::path::Path::new("."));
+        let found: Vec<_> = v.diagnostics.iter().map(|d| (d.code, d.message.clone())).collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, weir_schema::diagnostic::codes::SCRIPT_MISSING_FUNCTION);
+        assert!(found[0].1.contains("fn merge(a, b)"), "{found:?}");
+        let with_merge = format!("{base} fn merge(a, b) {{ a + b }}");
+        let v = crate::validate::validate_str("p.yaml", &yaml(&with_merge), std::path::Path::new("."));
+        assert!(v.is_ok(true), "{:?}", v.diagnostics);
+        assert!(v.plan().expect("plan").is_ok());
+    }
+
+    #[test]
     fn open_windows_are_keyed_state_under_their_key() {
         let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
         h.push(batch(&[("a", 1, 1), ("a", 15, 1)])).expect("push");

@@ -80,6 +80,8 @@ struct Element<'a> {
     inputs: Vec<&'a str>,
     /// The sink named by `on_error: dead_letter`.
     dead_letter: Option<&'a str>,
+    /// The sink named by a window's `late`.
+    late: Option<&'a str>,
     /// The declared exchange from the inputs.
     partitioning: Option<PartitioningSpec>,
 }
@@ -100,6 +102,8 @@ struct Wiring {
     inputs: Vec<Vec<usize>>,
     /// Per element, the sink its failed records go to.
     dead_letter: Vec<Option<usize>>,
+    /// Per element, the sink its late records go to.
+    late: Vec<Option<usize>>,
 }
 
 fn invalid(pipeline: &str, message: String) -> PlanError {
@@ -120,6 +124,7 @@ fn collect_elements(spec: &PipelineSpec) -> Result<Vec<Element<'_>>, PlanError> 
             parallelism: source.parallelism().unwrap_or(spec.parallelism),
             inputs: Vec::new(),
             dead_letter: source.dead_letter(),
+            late: None,
             partitioning: None,
         });
     }
@@ -139,6 +144,7 @@ fn collect_elements(spec: &PipelineSpec) -> Result<Vec<Element<'_>>, PlanError> 
                 .map(|(name, _)| name)
                 .collect(),
             dead_letter,
+            late: operator.late_target(),
             partitioning: operator.partitioning(),
         });
     }
@@ -154,6 +160,7 @@ fn collect_elements(spec: &PipelineSpec) -> Result<Vec<Element<'_>>, PlanError> 
                 .map(|(name, _)| name)
                 .collect(),
             dead_letter: None,
+            late: None,
             partitioning: sink.partitioning(),
         });
     }
@@ -180,6 +187,7 @@ fn resolve(pipeline: &str, elements: &[Element<'_>]) -> Result<Wiring, PlanError
 
     let mut inputs = Vec::with_capacity(elements.len());
     let mut dead_letter = Vec::with_capacity(elements.len());
+    let mut late = Vec::with_capacity(elements.len());
     for element in elements {
         let mut resolved = Vec::with_capacity(element.inputs.len());
         for &name in &element.inputs {
@@ -228,14 +236,48 @@ fn resolve(pipeline: &str, elements: &[Element<'_>]) -> Result<Wiring, PlanError
             },
         };
         dead_letter.push(target);
+        late.push(match element.late {
+            None => None,
+            Some(name) => Some(side_target(
+                pipeline,
+                elements,
+                &by_id,
+                element.id,
+                name,
+                "late records",
+            )?),
+        });
     }
     Ok(Wiring {
         inputs,
         dead_letter,
+        late,
     })
 }
 
-/// Kahn's algorithm over data and dead-letter edges; among ready elements the first declared
+/// Resolves the sink `name` that `element` sends `what` to.
+fn side_target(
+    pipeline: &str,
+    elements: &[Element<'_>],
+    by_id: &HashMap<&str, usize>,
+    element: &str,
+    name: &str,
+    what: &str,
+) -> Result<usize, PlanError> {
+    match by_id.get(name) {
+        Some(&index) if elements[index].is_sink() => Ok(index),
+        Some(_) => Err(invalid(
+            pipeline,
+            format!("`{element}` sends {what} to `{name}`, which is not a sink"),
+        )),
+        None => Err(invalid(
+            pipeline,
+            format!("`{element}` sends {what} to `{name}`, which does not exist"),
+        )),
+    }
+}
+
+/// Kahn's algorithm over data and side-output edges; among ready elements the first declared
 /// goes first. Returns declaration indices in plan order.
 fn topological_order(
     pipeline: &str,
@@ -256,9 +298,11 @@ fn topological_order(
             connect(from, to);
         }
     }
-    for (from, target) in wiring.dead_letter.iter().enumerate() {
-        if let Some(to) = *target {
-            connect(from, to);
+    for side in [&wiring.dead_letter, &wiring.late] {
+        for (from, target) in side.iter().enumerate() {
+            if let Some(to) = *target {
+                connect(from, to);
+            }
         }
     }
 
@@ -315,11 +359,14 @@ fn build_edges(
                 to: NodeId(to),
                 partitioning: data_partitioning(pipeline, &elements[input], downstream)?,
                 dead_letter: false,
+                late: false,
             });
         }
     }
     for &decl in order {
-        if let Some(target) = wiring.dead_letter[decl] {
+        let sides = [(wiring.dead_letter[decl], false), (wiring.late[decl], true)];
+        for (target, late) in sides {
+            let Some(target) = target else { continue };
             let partitioning = if elements[decl].parallelism == elements[target].parallelism {
                 Partitioning::Forward
             } else {
@@ -330,6 +377,7 @@ fn build_edges(
                 to: NodeId(position[target]),
                 partitioning,
                 dead_letter: true,
+                late,
             });
         }
     }
@@ -697,6 +745,30 @@ pipelines:
         assert!(!edge(&p, "m", "out").dead_letter);
         assert_eq!(p.outputs_of(dl.from).count(), 2);
         assert_eq!(chains(&p), [vec!["gen", "m"], vec!["out"], vec!["dlq"]]);
+    }
+
+    #[test]
+    fn a_late_edge_is_a_side_output_of_its_own() {
+        let p = plan(&format!(
+            "version: 1
+pipelines:
+  - id: p
+    sources:
+      - {GEN}
+    operators:
+      - {{type: key_by, id: by, input: gen, field: n}}
+      - {{type: window, id: w, input: by, window: {{tumbling: {{size: 1s}}}}, time_field: n, aggregations: [{{fn: count}}], late: slow, on_error: {{dead_letter: dlq}}}}
+    sinks:
+      - {{type: file, id: out, input: w, path: out}}
+      - {{type: file, id: slow, path: slow}}
+      - {{type: file, id: dlq, path: dlq}}
+"
+        ));
+        let late = edge(&p, "w", "slow");
+        assert!(late.dead_letter && late.late);
+        let dl = edge(&p, "w", "dlq");
+        assert!(dl.dead_letter && !dl.late);
+        assert!(!edge(&p, "w", "out").late);
     }
 
     #[test]

@@ -188,8 +188,11 @@ pub struct PlanEdge {
     pub to: NodeId,
     /// How records are distributed.
     pub partitioning: Partitioning,
-    /// Whether this edge carries dead letters (failed records) rather than data.
+    /// Whether this edge is a side output (dead letters, or late records) rather than data.
     pub dead_letter: bool,
+    /// Whether this side output carries a `window`'s late records (with `dead_letter` set)
+    /// rather than failed records.
+    pub late: bool,
 }
 
 /// Nodes chained into one task: each consecutive pair is joined by a forward edge of equal

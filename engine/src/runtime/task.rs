@@ -55,8 +55,13 @@ pub struct ChainNode {
     pub metrics: Arc<SubtaskMetrics>,
     /// Data edges leaving the chain from this node.
     pub outputs: Vec<Output>,
-    /// Dead-letter edges from this node.
+    /// Side-output edges from this node: dead letters, then (from `late_from` on) a
+    /// `window`'s late records. One list, so that barriers, watermarks and the end of input
+    /// reach every side output alike.
     pub dead_letters: Vec<Output>,
+    /// Index of the first side output in `dead_letters` that carries late records rather
+    /// than dead letters (`dead_letters.len()` when there is none).
+    pub late_from: usize,
     /// Whether records leaving this node are counted as output (sinks count input only).
     pub counts_output: bool,
     /// A fault to inject (recovery tests).
@@ -115,19 +120,39 @@ impl ChainTask {
         Ok(())
     }
 
+    /// Sends what the node's last call left in `ctx.dead_letters` and `ctx.late` to their
+    /// side outputs, and counts them (and the late records it dropped).
     async fn flush_dead_letters(node: &mut ChainNode) -> Result<()> {
+        let dropped = std::mem::take(&mut node.ctx.late_dropped);
+        if dropped > 0 || !node.ctx.late.is_empty() {
+            let late = std::mem::take(&mut node.ctx.late);
+            node.metrics.add_late(dropped, late.len() as u64);
+            let from = node.late_from.min(node.dead_letters.len());
+            Self::send_to_all(&mut node.dead_letters[from..], late).await?;
+        }
         if node.ctx.dead_letters.is_empty() {
             return Ok(());
         }
         let letters = std::mem::take(&mut node.ctx.dead_letters);
         node.metrics.add_dead_lettered(letters.len() as u64);
-        let k = node.dead_letters.len();
-        for (j, out) in node.dead_letters.iter_mut().enumerate() {
-            if j + 1 == k {
-                out.send(Batch::new(letters)).await?;
-                break;
-            }
-            out.send(Batch::new(letters.clone())).await?;
+        let to = node.late_from.min(node.dead_letters.len());
+        Self::send_to_all(&mut node.dead_letters[..to], letters).await
+    }
+
+    /// Sends `records` to every output of `outs` (nothing when there is none).
+    async fn send_to_all(outs: &mut [Output], records: Vec<Dynamic>) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let k = outs.len();
+        let mut records = Some(records);
+        for (j, out) in outs.iter_mut().enumerate() {
+            let batch = if j + 1 == k {
+                records.take().unwrap_or_default()
+            } else {
+                records.clone().unwrap_or_default()
+            };
+            out.send(Batch::new(batch)).await?;
         }
         Ok(())
     }
@@ -1243,6 +1268,7 @@ mod tests {
                 metrics: Arc::new(SubtaskMetrics::default()),
                 outputs: Vec::new(),
                 dead_letters: Vec::new(),
+                late_from: 0,
                 counts_output: true,
                 fault: None,
             }],
@@ -1286,6 +1312,7 @@ mod tests {
             metrics: Arc::new(SubtaskMetrics::default()),
             outputs,
             dead_letters: Vec::new(),
+            late_from: 0,
             counts_output: true,
             fault: None,
         }

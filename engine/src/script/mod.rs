@@ -326,9 +326,10 @@ fn check_functions(
         if defines(ast, name, arity) {
             continue;
         }
-        let params = match arity {
-            0 => String::new(),
-            1 => "r".to_owned(),
+        let params = match (name, arity) {
+            (_, 0) => String::new(),
+            (_, 1) => "r".to_owned(),
+            ("merge", _) => "a, b".to_owned(),
             _ => "acc, r".to_owned(),
         };
         let found: Vec<String> = ast

@@ -288,27 +288,28 @@ impl Tasks {
         let chain = &self.plan.chains[task.chain as usize];
         let mut outs = Vec::new();
         for (pos, &nid) in chain.nodes.iter().enumerate() {
-            let (o, d) = self.node_outputs(task, pos, nid)?;
+            let (o, d, _) = self.node_outputs(task, pos, nid)?;
             outs.extend(o);
             outs.extend(d);
         }
         Ok(outs)
     }
 
-    /// The outputs (data, dead letters) of node `nid`, at `pos` in `task`'s chain: every edge
-    /// that leaves the chain.
+    /// The outputs (data, side outputs) of node `nid`, at `pos` in `task`'s chain: every edge
+    /// that leaves the chain. Side outputs list dead letters first, then late records; the
+    /// third value is where the late ones start.
     fn node_outputs(
         &self,
         task: TaskId,
         pos: usize,
         nid: NodeId,
-    ) -> Result<(Vec<Output>, Vec<Output>)> {
+    ) -> Result<(Vec<Output>, Vec<Output>, usize)> {
         let plan = &*self.plan;
         let chain = &plan.chains[task.chain as usize];
         let next_in_chain = chain.nodes.get(pos + 1).copied();
         let pipeline: Arc<str> = plan.id.as_str().into();
         let node = &plan.nodes[nid.0];
-        let (mut outputs, mut dead) = (Vec::new(), Vec::new());
+        let (mut outputs, mut dead, mut late) = (Vec::new(), Vec::new(), Vec::new());
         for (ei, edge) in plan.edges.iter().enumerate() {
             if edge.from != nid || (Some(edge.to) == next_in_chain && !edge.dead_letter) {
                 continue;
@@ -332,13 +333,17 @@ impl Tasks {
                 Arc::clone(&pipeline),
                 node.id.as_str().into(),
             );
-            if edge.dead_letter {
+            if edge.late {
+                late.push(out);
+            } else if edge.dead_letter {
                 dead.push(out);
             } else {
                 outputs.push(out);
             }
         }
-        Ok((outputs, dead))
+        let late_from = dead.len();
+        dead.append(&mut late);
+        Ok((outputs, dead, late_from))
     }
 
     /// Opens a fresh state backend for `operator`'s `subtask` over `range`.
@@ -466,13 +471,14 @@ impl Tasks {
                 watermark: WATERMARK_MIN,
                 clock: self.clock.clone(),
             };
-            let (outputs, dead_letters) = self.node_outputs(task, pos, nid)?;
+            let (outputs, dead_letters, late_from) = self.node_outputs(task, pos, nid)?;
             nodes.push(ChainNode {
                 operator,
                 ctx,
                 metrics: self.reports[nid.0].metrics.subtask(s),
                 outputs,
                 dead_letters,
+                late_from,
                 counts_output,
                 fault: self.faults.get(&node.id).cloned(),
             });
