@@ -14,9 +14,9 @@
 //! Records are at most 800 ms out of order within each file (the bound is 1 s, 30 s for the
 //! growing files of the rescale, see [`follow_job`]) and every file only grows at its end
 //! with later times, so no record is ever late, whatever the interleaving of the readers: the
-//! output depends on the input alone. (Which records are late
-//! is deterministic only for one reader in file order; the reference pipelines
-//! `pipelines/{page_views,top_pages,sessions}.yaml` cover lateness that way.)
+//! output depends on the input alone. (Which records are late is deterministic only for one
+//! reader in file order; the reference pipelines `pipelines/{page_views,top_pages,sessions}`
+//! cover lateness that way.)
 //! Kill moments are seeded (`WEIR_KILL_SEED`); nothing asserts on timing.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -367,6 +367,11 @@ fn a_reload_moves_open_windows_and_pending_timers_and_changes_nothing() {
     let at = run.status().last_reload.map_or(0, |o| o.at_ms);
     write_by_rename(&file, &serde_json::to_string_pretty(&v1).unwrap());
     let (_, outcome) = run.wait_outcome(at, "applied");
+    let plan = &outcome.pipelines[0];
+    for id in ["windows", "totals"] {
+        let op = plan.operators.iter().find(|o| o.id == id).unwrap();
+        assert_eq!(op.parallelism, Some((1, 2)), "{outcome:#?}");
+    }
     let status = run.status();
     let read = status.pipelines.first().map_or(0, |p| p.source_records);
     assert!(
