@@ -107,6 +107,7 @@ fn metadata(rng: &mut Rng) -> Vec<u8> {
             files: (0..rng.small(3))
                 .map(|f| FileRef::of(format!("chk-4/op{i}-{f}.op"), b"state"))
                 .collect(),
+            watermark: None,
         })
         .collect();
     let meta = CheckpointMetadata {

@@ -812,6 +812,7 @@ mod tests {
             subtask: 0,
             key_groups: KeyGroups { start: 0, end: 128 },
             files: vec![FileRef::of(format!("chk-{id}/{op}-0"), b"s")],
+            watermark: None,
         }]
     }
 

@@ -149,6 +149,12 @@ pub struct SubtaskState {
     pub key_groups: KeyGroups,
     /// The files holding its state (none for a stateless operator).
     pub files: Vec<FileRef>,
+    /// The event-time watermark of its input when it snapshotted (absent before any, and in
+    /// metadata written before watermarks): a restore starts the operator from it, so that
+    /// it judges lateness as it did before, even before its inputs said their watermarks
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<i64>,
 }
 
 /// An operator of the pipeline, as recorded in metadata.
@@ -464,6 +470,7 @@ pub(crate) mod tests {
                         FileRef::of(format!("chk-{id}/count-{s}.snap"), b"state"),
                         FileRef::of("shared/base.sst", b"shared"),
                     ],
+                    watermark: None,
                 })
                 .collect(),
             finished_tasks: vec![],

@@ -28,7 +28,8 @@ use super::watermark::{Advance, WatermarkCombiner};
 use crate::base::dispose::dispose;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{
-    BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, WATERMARK_END, Watermark,
+    BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, WATERMARK_END, WATERMARK_MIN,
+    Watermark,
 };
 use crate::base::metrics::SubtaskMetrics;
 use crate::checkpoint::restore_plan::RestorePlan;
@@ -41,7 +42,8 @@ use crate::element::{Operator, OperatorContext};
 use crate::script::runtime::running;
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::snapshot_files::{
-    KeyedFilter, LocalState, NodeSnapshot, read_local_state, restore_keyed, write_snapshots,
+    KeyedFilter, LocalState, NodeSnapshot, read_local_state, restore_keyed, restored_watermark,
+    write_snapshots,
 };
 use crate::state::{CanonicalSnapshot, PendingSnapshot};
 
@@ -439,6 +441,7 @@ impl ChainTask {
                 key_groups: n.ctx.key_groups,
                 local,
                 keyed,
+                watermark: (n.ctx.watermark > WATERMARK_MIN).then_some(n.ctx.watermark),
             });
         }
         Ok(out)
@@ -474,7 +477,9 @@ impl ChainTask {
 
     /// Restores every node from checkpoint files, after `open`: local state from this
     /// subtask's own `.op` file, keyed state from the files of every old subtask whose key
-    /// groups overlap this one's. With `skip_first`, node 0 (a source's pass-through, whose
+    /// groups overlap this one's, and the watermark the node had (the smallest of the old
+    /// subtasks' after a rescale), so that lateness is judged as before the restore even
+    /// before every input said its watermark again. With `skip_first`, node 0 (a source's pass-through, whose
     /// `.op` file is the source position) gets no local state.
     ///
     /// # Errors
@@ -501,6 +506,8 @@ impl ChainTask {
                     }
                 }
             }
+            n.ctx.watermark =
+                restored_watermark(&from.metadata, op, n.ctx.subtask, n.ctx.parallelism);
             let handed_over = received.get(i).copied().unwrap_or(false);
             let decision = from
                 .plan
@@ -1076,7 +1083,8 @@ pub async fn run_chain(
             .as_ref()
             .map_or(AlignmentMode::AtLeastOnce, |c| c.mode);
         let mut aligner = BarrierAligner::new(n as u32, mode);
-        let mut watermarks = WatermarkCombiner::new(n);
+        // A restored task goes on from the watermark it had (see `ChainTask::restore`).
+        let mut watermarks = WatermarkCombiner::new(n).starting_at(chain.nodes[0].ctx.watermark);
         for i in 0..n {
             if inputs.get().ended(i) {
                 let _ = aligner.on_end_of_stream(i as u32);

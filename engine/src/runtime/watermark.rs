@@ -56,6 +56,14 @@ impl WatermarkCombiner {
         }
     }
 
+    /// The same, for a task restored at watermark `watermark`: its inputs' watermarks up to it
+    /// change nothing.
+    #[must_use]
+    pub fn starting_at(mut self, watermark: i64) -> Self {
+        self.current = self.current.max(watermark);
+        self
+    }
+
     /// The combined watermark ([`WATERMARK_MIN`] before any progress).
     pub fn current(&self) -> i64 {
         self.current
@@ -152,6 +160,16 @@ mod tests {
         assert_eq!(c.on_watermark(1, Idle), Advance::None, "said once");
         assert_eq!(c.on_watermark(0, At(120)), Advance::Active(250));
         assert_eq!(c.on_watermark(0, At(400)), Advance::To(400));
+    }
+
+    #[test]
+    fn a_restored_task_goes_on_from_its_watermark() {
+        let mut c = WatermarkCombiner::new(2).starting_at(100);
+        assert_eq!(c.current(), 100);
+        assert_eq!(c.on_watermark(0, At(100)), Advance::None, "said again after the restore");
+        assert_eq!(c.on_watermark(1, At(100)), Advance::None);
+        assert_eq!(c.on_watermark(0, At(150)), Advance::None);
+        assert_eq!(c.on_watermark(1, At(120)), Advance::To(120));
     }
 
     #[test]

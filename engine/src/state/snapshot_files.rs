@@ -37,6 +37,8 @@ pub struct NodeSnapshot {
     pub local: Option<Vec<u8>>,
     /// Keyed state, to be written.
     pub keyed: Option<Box<dyn PendingSnapshot>>,
+    /// The event-time watermark of the node's input, when it has one.
+    pub watermark: Option<i64>,
 }
 
 fn overlaps(a: KeyGroupRange, b: KeyGroupRange) -> bool {
@@ -79,6 +81,7 @@ pub fn write_snapshots(
             subtask: s.subtask,
             key_groups: s.key_groups.into(),
             files,
+            watermark: s.watermark,
         });
     }
     Ok(out)
@@ -143,6 +146,43 @@ pub fn read_local_state(
         _ => Ok(LocalState::Same(read_local(
             store, metadata, operator, subtask,
         )?)),
+    }
+}
+
+/// The event-time watermark operator `operator`'s subtask `subtask` (of `parallelism`)
+/// starts from after a restore: its own from the checkpoint, or after a change of
+/// parallelism the smallest of the old subtasks' (every old subtask's records may reach it);
+/// [`WATERMARK_MIN`](crate::base::message::WATERMARK_MIN) when none was recorded.
+pub fn restored_watermark(
+    metadata: &CheckpointMetadata,
+    operator: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> i64 {
+    use crate::base::message::WATERMARK_MIN;
+    let old = metadata
+        .operators
+        .iter()
+        .find(|o| o.id == operator)
+        .map(|o| o.parallelism);
+    let mut states = metadata.subtasks.iter().filter(|s| s.operator == operator);
+    match old {
+        Some(old) if old != parallelism => {
+            let recorded: Vec<Option<i64>> = states.map(|s| s.watermark).collect();
+            if recorded.len() as u32 == old {
+                recorded
+                    .into_iter()
+                    .map(|w| w.unwrap_or(WATERMARK_MIN))
+                    .min()
+                    .unwrap_or(WATERMARK_MIN)
+            } else {
+                WATERMARK_MIN
+            }
+        }
+        _ => states
+            .find(|s| s.subtask == subtask)
+            .and_then(|s| s.watermark)
+            .unwrap_or(WATERMARK_MIN),
     }
 }
 
@@ -249,4 +289,32 @@ fn restore_filtered(
     }
     let refs: Vec<&[u8]> = filtered.iter().map(Vec::as_slice).collect();
     state.restore(&refs)
+}
+
+#[cfg(test)]
+mod watermark_tests {
+    use super::*;
+    use crate::base::message::WATERMARK_MIN;
+    use crate::checkpoint::metadata::tests::sample;
+
+    #[test]
+    fn a_restore_starts_from_the_recorded_watermark_and_the_smallest_after_a_rescale() {
+        // `sample` has operator `count` at parallelism 2.
+        let mut m = sample(3);
+        assert_eq!(restored_watermark(&m, "count", 0, 2), WATERMARK_MIN, "none recorded");
+        m.subtasks[0].watermark = Some(500);
+        m.subtasks[1].watermark = Some(300);
+        assert_eq!(restored_watermark(&m, "count", 0, 2), 500);
+        assert_eq!(restored_watermark(&m, "count", 1, 2), 300);
+        for s in 0..3 {
+            assert_eq!(restored_watermark(&m, "count", s, 3), 300, "rescaled: the minimum");
+        }
+        assert_eq!(restored_watermark(&m, "count", 0, 1), 300);
+        m.subtasks[1].watermark = None;
+        assert_eq!(restored_watermark(&m, "count", 0, 1), WATERMARK_MIN);
+        assert_eq!(restored_watermark(&m, "other", 0, 1), WATERMARK_MIN);
+        // Metadata written before watermarks reads without them.
+        let json = serde_json::to_string(&m.subtasks[1]).expect("json");
+        assert!(!json.contains("watermark"), "{json}");
+    }
 }
