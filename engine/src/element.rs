@@ -266,7 +266,8 @@ pub struct OperatorContext {
     /// savepoint of the same script, or any checkpoint, never migrates.
     pub migrate: bool,
     /// The current event-time watermark of the operator's input (epoch milliseconds;
-    /// [`WATERMARK_MIN`](crate::base::message::WATERMARK_MIN) before the first one), kept by the task loop.
+    /// [`WATERMARK_MIN`](crate::base::message::WATERMARK_MIN) before the first one), kept by
+    /// the task loop.
     pub watermark: i64,
     /// Processing time.
     pub clock: Clock,

@@ -292,8 +292,7 @@ impl WatermarkGenerator {
             let w = s
                 .max
                 .saturating_sub(self.out_of_orderness)
-                .saturating_sub(1)
-                .max(WATERMARK_MIN);
+                .saturating_sub(1);
             min = Some(min.map_or(w, |m| m.min(w)));
         }
         match min {

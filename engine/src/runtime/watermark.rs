@@ -65,6 +65,7 @@ impl WatermarkCombiner {
     }
 
     /// The combined watermark ([`WATERMARK_MIN`] before any progress).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn current(&self) -> i64 {
         self.current
     }
