@@ -250,17 +250,7 @@ fn build_operator(
             })
         }
         OperatorSpec::Window(w) => {
-            let time_field = match (&w.time_field, w.time) {
-                (Some(f), _) => f.clone(),
-                (None, weir_schema::WindowTimeSpec::Processing) => String::new(),
-                (None, weir_schema::WindowTimeSpec::Event) => {
-                    return Err(ctx.error(
-                        node,
-                        "an event-time window needs `time_field` (the field holding each \
-                         record's event time)",
-                    ));
-                }
-            };
+            let time_field = window_time_field(node, w, ctx)?;
             let config = WindowConfig::from_spec(w, &time_field);
             if w.aggregations.is_empty() {
                 let f = ctx.script_factory(node)?;
@@ -285,6 +275,41 @@ fn build_operator(
         OperatorSpec::Union(_) => Box::new(|_, _| Ok(Box::new(UnionOperator) as Box<dyn Operator>)),
     };
     Ok(NodeBuilder::Operator { factory, keyed })
+}
+
+/// The field an event-time window reads event time from: its `time_field`, else the one
+/// `event_time.field` of the sources upstream (validation insists there is one).
+fn window_time_field(
+    node: &PlanNode,
+    w: &weir_schema::WindowSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<String> {
+    if let Some(f) = &w.time_field {
+        return Ok(f.clone());
+    }
+    if w.time == weir_schema::WindowTimeSpec::Processing {
+        return Ok(String::new());
+    }
+    let mut fields = std::collections::BTreeSet::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = vec![node.index];
+    while let Some(n) = todo.pop() {
+        if !seen.insert(n) {
+            continue;
+        }
+        if let NodeKind::Source(s) = &ctx.plan.nodes[n.0].kind {
+            fields.insert(s.event_time_field().map(str::to_owned));
+        }
+        todo.extend(ctx.plan.inputs_of(n).filter(|e| !e.dead_letter).map(|e| e.from));
+    }
+    match fields.pop_first() {
+        Some(Some(f)) if fields.is_empty() => Ok(f),
+        _ => Err(ctx.error(
+            node,
+            "an event-time window needs `time_field`, or sources upstream that all take \
+             event time from one field (`event_time.field`)",
+        )),
+    }
 }
 
 /// Every built-in aggregation that reads a field names one.

@@ -514,11 +514,12 @@ impl WindowOperator {
                 let (Ok(start), Some(end)) = (f.parse::<i64>(), window_end(v)) else {
                     return false;
                 };
-                if emit && WindowConfig::fire_time(end) == time {
-                    if let Ok(pair) = v.as_array_ref() {
-                        let o = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
-                        outputs.push((start, o));
-                    }
+                if emit
+                    && WindowConfig::fire_time(end) == time
+                    && let Ok(pair) = v.as_array_ref()
+                {
+                    let o = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
+                    outputs.push((start, o));
                 }
                 config.cleanup_time(end) > time
             });

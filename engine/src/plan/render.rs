@@ -151,9 +151,11 @@ fn channel_count(edge: &PlanEdge, from: &Chain, to: &Chain) -> u64 {
     }
 }
 
-/// The edge label: partitioning, and whether it carries dead letters.
+/// The edge label: partitioning, and whether it carries dead letters or late records.
 fn edge_label(edge: &PlanEdge) -> String {
-    if edge.dead_letter {
+    if edge.late {
+        format!("{}, late records", edge.partitioning.name())
+    } else if edge.dead_letter {
         format!("{}, dead letter", edge.partitioning.name())
     } else {
         edge.partitioning.name().to_owned()
@@ -279,7 +281,9 @@ fn text_pipeline(out: &mut String, plan: &PipelinePlan) {
         } else {
             "all-to-all"
         };
-        let dead = if x.edge.dead_letter {
+        let dead = if x.edge.late {
+            ", late records"
+        } else if x.edge.dead_letter {
             ", dead letters"
         } else {
             ""

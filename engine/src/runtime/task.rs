@@ -1397,6 +1397,61 @@ mod tests {
         );
     }
 
+    /// Turns each record into a dead letter and a late record.
+    struct SideProbe;
+
+    impl Operator for SideProbe {
+        fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
+            for r in batch.records.drain(..) {
+                ctx.late.push(r.clone());
+                ctx.late_dropped += 1;
+                ctx.errors += 1;
+                ctx.dead_letters.push(r);
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn late_records_and_dead_letters_go_to_their_own_side_outputs() {
+        use crate::runtime::exchange::Target;
+
+        let mut receivers = Vec::new();
+        let mut sides = Vec::new();
+        for name in ["dlq", "late"] {
+            let (tx, rx) = mpsc::channel(crate::base::message::CHANNEL_CAPACITY);
+            sides.push(Output::new(
+                crate::plan::Partitioning::Forward,
+                vec![Target { sender: tx }],
+                128,
+                "p".into(),
+                name.into(),
+            ));
+            receivers.push(rx);
+        }
+        let mut side = node(Box::new(SideProbe), "w", Vec::new());
+        side.dead_letters = sides;
+        side.late_from = 1;
+        let metrics = Arc::clone(&side.metrics);
+        let mut chain = ChainTask {
+            nodes: vec![side],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let input = Batch::new(vec![Dynamic::from(1_i64), Dynamic::from(2_i64)]);
+        chain.push(0, input).await.expect("runs");
+        drop(chain);
+        for mut rx in receivers {
+            let mut got = 0;
+            while let Some(Message::Records(b)) = rx.recv().await {
+                got += b.len();
+            }
+            assert_eq!(got, 2, "each side output gets its own records once");
+        }
+        let f = metrics.figures();
+        assert_eq!((f.dead_lettered, f.late_sent, f.late_dropped), (2, 2, 2));
+    }
+
     const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(Barrier {
         checkpoint: 1,
         kind: BarrierKind::SavepointThenStop,
