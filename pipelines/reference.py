@@ -11,6 +11,10 @@ Expected files are canonical JSON lines: keys sorted, no spaces, one record per 
 sorted, a trailing newline. A golden test canonicalises the engine's output the same way and
 compares the two as multisets of lines.
 
+The event-time pipelines (page_views, top_pages, sessions) are simulated record by record with
+their watermarks, windows and lateness; each output is computed with the watermark lagging 1
+and LAG records behind the arrivals, and the two must agree (see README.md).
+
 Not covered, on purpose: outputs that depend on the generator's pseudo-random sequence
 (`two_pipelines.yaml`, pipeline `synthetic`) and the exact error text of dead-letter records
 (`all_operators.yaml`, sink `errors`); see README.md.
@@ -142,9 +146,193 @@ def all_operators():
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Event time (page_views, top_pages, sessions): watermarks, windows, lateness, timers.
+#
+# Semantics (Flink's): a source's watermark is the largest event time it has read minus
+# `max_out_of_orderness` minus 1 ms; each pipeline here reads one file with one reader, and
+# its `key_by` runs at parallelism 1, so every window subtask has one input channel and sees
+# the records and the watermarks in file order. A window `[start, end)` closes (emits) when the
+# watermark reaches `end - 1`; a record is late for a window when `end - 1 + allowed_lateness
+# <= watermark` at its arrival (dropped, or sent to the `late:` sink when no window takes it);
+# a record for a closed window within the allowed lateness updates it and re-emits its result.
+#
+# When the watermark reaches an operator depends on how the source batches its output (and on
+# where a restore cut the batches), so the data was made (event_data.py) such that it does not
+# matter: every output below is computed twice, with the watermark lagging 1 record and LAG
+# records behind the arrivals, and the two must be equal. Lateness is monotonic in the
+# watermark, so any lag in between gives the same output too.
+
+LAG = 1100  # records; above the runtime's batch size (1024)
+OOO = 5_000  # ms; every event-time pipeline here has `max_out_of_orderness: 5s`
+
+
+def with_watermarks(records, lag):
+    """Each record with the watermark at its arrival (None before any), lagging `lag` records."""
+    top = None
+    seen = []
+    for i, r in enumerate(records):
+        j = i - lag
+        yield r, (None if j < 0 else seen[j] - OOO - 1)
+        top = r["ts"] if top is None else max(top, r["ts"])
+        seen.append(top)
+
+
+def reached(wm, t):
+    """Whether watermark `wm` has reached time `t`."""
+    return wm is not None and t <= wm
+
+
+def fixed_windows(records, key, size, slide, lateness, init, add, result, lag):
+    """Tumbling (slide == size) or sliding windows per key, `emit: on_close`.
+
+    Returns (window results, records no window took)."""
+    windows = {}  # (key, start) -> [acc, had an on-time record, emitted on close]
+    out, late = [], []
+    for r, wm in with_watermarks(records, lag):
+        k, ts = r[key], r["ts"]
+        taken = False
+        for start in range(ts - ts % slide, ts - size, -slide):
+            end = start + size
+            if reached(wm, end - 1 + lateness):
+                continue
+            w = windows.setdefault((k, start), [init(), False, False])
+            if reached(wm, end - 1):
+                if w[1] and not w[2]:
+                    out.append(result(k, start, end, w[0]))  # closed before this record came
+                    w[2] = True
+                w[0] = add(w[0], r)
+                out.append(result(k, start, end, w[0]))  # the late record's re-emission
+                w[2] = True
+            else:
+                w[0] = add(w[0], r)
+                w[1] = True
+            taken = True
+        if not taken:
+            late.append(r)
+    for (k, start), (acc, on_time, emitted) in windows.items():
+        if on_time and not emitted:
+            out.append(result(k, start, start + size, acc))
+    return out, late
+
+
+def sessions_of(records, key, gap, init, add, merge, result, lag):
+    """Session windows per key, `allowed_lateness: 0s`: a record opens `[ts, ts + gap)` and
+    merges with every open session it overlaps."""
+    open_ = {}  # key -> [[start, end, acc]]
+    out, late = [], []
+    for r, wm in with_watermarks(records, lag):
+        for k, ss in open_.items():
+            for s in [s for s in ss if reached(wm, s[1] - 1)]:
+                out.append(result(k, s[0], s[1], s[2]))
+                ss.remove(s)
+        k, ts = r[key], r["ts"]
+        ss = open_.setdefault(k, [])
+        # Sessions that only touch would merge in Flink (and maybe not elsewhere): the data
+        # has none, so both rules give the same sessions.
+        assert all(s[1] != ts and ts + gap != s[0] for s in ss), (k, ts)
+        over = [s for s in ss if s[0] < ts + gap and ts < s[1]]
+        if reached(wm, ts + gap - 1):
+            # Late whether lateness is judged on the record's own window or the merged one.
+            assert not over, (k, ts)
+            late.append(r)
+            continue
+        acc = add(init(), r)
+        start, end = ts, ts + gap
+        for s in over:
+            ss.remove(s)
+            start, end, acc = min(start, s[0]), max(end, s[1]), merge(s[2], acc)
+        ss.append([start, end, acc])
+    for k, ss in open_.items():
+        for s in ss:
+            out.append(result(k, s[0], s[1], s[2]))
+    return out, late
+
+
+def deterministic(compute):
+    """`compute(lag)` at lag 1 and LAG, which must agree (as multisets); its lag-1 result."""
+    a, b = compute(1), compute(LAG)
+    for x, y in zip(a, b):
+        assert render(x) == render(y), f"{compute.__name__}: the output depends on the lag"
+    return a
+
+
+def page_views():
+    """Views per page per minute: tumbling 1 min, allowed lateness 2 min, late to a sink."""
+    clicks = read_jsonl(DATA / "page_views" / "clicks.jsonl")
+
+    def compute(lag):
+        return fixed_windows(
+            clicks, "page", 60_000, 60_000, 120_000,
+            init=lambda: 0,
+            add=lambda n, r: n + 1,
+            result=lambda k, s, e, n: {"key": k, "window_start": s, "window_end": e, "views": n},
+            lag=lag,
+        )
+
+    views, late = deterministic(compute)
+    return {
+        ("page_views", "page_views", "views"): views,
+        ("page_views", "page_views", "late_clicks"): late,
+    }
+
+
+def top_pages():
+    """Views per page in 1-min windows sliding by 30 s; per window, the most viewed page (ties:
+    the first page name), emitted by an event-time timer at the window's end."""
+    views = read_jsonl(DATA / "top_pages" / "views.jsonl")
+
+    def compute(lag):
+        counts, _ = fixed_windows(
+            views, "page", 60_000, 30_000, 0,
+            init=lambda: 0,
+            add=lambda n, r: n + 1,
+            result=lambda k, s, e, n: (s, e, k, n),
+            lag=lag,
+        )
+        best = {}
+        for s, e, page, n in counts:
+            b = best.get((s, e))
+            if b is None or n > b[1] or (n == b[1] and page < b[0]):
+                best[(s, e)] = (page, n)
+        top = [
+            {"window_start": s, "window_end": e, "page": p, "views": n}
+            for (s, e), (p, n) in best.items()
+        ]
+        return (top,)
+
+    (top,) = deterministic(compute)
+    return {("top_pages", "top_pages", "top_out"): top}
+
+
+def sessions():
+    """Sessions per user (gap 30 s): events, total and largest amount; late events dropped."""
+    events = read_jsonl(DATA / "sessions" / "events.jsonl")
+
+    def compute(lag):
+        out, _ = sessions_of(
+            events, "user", 30_000,
+            init=lambda: (0, 0, 0),
+            add=lambda a, r: (a[0] + 1, a[1] + r["amount"], max(a[2], r["amount"])),
+            merge=lambda a, b: (a[0] + b[0], a[1] + b[1], max(a[2], b[2])),
+            result=lambda k, s, e, a: {
+                "key": k, "window_start": s, "window_end": e,
+                "events": a[0], "spent": a[1], "largest": a[2],
+            },
+            lag=lag,
+        )
+        return (out,)
+
+    (out,) = deterministic(compute)
+    return {("sessions", "sessions", "sessions_out"): out}
+
+
 def expected_files():
     files = {}
-    for compute in (wordcount, orders_totals, two_pipelines, exactly_once, all_operators):
+    for compute in (
+        wordcount, orders_totals, two_pipelines, exactly_once, all_operators,
+        page_views, top_pages, sessions,
+    ):
         for (name, pipeline, sink), records in compute().items():
             files[EXPECTED / name / pipeline / f"{sink}.jsonl"] = render(records)
     return files

@@ -4,7 +4,8 @@
 //! reload scenarios), [`output`] (committed sink output, canonical lines, exactly-once
 //! comparison), [`files`] (copying pipelines, saving like an editor, growing inputs),
 //! [`in_process`] (plans, file sinks and failures of runs in this process; the reference
-//! pipelines and their golden output), [`control`] (a recording fake
+//! pipelines and their golden output), [`kill`] (SIGKILL loops over `weir run` and their
+//! exactly-once check), [`control`] (a recording fake
 //! `JobControl` behind the real API server), [`memory`] (peak RSS from `/proc`) and
 //! [`browser`] (headless Chromium through chromedriver, for the web page).
 //!
@@ -16,6 +17,8 @@ pub mod browser;
 pub mod control;
 pub mod files;
 pub mod in_process;
+#[cfg(unix)]
+pub mod kill;
 pub mod memory;
 pub mod output;
 pub mod run;
