@@ -68,7 +68,7 @@ fn windowed_job(source: Value, ooo: &str, parallelism: u32, script: &str) -> Val
             "sources": [source],
             "operators": [
                 {"id": "by_user", "type": "key_by", "input": "events", "field": "user"},
-                {"id": "windows", "type": "window", "input": "by_user", "time_field": "ts",
+                {"id": "windows", "type": "window", "input": "by_user",
                  "window": {"tumbling": {"size": format!("{WINDOW_MS}ms")}},
                  "aggregations": [{"fn": "sum", "field": "amount", "as": "sum"}, {"fn": "count", "as": "count"}]},
                 {"id": "by_window", "type": "key_by", "input": "windows", "field": "window_end"},
