@@ -250,8 +250,8 @@ fn build_operator(
             })
         }
         OperatorSpec::Window(w) => {
-            let time_field = window_time_field(node, w, ctx)?;
-            let config = WindowConfig::from_spec(w, &time_field);
+            let event_time = window_event_time(node, w, ctx)?;
+            let config = WindowConfig::from_spec(w, &event_time);
             if w.aggregations.is_empty() {
                 let f = ctx.script_factory(node)?;
                 Box::new(move |_, _| {
@@ -277,20 +277,16 @@ fn build_operator(
     Ok(NodeBuilder::Operator { factory, keyed })
 }
 
-/// The field an event-time window reads event time from: its `time_field`, else the one
-/// `event_time.field` of the sources upstream (validation insists there is one).
-fn window_time_field(
+/// How an event-time window reads a record's event time: the field is its `time_field`, else
+/// the one `event_time.field` of the sources upstream (validation insists there is one); the
+/// unit or format is the sources' when they agree, else epoch milliseconds. Unused (a default)
+/// for processing-time windows.
+fn window_event_time(
     node: &PlanNode,
     w: &weir_schema::WindowSpec,
     ctx: &BuildContext<'_>,
-) -> Result<String> {
-    if let Some(f) = &w.time_field {
-        return Ok(f.clone());
-    }
-    if w.time == weir_schema::WindowTimeSpec::Processing {
-        return Ok(String::new());
-    }
-    let mut fields = std::collections::BTreeSet::new();
+) -> Result<weir_schema::EventTimeSpec> {
+    let mut found: Vec<Option<&weir_schema::EventTimeSpec>> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut todo = vec![node.index];
     while let Some(n) = todo.pop() {
@@ -298,18 +294,37 @@ fn window_time_field(
             continue;
         }
         if let NodeKind::Source(s) = &ctx.plan.nodes[n.0].kind {
-            fields.insert(s.event_time_field().map(str::to_owned));
+            found.push(s.event_time());
         }
         todo.extend(ctx.plan.inputs_of(n).filter(|e| !e.dead_letter).map(|e| e.from));
     }
-    match fields.pop_first() {
-        Some(Some(f)) if fields.is_empty() => Ok(f),
-        _ => Err(ctx.error(
-            node,
-            "an event-time window needs `time_field`, or sources upstream that all take \
-             event time from one field (`event_time.field`)",
-        )),
-    }
+    let declared: Vec<&weir_schema::EventTimeSpec> = found.iter().flatten().copied().collect();
+    let same = |f: &dyn Fn(&weir_schema::EventTimeSpec) -> String| {
+        declared.windows(2).all(|p| f(p[0]) == f(p[1]))
+    };
+    let first = declared.first();
+    let field = match (&w.time_field, first) {
+        (Some(f), _) => f.clone(),
+        (None, _) if w.time == weir_schema::WindowTimeSpec::Processing => String::new(),
+        (None, Some(e)) if found.iter().all(Option::is_some) && same(&|e| e.field.clone()) => {
+            e.field.clone()
+        }
+        _ => {
+            return Err(ctx.error(
+                node,
+                "an event-time window needs `time_field`, or sources upstream that all take \
+                 event time from one field (`event_time.field`)",
+            ));
+        }
+    };
+    let how = same(&|e| format!("{:?}{:?}", e.unit, e.format));
+    Ok(weir_schema::EventTimeSpec {
+        field,
+        unit: first.filter(|_| how).and_then(|e| e.unit),
+        format: first.filter(|_| how).and_then(|e| e.format),
+        max_out_of_orderness: None,
+        idle_timeout: None,
+    })
 }
 
 /// Every built-in aggregation that reads a field names one.

@@ -25,14 +25,17 @@
 use std::fmt::Write as _;
 
 use rhai::{Dynamic, Map};
-use weir_schema::{StateKind, WindowEmitSpec, WindowKindSpec, WindowSpec, WindowTimeSpec};
+use weir_schema::{
+    EventTimeSpec, StateKind, WindowEmitSpec, WindowKindSpec, WindowSpec, WindowTimeSpec,
+};
 
 use super::aggregate::Accumulator;
 use super::reduce::require_keys;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{Batch, WATERMARK_MIN};
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
-use crate::record::{FieldPath, Key};
+use crate::connectors::event_time::TimeExtractor;
+use crate::record::Key;
 use crate::state::StateId;
 use crate::state::timers::{TimeDomain, Timers};
 
@@ -82,8 +85,9 @@ impl Assigner {
 /// Where a record's time comes from.
 #[derive(Clone, Debug)]
 pub enum WindowTime {
-    /// Event time: epoch milliseconds in this field.
-    Event(FieldPath),
+    /// Event time: read from a field as the sources declare it (epoch ms, epoch s or RFC
+    /// 3339).
+    Event(TimeExtractor),
     /// Processing time: `ctx.clock` when the record arrives.
     Processing,
 }
@@ -106,13 +110,14 @@ pub struct WindowConfig {
 }
 
 impl WindowConfig {
-    /// From the spec, with the event-time field already resolved (`time_field`, or the
-    /// sources' `event_time.field`).
-    pub fn from_spec(spec: &WindowSpec, time_field: &str) -> Self {
+    /// From the spec, with the event time already resolved (the field: `time_field`, or the
+    /// sources' `event_time.field`; its unit or format: the sources'). `event_time` is only
+    /// read for `time: event`.
+    pub fn from_spec(spec: &WindowSpec, event_time: &EventTimeSpec) -> Self {
         Self {
             assigner: Assigner::from_spec(&spec.window),
             time: match spec.time {
-                WindowTimeSpec::Event => WindowTime::Event(FieldPath::new(time_field)),
+                WindowTimeSpec::Event => WindowTime::Event(TimeExtractor::new(event_time)),
                 WindowTimeSpec::Processing => WindowTime::Processing,
             },
             allowed_lateness: i64::try_from(spec.lateness().as_millis()).unwrap_or(i64::MAX),
@@ -205,28 +210,6 @@ impl WindowOperator {
     }
 
     /// The event time of `r`, or why it has none.
-    fn event_time(path: &FieldPath, r: &Dynamic) -> std::result::Result<i64, String> {
-        let found = path.with(r, |v| {
-            if let Ok(i) = v.as_int() {
-                Ok(i)
-            } else if let Ok(f) = v.as_float() {
-                Ok(f as i64)
-            } else {
-                Err(format!(
-                    "the event time field `{}` holds {}, not epoch milliseconds",
-                    path.as_str(),
-                    v.type_name()
-                ))
-            }
-        });
-        found.unwrap_or_else(|| {
-            Err(format!(
-                "the record has no event time field `{}`",
-                path.as_str()
-            ))
-        })
-    }
-
     /// The output record of one window.
     fn output(
         acc: &mut Accumulator,
@@ -599,7 +582,7 @@ impl Operator for WindowOperator {
         let domain = self.config.domain();
         for (r, k) in records.into_iter().zip(keys) {
             let time = match &self.config.time {
-                WindowTime::Event(path) => match Self::event_time(path, &r) {
+                WindowTime::Event(extractor) => match extractor.extract(&r) {
                     Ok(t) => t,
                     Err(e) => {
                         ctx.record_failed(r, e)?;
@@ -719,10 +702,20 @@ mod tests {
 
     const MAX: u32 = 128;
 
+    fn ts_millis() -> weir_schema::EventTimeSpec {
+        weir_schema::EventTimeSpec {
+            field: "ts".to_owned(),
+            unit: None,
+            format: None,
+            max_out_of_orderness: None,
+            idle_timeout: None,
+        }
+    }
+
     fn config(assigner: Assigner) -> WindowConfig {
         WindowConfig {
             assigner,
-            time: WindowTime::Event(FieldPath::new("ts")),
+            time: WindowTime::Event(TimeExtractor::new(&ts_millis())),
             allowed_lateness: 0,
             emit: WindowEmitSpec::OnClose,
             key_field: "key".to_owned(),
@@ -780,6 +773,22 @@ mod tests {
 
     fn row(k: &str, start: i64, end: i64, n: i64, sum: i64) -> String {
         format!(r#"{{"key":"{k}","n":{n},"sum":{sum},"window_end":{end},"window_start":{start}}}"#)
+    }
+
+    #[test]
+    fn event_time_is_read_in_the_sources_unit() {
+        let mut config = config(Assigner::Tumbling { size: 10_000 });
+        let mut seconds = ts_millis();
+        seconds.unit = Some(weir_schema::TimeUnit::S);
+        config.time = WindowTime::Event(TimeExtractor::new(&seconds));
+        let mut h = harness(count_and_sum(), config);
+        // 12 s and 19 s share the window [10 000, 20 000) ms; 21 s is the next one.
+        h.push(batch(&[("a", 12, 1), ("a", 19, 2), ("a", 21, 4)]))
+            .expect("push");
+        assert_eq!(
+            lines(&watermark(&mut h, 19_999)),
+            vec![row("a", 10_000, 20_000, 2, 3)]
+        );
     }
 
     #[test]
@@ -974,7 +983,7 @@ mod tests {
         let mut b = batch(&[("a", 1, 1)]);
         b.records[0] = serde_json::from_str(r#"{"ts":"soon","v":1}"#).expect("json");
         let e = h.push(b).expect_err("fails").to_string();
-        assert!(e.contains("event time field `ts`"), "{e}");
+        assert!(e.contains("event time `ts` is a string"), "{e}");
     }
 
     // ---- snapshot / restore / rescale equivalence
