@@ -910,6 +910,14 @@ pub async fn run_source(
         // When the source's lag was last asked for (detailed metrics only).
         let mut lag_at: Option<Instant> = None;
         let flow = 'run: loop {
+            // Due processing time first: a barrier triggered after the clock moved comes
+            // after what the move fired.
+            if !paused && let Some(t) = chain.next_processing_time() {
+                let now = processing.now_ms();
+                if now >= t {
+                    chain.fire_processing_time(now).await?;
+                }
+            }
             while let Ok(cmd) = env.commands.try_recv() {
                 match source_command(cmd, &mut chain, &mut env, &mut source, &mut paused).await? {
                     SourceFlow::Continue => {}
@@ -918,12 +926,6 @@ pub async fn run_source(
             }
             if env.control.should_stop() && env.checkpointing.is_none() {
                 break SourceFlow::EndInput;
-            }
-            if let Some(t) = chain.next_processing_time() {
-                let now = processing.now_ms();
-                if now >= t {
-                    chain.fire_processing_time(now).await?;
-                }
             }
             if paused {
                 let flow = match env.commands.recv().await {
@@ -983,7 +985,8 @@ pub async fn run_source(
                 Poll::Idle(d) => {
                     let wake = chain.next_processing_time();
                     let flow = tokio::select! {
-                        () = tokio::time::sleep(d) => SourceFlow::Continue,
+                        biased;
+                        // Before commands, for the same reason as above.
                         () = processing.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
                             SourceFlow::Continue
                         }
@@ -991,6 +994,7 @@ pub async fn run_source(
                             source_command(cmd, &mut chain, &mut env, &mut source, &mut paused)
                                 .await?
                         }
+                        () = tokio::time::sleep(d) => SourceFlow::Continue,
                     };
                     if flow != SourceFlow::Continue {
                         break flow;
@@ -1096,6 +1100,11 @@ pub async fn run_chain(
             let wake = chain.next_processing_time();
             let received = tokio::select! {
                 biased;
+                // Due processing time before anything read after it.
+                () = clock.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
+                    chain.fire_processing_time(clock.now_ms()).await?;
+                    continue;
+                }
                 Some(cmd) = env.commands.recv() => {
                     match cmd {
                         TaskCommand::Complete(n) => chain.notify_complete(n)?,
@@ -1109,10 +1118,6 @@ pub async fn run_chain(
                         | TaskCommand::Resume
                         | TaskCommand::NotifyProduced => {}
                     }
-                    continue;
-                }
-                () = clock.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
-                    chain.fire_processing_time(clock.now_ms()).await?;
                     continue;
                 }
                 r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
