@@ -260,6 +260,22 @@ impl WatermarkGenerator {
         self.splits.len() - 1
     }
 
+    /// Split `id` is assigned to this subtask but not read yet: until its first record it
+    /// holds the watermark at [`WATERMARK_MIN`] and is never idle (its records are waiting,
+    /// not missing). A split already known is left as it is.
+    pub fn assign(&mut self, id: u64) {
+        match self.splits.iter_mut().find(|s| s.id == id) {
+            // Known but never read from (e.g. restored before its first record).
+            Some(s) if s.max == WATERMARK_MIN => s.active_at = i64::MAX,
+            Some(_) => {}
+            None => self.splits.push(SplitClock {
+                id,
+                max: WATERMARK_MIN,
+                active_at: i64::MAX,
+            }),
+        }
+    }
+
     /// A record of split index `split` with event time `ts` arrived at processing time `now`.
     fn observe(&mut self, split: usize, ts: i64, now: i64) {
         let s = &mut self.splits[split];
@@ -283,6 +299,7 @@ impl WatermarkGenerator {
             if s.active_at == i64::MIN {
                 s.active_at = now;
             }
+            // A split not started (`assign`) is never idle: `active_at` is in the future.
             if self
                 .idle_timeout
                 .is_some_and(|t| now.saturating_sub(s.active_at) >= t)
@@ -472,6 +489,9 @@ impl EventTimeSource {
         }
         ctx.split_marks = marks;
         ctx.split_marks.clear();
+        for id in ctx.assigned_splits.drain(..) {
+            self.generator.assign(id);
+        }
         for id in ctx.ended_splits.drain(..) {
             self.generator.end_split(id);
         }
@@ -642,6 +662,24 @@ mod tests {
         assert_eq!(g.watermark(0), Some(Watermark::At(1_399)), "min over the splits");
         g.end_split(1);
         assert_eq!(g.watermark(0), Some(Watermark::At(1_899)), "a finished split lets go");
+    }
+
+    #[test]
+    fn a_split_assigned_but_not_read_yet_holds_the_watermark_and_is_never_idle() {
+        // One reader, two files read one after the other: the second file's records must
+        // not be late against the first file's progress.
+        let mut g = WatermarkGenerator::new(&spec(0, Some(1_000)));
+        g.assign(1);
+        g.assign(2);
+        let a = g.split(1);
+        g.observe(a, 100_000, 0);
+        assert_eq!(g.watermark(0), None, "split 2 is waiting: no watermark yet");
+        assert_eq!(g.watermark(60_000), None, "a waiting split never goes idle");
+        g.end_split(1);
+        g.assign(2);
+        let b = g.split(2);
+        g.observe(b, 50, 60_000);
+        assert_eq!(g.watermark(60_000), Some(Watermark::At(49)));
     }
 
     #[test]

@@ -1032,6 +1032,10 @@ impl Source for FileSource {
     }
 
     fn poll(&mut self, out: &mut Vec<Dynamic>, ctx: &mut SourceContext) -> Result<Poll> {
+        if ctx.track_splits {
+            // Queued splits hold the watermark back until they are read (event time).
+            ctx.assign_splits(self.pending.iter().map(|q| q.split.id()));
+        }
         if self.follow {
             while let Some(q) = self.pending.pop_front() {
                 let r = self.open_split(q, ctx)?;

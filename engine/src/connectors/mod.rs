@@ -65,6 +65,10 @@ pub struct SourceContext {
     pub split_marks: Vec<(usize, u64)>,
     /// Splits finished during the poll.
     pub ended_splits: Vec<u64>,
+    /// Splits assigned to this subtask and not read yet, as the source last listed them
+    /// ([`assign_splits`](Self::assign_splits)): they hold the watermark back until their
+    /// first record, so that reading them later never makes their records late.
+    pub assigned_splits: Vec<u64>,
 }
 
 impl SourceContext {
@@ -89,6 +93,7 @@ impl SourceContext {
             track_splits: false,
             split_marks: Vec::new(),
             ended_splits: Vec::new(),
+            assigned_splits: Vec::new(),
         }
     }
 
@@ -98,6 +103,15 @@ impl SourceContext {
     pub fn mark_split(&mut self, id: u64, at: usize) {
         if self.track_splits {
             self.split_marks.push((at, id));
+        }
+    }
+
+    /// The splits this subtask will read but has not started (a source that queues splits
+    /// lists them at every poll); a no-op unless splits are tracked.
+    pub fn assign_splits(&mut self, ids: impl Iterator<Item = u64>) {
+        if self.track_splits {
+            self.assigned_splits.clear();
+            self.assigned_splits.extend(ids);
         }
     }
 
