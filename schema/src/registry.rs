@@ -358,7 +358,10 @@ impl<'de> Deserialize<'de> for StateDeclSpec {
                     .map(StateDeclSpec::Kind)
             }
 
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
                 StateOptionsSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(StateDeclSpec::Options)
             }

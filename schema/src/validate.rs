@@ -16,8 +16,8 @@ use crate::model::{
     AggregateSpec, CheckpointMode, FailoverSpec, FileSpec, GeneratorFieldSpec, OnErrorSpec,
     OperatorSpec, PartitioningSpec, PipelineSpec, RestartSpec, SinkSpec, SourceSpec, StateSpec,
 };
-use crate::registry::{ProcessSpec, StateDeclSpec};
 use crate::registry::Section;
+use crate::registry::{ProcessSpec, StateDeclSpec};
 use crate::span::{SourceFile, SpanIndex, YamlPath};
 use crate::units::DurationSpec;
 
@@ -838,7 +838,9 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 continue;
             };
             match o.ttl {
-                Some(ttl) => self.positive(ttl, at.join("ttl"), &format!("the `ttl` of state `{name}`")),
+                Some(ttl) => {
+                    self.positive(ttl, at.join("ttl"), &format!("the `ttl` of state `{name}`"))
+                }
                 None if o.ttl_update.is_some() => self
                     .cx
                     .key_error(
@@ -1428,24 +1430,36 @@ mod tests {
         let loaded = load_str("t.yaml", text);
         let mut all: Vec<Diagnostic> = loaded.diagnostics.iter().cloned().collect();
         if let (Some(spec), Some(spans)) = (&loaded.spec, &loaded.spans) {
-            all.extend(validate(spec, spans, &loaded.source, Path::new(".")).iter().cloned());
+            all.extend(
+                validate(spec, spans, &loaded.source, Path::new("."))
+                    .iter()
+                    .cloned(),
+            );
         }
         all
     }
 
     #[test]
     fn state_entries_take_the_short_and_the_long_form() {
-        let text = with_state("{best: value, seen: {kind: map, ttl: 1h, ttl_update: on_read_and_write}, recent: {kind: list}}");
+        let text = with_state(
+            "{best: value, seen: {kind: map, ttl: 1h, ttl_update: on_read_and_write}, recent: {kind: list}}",
+        );
         assert_eq!(codes_of(&text), Vec::<&str>::new());
         let loaded = load_str("t.yaml", &text);
         let spec = loaded.spec.expect("loads");
         let OperatorSpec::Process(p) = &spec.pipelines[0].operators[1] else {
             panic!("a process");
         };
-        assert_eq!(p.state["best"], StateDeclSpec::Kind(crate::StateKind::Value));
+        assert_eq!(
+            p.state["best"],
+            StateDeclSpec::Kind(crate::StateKind::Value)
+        );
         assert_eq!(p.state["seen"].kind(), crate::StateKind::Map);
         assert_eq!(p.state["seen"].ttl(), Some(DurationSpec::from_secs(3600)));
-        assert_eq!(p.state["seen"].ttl_update(), crate::TtlUpdate::OnReadAndWrite);
+        assert_eq!(
+            p.state["seen"].ttl_update(),
+            crate::TtlUpdate::OnReadAndWrite
+        );
         assert_eq!(p.state["recent"].ttl(), None);
         assert_eq!(p.state["best"].ttl_update(), crate::TtlUpdate::OnWrite);
     }
@@ -1459,7 +1473,11 @@ mod tests {
             .find(|d| d.code == codes::INVALID_DURATION)
             .unwrap_or_else(|| panic!("{found:?}"));
         assert_eq!(&text[zero.span.clone().expect("span")], "0s");
-        assert!(zero.message.contains("`ttl` of state `seen`"), "{}", zero.message);
+        assert!(
+            zero.message.contains("`ttl` of state `seen`"),
+            "{}",
+            zero.message
+        );
 
         let text = with_state("{seen: {kind: map, ttl: soon}}");
         let found = findings(&text);
@@ -1477,10 +1495,16 @@ mod tests {
             .unwrap_or_else(|| panic!("{found:?}"));
         assert_eq!(&text[idle.span.clone().expect("span")], "ttl_update");
 
-        for wrong in ["{seen: {kind: bag}}", "{seen: {kind: map, tll: 1h}}", "{seen: sett}"] {
+        for wrong in [
+            "{seen: {kind: bag}}",
+            "{seen: {kind: map, tll: 1h}}",
+            "{seen: sett}",
+        ] {
             let found = findings(&with_state(wrong));
             assert!(
-                found.iter().any(|d| d.span.is_some() && d.severity == crate::Severity::Error),
+                found
+                    .iter()
+                    .any(|d| d.span.is_some() && d.severity == crate::Severity::Error),
                 "{wrong}: {found:?}"
             );
         }
