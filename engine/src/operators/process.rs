@@ -311,14 +311,14 @@ impl Operator for ProcessOperator {
         ctx: &mut OperatorContext,
     ) -> Result<()> {
         self.fire(TimeDomain::Processing, now, now, out, ctx)?;
-        if let (Some(ttl), Some(due)) = (&self.ttl, self.next_sweep) {
-            if now >= due {
-                let removed = ttl.sweep(ctx.state_mut()?.as_mut(), now)?;
-                if removed > 0 {
-                    tracing::debug!(operator = %ctx.operator, subtask = ctx.subtask, removed, "Removed expired state values.");
-                }
-                self.next_sweep = Some(now.saturating_add(ttl.sweep_interval()));
+        if let (Some(ttl), Some(due)) = (&self.ttl, self.next_sweep)
+            && now >= due
+        {
+            let removed = ttl.sweep(ctx.state_mut()?.as_mut(), now)?;
+            if removed > 0 {
+                tracing::debug!(operator = %ctx.operator, subtask = ctx.subtask, removed, "Removed expired state values.");
             }
+            self.next_sweep = Some(now.saturating_add(ttl.sweep_interval()));
         }
         Ok(())
     }
