@@ -216,6 +216,9 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].operators[][type=window].emit", Engine, &[(WINDOW, "emit: spec.emit")], &["engine/src/operators/window.rs::on_update_emits_every_change_and_nothing_at_close"]),
     e(".pipelines[].operators[][type=window].key_field", Engine, &[(WINDOW, "spec.key_field.clone()")], &["tests/runtime_operators.rs::a_processing_time_window_emits_its_open_windows_at_the_end_of_input"]),
     e(".pipelines[].operators[][type=process].state", Engine, &[(REGISTRY, "p.state.iter()")], &["tests/runtime_operators.rs::process_with_value_list_and_map_state"]),
+    e(".pipelines[].operators[][type=process].state{}.kind", Engine, &[(REGISTRY, "d.kind()")], &["schema/src/validate.rs::state_entries_take_the_short_and_the_long_form"]),
+    e(".pipelines[].operators[][type=process].state{}.ttl", Engine, &[(REGISTRY, "d.ttl()?.get()")], &["engine/src/operators/process.rs::expired_values_read_as_absent_and_renew_as_declared", "tests/invalid/state_ttl_not_positive.yaml"]),
+    e(".pipelines[].operators[][type=process].state{}.ttl_update", Engine, &[(REGISTRY, "d.ttl_update()")], &["schema/src/validate.rs::state_entries_take_the_short_and_the_long_form"]),
     // Sinks.
     e(".pipelines[].sinks", Engine, &[(COMPILE, "spec.sinks")], &["tests/runtime_operators.rs::map_filter_flat_map_match_a_sequential_reference"]),
     e(".pipelines[].sinks[][type=*].type", Tag, &[(REGISTRY, "SinkSpec::File(f)")], &[]),

@@ -94,6 +94,9 @@ pub mod codes {
     pub const SCRIPT_SYNTAX: &str = "weir::script::syntax";
     /// A Rhai script lacks the function its operator needs.
     pub const SCRIPT_MISSING_FUNCTION: &str = "weir::script::missing_function";
+    /// A Rhai script defines an entry point its operator never calls (`fn on_timer` outside a
+    /// `process`), or one with the wrong number of parameters.
+    pub const SCRIPT_MISPLACED_FUNCTION: &str = "weir::script::misplaced_function";
     /// At run time: a script read a field the record does not have.
     pub const SCRIPT_MISSING_FIELD: &str = "weir::script::missing_field";
     /// At run time: an operator or function applied to values of types that do not go

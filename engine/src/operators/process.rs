@@ -311,14 +311,14 @@ impl Operator for ProcessOperator {
         ctx: &mut OperatorContext,
     ) -> Result<()> {
         self.fire(TimeDomain::Processing, now, now, out, ctx)?;
-        if let (Some(ttl), Some(due)) = (&self.ttl, self.next_sweep) {
-            if now >= due {
-                let removed = ttl.sweep(ctx.state_mut()?.as_mut(), now)?;
-                if removed > 0 {
-                    tracing::debug!(operator = %ctx.operator, subtask = ctx.subtask, removed, "Removed expired state values.");
-                }
-                self.next_sweep = Some(now.saturating_add(ttl.sweep_interval()));
+        if let (Some(ttl), Some(due)) = (&self.ttl, self.next_sweep)
+            && now >= due
+        {
+            let removed = ttl.sweep(ctx.state_mut()?.as_mut(), now)?;
+            if removed > 0 {
+                tracing::debug!(operator = %ctx.operator, subtask = ctx.subtask, removed, "Removed expired state values.");
             }
+            self.next_sweep = Some(now.saturating_add(ttl.sweep_interval()));
         }
         Ok(())
     }
@@ -649,5 +649,394 @@ mod tests {
             .process_some(&mut { unkeyed }, &mut out, 3, &mut h.ctx)
             .expect_err("needs keys");
         assert!(e.to_string().contains("key_by"), "{e}");
+    }
+
+    /// Timers, `now()`, `watermark()` and state time-to-live, on the memory and the rocksdb
+    /// backend, with a manual clock; the watermark and wake-ups are driven by hand as the task
+    /// loop drives them.
+    mod time {
+        use super::*;
+        use crate::base::clock::Clock;
+        use crate::base::message::WATERMARK_END;
+        use crate::checkpoint::{MemoryStore, FileRef};
+        use crate::element::OperatorContext;
+        use crate::state::{MemoryBackend, RocksdbBackend, SnapshotTarget, StateBackend};
+
+        const MAX: u32 = 32;
+        /// The manual clock's start (epoch milliseconds).
+        const T0: i64 = 1_700_000_000_000;
+
+        type Backends<'a> = dyn Fn(KeyGroupRange) -> Box<dyn StateBackend> + 'a;
+
+        /// Runs `case` on a memory backend factory, then on a rocksdb one.
+        fn on_every_backend(case: impl Fn(&Backends<'_>)) {
+            case(&|range| Box::new(MemoryBackend::new(MAX, range)));
+            let dir = tempfile::tempdir().expect("tempdir");
+            let spec = weir_schema::RocksdbSpec {
+                block_cache_size: weir_schema::units::SizeSpec::mib(8),
+                write_buffer_size: weir_schema::units::SizeSpec::mib(4),
+                ..Default::default()
+            };
+            case(&|range| {
+                Box::new(RocksdbBackend::open(dir.path(), MAX, range, &spec).expect("rocksdb"))
+            });
+        }
+
+        /// A process running `text` on `state` for the key groups `range`, its clock `clock`.
+        fn timed(
+            text: &str,
+            ttl: Vec<(String, Duration, TtlUpdate)>,
+            state: Box<dyn StateBackend>,
+            range: KeyGroupRange,
+            clock: &Clock,
+        ) -> Harness {
+            let op = ProcessOperator::new(script(text), declared(), 100).with_ttl(ttl);
+            let mut ctx = OperatorContext::standalone("p", "timed", MAX);
+            ctx.key_groups = range;
+            ctx.state = Some(state);
+            ctx.clock = clock.clone();
+            ctx.on_error = crate::element::ErrorPolicy::DeadLetter;
+            Harness::new(Box::new(op), ctx).expect("opens")
+        }
+
+        fn pairs(items: &[(&str, i64)]) -> Batch {
+            Batch {
+                records: items.iter().map(|(_, n)| Dynamic::from(*n)).collect(),
+                keys: items.iter().map(|(k, _)| key(k)).collect(),
+            }
+        }
+
+        fn shown(out: &[Dynamic]) -> Vec<String> {
+            out.iter()
+                .map(|d| d.clone().into_string().unwrap_or_else(|_| excerpt(d)))
+                .collect()
+        }
+
+        fn push(h: &mut Harness, items: &[(&str, i64)]) -> Vec<String> {
+            shown(&h.push(pairs(items)).expect("runs").records)
+        }
+
+        /// The watermark advances to `wm`, as the task loop reports it.
+        fn watermark(h: &mut Harness, wm: i64) -> Vec<String> {
+            h.ctx.watermark = wm;
+            let mut out = Vec::new();
+            h.operator.on_watermark(wm, &mut out, &mut h.ctx).expect("fires");
+            shown(&out)
+        }
+
+        /// The task wakes at `now` on the clock `clock`.
+        fn wake(h: &mut Harness, clock: &Clock, now: i64) -> Vec<String> {
+            clock.set(now);
+            let mut out = Vec::new();
+            h.operator
+                .on_processing_time(now, &mut out, &mut h.ctx)
+                .expect("fires");
+            shown(&out)
+        }
+
+        fn dead_letters(h: &Harness) -> Vec<String> {
+            h.ctx.dead_letters.iter().map(excerpt).collect()
+        }
+
+        const EVENT: &str = r#"
+            fn process(r) {
+                let c = state_get("count");
+                state_set("count", if c == () { 1 } else { c + 1 });
+                register_event_timer(r);
+                if r == 25 { delete_event_timer(25); }
+            }
+            fn on_timer(ts, kind) {
+                emit(`${key()} ${kind} ${ts} count=${state_get("count")} wm=${watermark()}`);
+                if ts == 10 { register_event_timer(12); }
+            }
+        "#;
+
+        #[test]
+        fn event_timers_fire_in_time_order_with_their_key_current() {
+            on_every_backend(|backend| {
+                let clock = Clock::manual(T0);
+                let all = KeyGroupRange::all(MAX);
+                let mut h = timed(EVENT, Vec::new(), backend(all), all, &clock);
+                assert!(push(&mut h, &[("u", 10), ("v", 30), ("u", 20), ("v", 25), ("v", 20)]).is_empty());
+                assert_eq!(h.operator.next_processing_time(), None, "no processing timers");
+                assert_eq!(
+                    watermark(&mut h, 15),
+                    [
+                        "u event 10 count=2 wm=15",
+                        // Set by the timer at 10, already due: fires in the same advance.
+                        "u event 12 count=2 wm=15",
+                    ]
+                );
+                let mut at_20 = watermark(&mut h, 20);
+                at_20.sort();
+                assert_eq!(at_20, ["u event 20 count=2 wm=20", "v event 20 count=3 wm=20"]);
+                // A timer set behind the watermark fires at the next advance.
+                assert!(push(&mut h, &[("u", 5)]).is_empty());
+                assert_eq!(watermark(&mut h, 21), ["u event 5 count=3 wm=21"]);
+                assert!(watermark(&mut h, 29).is_empty(), "the deleted timer at 25 never fires");
+                assert_eq!(
+                    watermark(&mut h, WATERMARK_END),
+                    [format!("v event 30 count=3 wm={WATERMARK_END}")]
+                );
+                assert!(watermark(&mut h, WATERMARK_END).is_empty(), "each fires once");
+            });
+        }
+
+        const PROCESSING: &str = r#"
+            fn process(r) { register_processing_timer(now() + r); emit(`${key()} now=${now() - 1700000000000}`); }
+            fn on_timer(ts, kind) {
+                emit(`${key()} ${kind} ${ts - 1700000000000} at=${now() - 1700000000000} wm=${watermark()}`);
+            }
+        "#;
+
+        #[test]
+        fn processing_timers_fire_on_wake_ups_and_report_the_next_one() {
+            let clock = Clock::manual(T0);
+            let all = KeyGroupRange::all(MAX);
+            let mut h = timed(PROCESSING, Vec::new(), Box::new(MemoryBackend::new(MAX, all)), all, &clock);
+            assert_eq!(push(&mut h, &[("u", 100), ("v", 50)]), ["u now=0", "v now=0"]);
+            clock.advance(10);
+            assert_eq!(push(&mut h, &[("u", 90)]), ["u now=10"], "now() follows the clock");
+            assert_eq!(h.operator.next_processing_time(), Some(T0 + 50));
+            assert_eq!(wake(&mut h, &clock, T0 + 60), [format!("v processing 50 at=60 wm={}", i64::MIN)]);
+            assert_eq!(h.operator.next_processing_time(), Some(T0 + 100));
+            assert!(watermark(&mut h, WATERMARK_END).is_empty(), "the watermark fires no processing timer");
+            // Both of u's timers (100 and 10 + 90 = 100) are one: one key, one time.
+            assert_eq!(wake(&mut h, &clock, T0 + 150), [format!("u processing 100 at=150 wm={WATERMARK_END}")]);
+            assert_eq!(h.operator.next_processing_time(), None);
+        }
+
+        /// Checkpoints the backend of `h` as a task does and returns the files written.
+        fn checkpoint(h: &mut Harness, store: &MemoryStore) -> Vec<FileRef> {
+            let state = h.ctx.state_mut().expect("state");
+            let pending = state.checkpoint(1).expect("checkpoint");
+            let target = SnapshotTarget {
+                checkpoint: 1,
+                private_prefix: "chk-1/timed-0".to_owned(),
+                shared_prefix: "shared/timed-0".to_owned(),
+            };
+            pending.write(store, &target).expect("write")
+        }
+
+        const BOTH: &str = r#"
+            fn process(r) {
+                list_push("seen", r);
+                register_event_timer(r);
+                register_processing_timer(1700000000000 + r);
+            }
+            fn on_timer(ts, kind) { emit(`${kind} ${key()} ${ts % 1000000} ${list_len("seen")}`); }
+        "#;
+
+        #[test]
+        fn timers_survive_restore_and_rescale_and_due_ones_fire_first() {
+            on_every_backend(|backend| {
+                let clock = Clock::manual(T0);
+                let all = KeyGroupRange::all(MAX);
+                let mut h = timed(BOTH, Vec::new(), backend(all), all, &clock);
+                let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+                let records: Vec<(&str, i64)> =
+                    keys.iter().enumerate().map(|(i, k)| (k.as_str(), 10 * i as i64)).collect();
+                push(&mut h, &records);
+                assert_eq!(watermark(&mut h, 45).len(), 5, "k0..k4 fire before the checkpoint");
+                let store = MemoryStore::new();
+                let files = checkpoint(&mut h, &store);
+                // After the barrier: not in the checkpoint.
+                push(&mut h, &[("late", 1)]);
+
+                // Restored into three subtasks, later: every processing timer is due.
+                clock.set(T0 + 1_000);
+                let (mut event, mut processing) = (Vec::new(), Vec::new());
+                for sub in 0..3 {
+                    let range = KeyGroupRange::for_subtask(MAX, 3, sub);
+                    let mut r = timed(BOTH, Vec::new(), backend(range), range, &clock);
+                    r.ctx.state_mut().expect("state").restore_files(&store, &files).expect("restore");
+                    r.operator.state_restored(&mut r.ctx).expect("rebuilt");
+                    let next = r.operator.next_processing_time();
+                    if let Some(next) = next {
+                        assert!(next <= T0 + 1_000, "due already: the next wake-up is immediate");
+                    }
+                    let fired = wake(&mut r, &clock, T0 + 1_000);
+                    assert_eq!(fired.len(), usize::from(next.is_some()) * fired.len());
+                    for line in &fired {
+                        let k = line.split(' ').nth(1).expect("key");
+                        assert!(range.contains(key(k).key_group(MAX)), "{line} in subtask {sub}");
+                    }
+                    processing.extend(fired);
+                    // Event timers already due fire at the next watermark, in time order.
+                    let fired = watermark(&mut r, 95);
+                    let times: Vec<i64> = fired
+                        .iter()
+                        .map(|l| l.split(' ').nth(2).expect("time").parse().expect("int"))
+                        .collect();
+                    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{fired:?}");
+                    event.extend(fired);
+                    event.extend(watermark(&mut r, WATERMARK_END));
+                    assert_eq!(r.operator.next_processing_time(), None);
+                }
+                event.sort();
+                processing.sort();
+                let mut expected: Vec<String> =
+                    (5..20).map(|i| format!("event k{i} {} 1", 10 * i)).collect();
+                expected.sort();
+                assert_eq!(event, expected, "fired ones stay fired; the rest fire once");
+                let mut expected: Vec<String> =
+                    (0..20).map(|i| format!("processing k{i} {} 1", 10 * i)).collect();
+                expected.sort();
+                assert_eq!(processing, expected);
+            });
+        }
+
+        fn ttls() -> Vec<(String, Duration, TtlUpdate)> {
+            vec![
+                ("count".to_owned(), Duration::from_millis(1_000), TtlUpdate::OnWrite),
+                ("seen".to_owned(), Duration::from_millis(1_000), TtlUpdate::OnReadAndWrite),
+                ("by".to_owned(), Duration::from_millis(5_000), TtlUpdate::OnWrite),
+            ]
+        }
+
+        /// `0` reads the three states; any other record writes them.
+        const TTL: &str = r#"
+            fn process(r) {
+                if r == 0 {
+                    let c = state_get("count");
+                    if c == () { c = "-"; }
+                    emit(`${c} ${list_len("seen")} ${map_len("by")}`);
+                    return;
+                }
+                state_set("count", r);
+                list_push("seen", r);
+                map_put("by", `f${r}`, r);
+            }
+            fn on_end(key) { emit(`end ${key}`); }
+        "#;
+
+        #[test]
+        fn expired_values_read_as_absent_and_renew_as_declared() {
+            on_every_backend(|backend| {
+                let clock = Clock::manual(T0);
+                let all = KeyGroupRange::all(MAX);
+                let mut h = timed(TTL, ttls(), backend(all), all, &clock);
+                push(&mut h, &[("u", 7)]);
+                clock.set(T0 + 900);
+                assert_eq!(push(&mut h, &[("u", 0)]), ["7 1 1"], "all alive; the read renews `seen`");
+                clock.set(T0 + 1_000);
+                assert_eq!(push(&mut h, &[("u", 0)]), ["- 1 1"], "`count` expired (on_write)");
+                clock.set(T0 + 1_999);
+                assert_eq!(push(&mut h, &[("u", 0)]), ["- 1 1"], "renewed by each read");
+                clock.set(T0 + 3_000);
+                assert_eq!(push(&mut h, &[("u", 0)]), ["- 0 1"]);
+                clock.set(T0 + 4_900);
+                push(&mut h, &[("v", 3)]);
+                clock.set(T0 + 5_000);
+                assert_eq!(push(&mut h, &[("u", 0), ("v", 0)]), ["- 0 0", "3 1 1"]);
+                // A write starts over.
+                push(&mut h, &[("u", 8)]);
+                assert_eq!(push(&mut h, &[("u", 0)]), ["8 1 1"]);
+                // At the end only keys holding live values get `on_end`.
+                clock.set(T0 + 10_500);
+                push(&mut h, &[("w", 1)]);
+                assert_eq!(shown(&h.finish().expect("ends")), ["end w"]);
+            });
+        }
+
+        #[test]
+        fn expiry_holds_across_a_restore() {
+            on_every_backend(|backend| {
+                let clock = Clock::manual(T0);
+                let all = KeyGroupRange::all(MAX);
+                let mut h = timed(TTL, ttls(), backend(all), all, &clock);
+                push(&mut h, &[("u", 7), ("v", 9)]);
+                let store = MemoryStore::new();
+                let files = checkpoint(&mut h, &store);
+                // Restored 1.5 s later, rescaled to two subtasks.
+                clock.set(T0 + 1_500);
+                let mut seen = Vec::new();
+                for sub in 0..2 {
+                    let range = KeyGroupRange::for_subtask(MAX, 2, sub);
+                    let mut r = timed(TTL, ttls(), backend(range), range, &clock);
+                    r.ctx.state_mut().expect("state").restore_files(&store, &files).expect("restore");
+                    r.operator.state_restored(&mut r.ctx).expect("restored");
+                    for k in ["u", "v"] {
+                        if range.contains(key(k).key_group(MAX)) {
+                            seen.extend(push(&mut r, &[(k, 0)]));
+                        }
+                    }
+                }
+                assert_eq!(seen, ["- 0 1", "- 0 1"], "`count` and `seen` expired, `by` lives");
+            });
+        }
+
+        #[test]
+        fn sweeps_keep_the_state_bounded() {
+            on_every_backend(|backend| {
+                let clock = Clock::manual(T0);
+                let all = KeyGroupRange::all(MAX);
+                let mut h = timed(TTL, ttls(), backend(all), all, &clock);
+                let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+                let records: Vec<(&str, i64)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+                push(&mut h, &records);
+                assert_eq!(h.operator.next_processing_time(), Some(T0 + 1_000), "the first sweep");
+                clock.set(T0 + 5_500);
+                push(&mut h, &[("fresh", 2)]);
+                wake(&mut h, &clock, T0 + 5_500);
+                assert_eq!(h.operator.next_processing_time(), Some(T0 + 6_500));
+                let state = h.ctx.state_mut().expect("state");
+                for (name, kind) in declared() {
+                    let id = state.register(&name, kind).expect("id");
+                    let left: Vec<String> =
+                        state.keys(id).expect("keys").iter().map(|k| excerpt(&k.to_dynamic())).collect();
+                    assert_eq!(left, [r#""fresh""#], "{name}: only the live key is left");
+                }
+                let index = state.register(crate::state::ttl::STATE, StateKind::Map).expect("id");
+                assert_eq!(state.keys(index).expect("keys").len(), 1, "expiry times go too");
+            });
+        }
+
+        #[test]
+        fn timer_functions_need_on_timer_and_failures_name_the_timer() {
+            let clock = Clock::manual(T0);
+            let all = KeyGroupRange::all(MAX);
+            let mut h = timed(
+                "fn process(r) { register_event_timer(r); }",
+                Vec::new(),
+                Box::new(MemoryBackend::new(MAX, all)),
+                all,
+                &clock,
+            );
+            push(&mut h, &[("u", 1)]);
+            let errors = dead_letters(&h);
+            assert!(errors[0].contains("defines no `fn on_timer(ts, kind)`"), "{errors:?}");
+
+            let mut h = timed(
+                r#"fn process(r) { register_event_timer(r); }
+                   fn on_timer(ts, kind) { if ts == 2 { throw "boom"; } emit(ts); }"#,
+                Vec::new(),
+                Box::new(MemoryBackend::new(MAX, all)),
+                all,
+                &clock,
+            );
+            push(&mut h, &[("u", 1), ("u", 2), ("u", 3)]);
+            assert_eq!(watermark(&mut h, 10), ["1", "3"], "a failing timer does not stop the rest");
+            assert_eq!(h.ctx.dead_letters.len(), 1);
+            let letter = h.ctx.dead_letters[0].read_lock::<rhai::Map>().expect("a map").clone();
+            assert_eq!(excerpt(&letter["record"]), r#"{"key":"u","kind":"event","timer":2}"#);
+            assert!(letter["error"].to_string().contains("boom"), "{letter:?}");
+        }
+
+        #[test]
+        fn now_and_timers_are_for_process_scripts_only() {
+            let mut map = Harness::new(
+                Box::new(crate::operators::map::MapOperator::new(script("fn map(r) { now() }"))),
+                {
+                    let mut c = OperatorContext::standalone("p", "m", MAX);
+                    c.on_error = crate::element::ErrorPolicy::DeadLetter;
+                    c
+                },
+            )
+            .expect("opens");
+            map.push(Batch::new(vec![Dynamic::from(1_i64)])).expect("runs");
+            let errors = dead_letters(&map);
+            assert!(errors[0].contains("only available in a `process` operator"), "{errors:?}");
+        }
     }
 }

@@ -414,6 +414,10 @@ mod tests {
         ("fn f(r) { r[\"user\"] }", false),
         ("fn f(r) { r?.user }", false),
         ("fn g(x) { x } fn f(r) { g(r.amount) }", false),
+        // Host functions with effects or a clock are never evaluated natively.
+        ("fn f(r) { now() }", false),
+        ("fn f(r) { register_event_timer(r.ts) }", false),
+        ("fn f(r) { r.ts < watermark() }", false),
     ];
 
     /// A result as text, without the script position: a plain call reports no position for

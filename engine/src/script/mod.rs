@@ -397,6 +397,7 @@ fn check_functions(
     key: &YamlPath,
     out: &mut Diagnostics,
 ) {
+    check_on_timer(op, ast, spans, source, key, out);
     for &(name, arity) in op.required_functions() {
         if defines(ast, name, arity) {
             continue;
@@ -452,6 +453,57 @@ pub mod errors;
 pub mod fast;
 pub mod runtime;
 pub mod strict;
+
+/// `fn on_timer(ts, kind)` is called only by `process`, with two parameters: defined
+/// elsewhere, or with another arity, it would silently never run.
+fn check_on_timer(
+    op: &OperatorSpec,
+    ast: &AST,
+    spans: &SpanIndex,
+    source: &Arc<SourceFile>,
+    key: &YamlPath,
+    out: &mut Diagnostics,
+) {
+    let Some(f) = ast.iter_functions().find(|f| f.name == "on_timer") else {
+        return;
+    };
+    let is_process = matches!(op, OperatorSpec::Process(_));
+    if is_process && f.params.len() == 2 {
+        return;
+    }
+    let (message, label, help) = if is_process {
+        (
+            format!(
+                "`process` operator `{}` defines `fn on_timer` with {} parameter(s)",
+                op.id(),
+                f.params.len()
+            ),
+            "`fn on_timer` takes `(ts, kind)`".to_owned(),
+            "write `fn on_timer(ts, kind) { ... }`: `ts` is the timer's time, `kind` is \
+             \"event\" or \"processing\""
+                .to_owned(),
+        )
+    } else {
+        (
+            format!(
+                "`{}` operator `{}` defines `fn on_timer`, which only `process` calls",
+                op.type_name(),
+                op.id()
+            ),
+            "never called here".to_owned(),
+            "timers are keyed state of a `process` operator (after a `key_by`); move the \
+             logic into a `type: process` operator, or remove `fn on_timer`"
+                .to_owned(),
+        )
+    };
+    out.push(
+        Diagnostic::error(codes::SCRIPT_MISPLACED_FUNCTION, message)
+            .at(source, spans.key_span(key))
+            .label(label)
+            .help(help)
+            .with_path(key.clone()),
+    );
+}
 
 #[cfg(test)]
 mod tests {
