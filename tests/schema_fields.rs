@@ -74,6 +74,7 @@ const SCRIPT: &str = "engine/src/script/mod.rs";
 const GENERATOR: &str = "engine/src/connectors/generator.rs";
 const CONNECTORS: &str = "engine/src/connectors/mod.rs";
 const EVENT_TIME: &str = "engine/src/connectors/event_time.rs";
+const TIME_EXTRACTOR: &str = "engine/src/record/event_time.rs";
 const AGGREGATE: &str = "engine/src/operators/aggregate.rs";
 const WINDOW: &str = "engine/src/operators/window.rs";
 const ROCKSDB: &str = "engine/src/state/rocksdb.rs";
@@ -102,10 +103,10 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].state[backend=rocksdb].incremental", Engine, &[(ROCKSDB, "spec.incremental")], &["engine/src/state/rocksdb.rs::incremental_false_passes_checkpoint_files_restore_rescale"]),
     e(".pipelines[].state[backend=rocksdb].block_cache_size", Engine, &[(ROCKSDB, "spec.block_cache_size")], &[]),
     e(".pipelines[].state[backend=rocksdb].write_buffer_size", Engine, &[(ROCKSDB, "spec.write_buffer_size")], &[]),
-    e(".pipelines[].checkpoints", Engine, &[(STORAGE, "plan.spec.checkpoints")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
+    e(".pipelines[].checkpoints", Engine, &[(STORAGE, "plan.spec.checkpoints")], &["tests/event_time.rs::a_reload_moves_open_windows_and_pending_timers_and_changes_nothing"]),
     e(".pipelines[].checkpoints.enabled", Engine, &[(COORDINATOR, "spec.enabled"), (STORAGE, "spec.enabled")], &[]),
     e(".pipelines[].checkpoints.interval", Engine, &[(COORDINATOR, "spec.interval")], &["engine/src/checkpoint/coordinator.rs::checkpoint_plan_from_a_compiled_pipeline"]),
-    e(".pipelines[].checkpoints.mode", Engine, &[(STORAGE, "spec.mode")], &["tests/recovery_kill.rs::at_least_once_keeps_every_record"]),
+    e(".pipelines[].checkpoints.mode", Engine, &[(STORAGE, "spec.mode")], &["tests/cli.rs::validate_and_graph_state_each_pipelines_guarantee"]),
     e(".pipelines[].checkpoints.storage", Engine, &[(PLAN, "spec.checkpoints.storage")], &["tests/hot_reload.rs::a_crash_looping_pipeline_is_fixed_by_an_edit_and_stops_during_back_off"]),
     e(".pipelines[].checkpoints.timeout", Engine, &[(COORDINATOR, "spec.timeout")], &["engine/src/checkpoint/coordinator.rs::timeouts_and_declines_count_against_tolerable_failures"]),
     e(".pipelines[].checkpoints.min_pause", Engine, &[(COORDINATOR, "spec.min_pause")], &["engine/src/checkpoint/coordinator.rs::max_concurrent_and_min_pause_gate_triggers"]),
@@ -152,9 +153,9 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sources[][type=file].path", Engine, &[(REGISTRY, "resolve_path(&f.path)")], &["tests/runtime_operators.rs::csv_in_csv_out_and_glob_sources"]),
     e(".pipelines[].sources[][type=file].follow", Engine, &[(REGISTRY, "f.follow")], &["engine/src/connectors/file.rs::follow_mode_resumes_files_and_partial_lines"]),
     e(".pipelines[].sources[][type=*].event_time", Engine, &[(REGISTRY, "spec.event_time()")], &["engine/src/runtime/task.rs::a_source_task_sends_its_watermarks_after_the_records_that_made_them"]),
-    e(".pipelines[].sources[][type=*].event_time.field", Engine, &[(EVENT_TIME, "FieldPath::new(&spec.field)")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
-    e(".pipelines[].sources[][type=*].event_time.unit", Engine, &[(EVENT_TIME, "spec.unit")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
-    e(".pipelines[].sources[][type=*].event_time.format", Engine, &[(EVENT_TIME, "spec.format")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
+    e(".pipelines[].sources[][type=*].event_time.field", Engine, &[(TIME_EXTRACTOR, "FieldPath::new(&spec.field)")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
+    e(".pipelines[].sources[][type=*].event_time.unit", Engine, &[(TIME_EXTRACTOR, "spec.unit")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
+    e(".pipelines[].sources[][type=*].event_time.format", Engine, &[(TIME_EXTRACTOR, "spec.format")], &["engine/src/connectors/event_time.rs::extractors_read_ms_seconds_and_rfc3339_and_say_what_is_wrong"]),
     e(".pipelines[].sources[][type=*].event_time.max_out_of_orderness", Engine, &[(EVENT_TIME, "spec.out_of_orderness_ms()")], &["engine/src/connectors/event_time.rs::the_watermark_trails_the_largest_time_per_split_and_takes_the_minimum"]),
     e(".pipelines[].sources[][type=*].event_time.idle_timeout", Engine, &[(EVENT_TIME, ".idle_timeout")], &["engine/src/connectors/event_time.rs::idle_splits_stop_holding_back_and_come_back_when_they_advance"]),
     e(".pipelines[].sources[][type=file].poll_interval", Engine, &[(REGISTRY, "f.poll_interval")], &["engine/src/connectors/file.rs::a_following_reader_with_nothing_new_waits_its_poll_interval"]),

@@ -34,7 +34,7 @@ use super::reduce::require_keys;
 use crate::base::error::{Result, RunError};
 use crate::base::message::{Batch, WATERMARK_MIN};
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
-use crate::connectors::event_time::TimeExtractor;
+use crate::record::event_time::TimeExtractor;
 use crate::record::Key;
 use crate::state::StateId;
 use crate::state::timers::{TimeDomain, Timers};

@@ -14,8 +14,9 @@ pub const ACC: &str = "acc";
 pub const WINDOWS: &str = "windows";
 
 /// The named keyed states an operator declares: `acc: value` for the keyed `reduce` and
-/// `aggregate`, the `state:` map of a `process` (with its timers and TTL expiry states), the
-/// open windows and timers of a `window`.
+/// `aggregate`, the `state:` map of a `process`, the open windows and timers of a `window`.
+/// A process's internal states (timers, TTL expiry) are not declared: they follow the
+/// operator's restore (see `state::snapshot_files`).
 pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
     match op {
         OperatorSpec::Reduce(_) | OperatorSpec::Aggregate(_) => {
@@ -32,24 +33,7 @@ pub fn keyed_state_of(op: &OperatorSpec) -> BTreeMap<String, StateKind> {
                 ),
             ])
         }
-        OperatorSpec::Process(p) => {
-            use crate::state::timers::{TimeDomain, state_name};
-            // The internal states a process may register (timers, TTL expiry) are declared
-            // always, so that a restore that filters states (one renamed or retyped) keeps
-            // them rather than dropping them as undeclared.
-            p.state
-                .iter()
-                .map(|(n, d)| (n.clone(), d.kind()))
-                .chain([
-                    (state_name(TimeDomain::Event).to_owned(), StateKind::Map),
-                    (
-                        state_name(TimeDomain::Processing).to_owned(),
-                        StateKind::Map,
-                    ),
-                    (crate::state::ttl::STATE.to_owned(), StateKind::Map),
-                ])
-                .collect()
-        }
+        OperatorSpec::Process(p) => p.state.iter().map(|(n, d)| (n.clone(), d.kind())).collect(),
         _ => BTreeMap::new(),
     }
 }

@@ -4,11 +4,14 @@
 //! serde so that no intermediate `serde_json::Value` is built and scripts receive it without
 //! conversion. A [`Key`] is the value a `key_by` extracted plus its stable 64-bit hash, from
 //! which the key group follows. State snapshots encode values with MessagePack
-//! ([`encode`]/[`decode`]). This module owns no I/O and knows nothing of tasks or channels.
+//! ([`encode`]/[`decode`]); [`event_time`] reads a record's event time. This module owns no
+//! I/O and knows nothing of tasks or channels.
 
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use rhai::{Dynamic, ImmutableString, Map};
+
+pub mod event_time;
 
 /// A record: a JSON-like value, normally an object map.
 pub type Record = Dynamic;

@@ -267,9 +267,14 @@ fn restore_filtered(
     let declared = decision.restored_states();
     let mut filtered = Vec::new();
     for blob in read_canonical(store, files)? {
-        filtered.push(filter_snapshot(&blob, max_parallelism, |name, _kind| {
+        filtered.push(filter_snapshot(&blob, max_parallelism, |name, kind| {
             if let Some(kind) = declared.get(name) {
                 return Ok(StateFilter::Keep(*kind));
+            }
+            // Internal states (a process's timers and TTL expiry: `__timers.*`, `__ttl.*`),
+            // which no pipeline declares, follow their operator's restore.
+            if name.starts_with("__") {
+                return Ok(StateFilter::Keep(kind));
             }
             if decision.unrecorded && !allow_non_restored_state {
                 return Err(RunError::Build {
