@@ -22,7 +22,7 @@ use weir_schema::{EventTimeSpec, SourceOnError};
 use super::{BadRecord, BadRecords, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::message::{WATERMARK_MIN, Watermark};
-pub use crate::record::event_time::{TimeExtractor, parse_rfc3339};
+use crate::record::event_time::TimeExtractor;
 
 /// One split's progress in a [`WatermarkGenerator`].
 #[derive(Clone, Copy, Debug)]
@@ -401,6 +401,7 @@ impl Source for EventTimeSource {
 
 #[cfg(test)]
 mod tests {
+    use crate::record::event_time::parse_rfc3339;
     use weir_schema::{TimeFormat, TimeUnit};
     use std::time::Duration;
 

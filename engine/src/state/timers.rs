@@ -177,11 +177,13 @@ impl Timers {
         self.queues[domain.index()].keys().next().copied()
     }
 
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     /// Number of pending timers in `domain`.
     pub fn len(&self, domain: TimeDomain) -> usize {
         self.counts[domain.index()]
     }
 
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     /// Whether no timer is pending in either domain.
     pub fn is_empty(&self) -> bool {
         self.counts == [0, 0]
@@ -220,6 +222,7 @@ impl Timers {
         Ok(Some((time, key)))
     }
 
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     /// Every timer of `key` in `domain`, earliest first (from the in-memory queue; a scan of
     /// every pending time).
     pub fn of_key(&self, domain: TimeDomain, key: &Key) -> Vec<i64> {
