@@ -484,3 +484,50 @@ fn rescaling_a_windowed_job_1_to_3_to_2_equals_the_sequential_reference() {
     step(d, 2, Some(&sp2), 6_000, true);
     assert_reference(d, &input.events, "rescaled 1 -> 3 -> 2");
 }
+
+/// One reader reading two files in turn: the second file's records are not late against the
+/// first file's progress (a queued split holds the watermark until it is read), so every
+/// record of both files is counted in its window.
+#[test]
+fn a_reader_reading_several_files_in_turn_drops_none_as_late() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let data = tmp.path().join("in");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    for f in ["a", "b"] {
+        let lines: String = (0..2000)
+            .map(|i| format!("{}\n", json!({"k": f, "ts": i * 50})))
+            .collect();
+        std::fs::write(data.join(format!("{f}.jsonl")), lines).expect("write");
+    }
+    let job = json!({
+        "version": 1,
+        "pipelines": [{
+            "id": "p",
+            "parallelism": 1,
+            "sources": [{"id": "src", "type": "file", "path": "in",
+                         "event_time": {"field": "ts", "max_out_of_orderness": "1s"}}],
+            "operators": [
+                {"id": "by", "type": "key_by", "input": "src", "field": "k"},
+                {"id": "w", "type": "window", "input": "by",
+                 "window": {"tumbling": {"size": "10s"}},
+                 "aggregations": [{"fn": "count", "as": "n"}]}],
+            "sinks": [{"id": "out", "type": "file", "input": "w", "path": "out"}],
+        }],
+    });
+    let file = tmp.path().join("job.yaml");
+    write_json(&file, &job);
+    let (ok, log) = run_to_end(tmp.path(), &file, &[]);
+    assert!(ok, "{log}");
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for line in committed(&tmp.path().join("out")) {
+        let r: Value = serde_json::from_str(&line).expect("json");
+        *counts
+            .entry(r["key"].as_str().unwrap_or("").to_owned())
+            .or_default() += r["n"].as_i64().unwrap_or(0);
+    }
+    assert_eq!(
+        counts,
+        BTreeMap::from([("a".to_owned(), 2000), ("b".to_owned(), 2000)]),
+        "{log}"
+    );
+}
