@@ -6,8 +6,9 @@
 //! [`in_process`] (plans, file sinks and failures of runs in this process; the reference
 //! pipelines and their golden output), [`kill`] (SIGKILL loops over `weir run` and their
 //! exactly-once check), [`control`] (a recording fake
-//! `JobControl` behind the real API server), [`memory`] (peak RSS from `/proc`) and
-//! [`browser`] (headless Chromium through chromedriver, for the web page).
+//! `JobControl` behind the real API server), [`memory`] (peak RSS from `/proc`),
+//! [`browser`] (headless Chromium through chromedriver, for the web page) and [`services`]
+//! (real Kafka-API, PostgreSQL and S3-compatible servers, started by `scripts/services/`).
 //!
 //! Each test binary compiles the whole kit and uses part of it, hence `dead_code`.
 #![allow(clippy::unwrap_used, dead_code)]
@@ -23,3 +24,4 @@ pub mod memory;
 pub mod output;
 pub mod run;
 pub mod running;
+pub mod services;
