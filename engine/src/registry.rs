@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use rhai::Engine;
-use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec};
+use weir_schema::{OperatorSpec, SinkFormat, SinkSpec, SourceSpec, StateSpec};
 
 use crate::base::error::{Result, RunError};
 use crate::connectors::event_time::EventTimeSource;
 use crate::connectors::file::{DEFAULT_POLL_INTERVAL, FileSink, FileSource, prepare_sink_dir};
+use crate::connectors::pacing::Pacing;
 use crate::connectors::generator::GeneratorSource;
 use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
@@ -134,10 +135,15 @@ fn build_plain_source(
             let parser = LineParser::new(f.format, f.csv.as_ref());
             let (on_error, follow) = (f.on_error.clone(), f.follow);
             let poll_interval = f.poll_interval.map_or(DEFAULT_POLL_INTERVAL, |d| d.0);
+            // Event time reads a big file in stripes, so readers stay close in time.
+            let striped = f.event_time.is_some();
+            let pacing = Pacing::default();
             Box::new(move |s, p| {
                 Ok(Box::new(
                     FileSource::new(pattern.clone(), parser.clone(), on_error.clone(), follow, s, p)
-                        .with_poll_interval(poll_interval),
+                        .with_poll_interval(poll_interval)
+                        .with_striping(striped)
+                        .with_pacing(pacing.clone()),
                 ) as Box<dyn Source>)
             })
         }
@@ -251,7 +257,8 @@ fn build_operator(
         }
         OperatorSpec::Window(w) => {
             let event_time = window_event_time(node, w, ctx)?;
-            let config = WindowConfig::from_spec(w, &event_time);
+            let heap = matches!(ctx.plan.spec.state, StateSpec::Memory | StateSpec::Fs);
+            let config = WindowConfig::from_spec(w, &event_time).on_heap(heap);
             if w.aggregations.is_empty() {
                 let f = ctx.script_factory(node)?;
                 Box::new(move |_, _| {

@@ -5,7 +5,19 @@
 //! files than readers, large files are cut into byte ranges aligned to record starts, so one
 //! big file is still read in parallel (a CSV record may span lines, since a quoted field may
 //! hold newlines, so a CSV reader finds its first record by framing the file from its start,
-//! without parsing; a jsonl or lines reader starts at the next line). With `follow`, every
+//! without parsing; a jsonl or lines reader starts at the next line).
+//!
+//! How a file is cut depends on `event_time`. Without it, reader `s` of `p` takes the `s`-th
+//! of `p` contiguous ranges. With it, the file is *striped*: cut into blocks of at least
+//! [`STRIPE_BLOCK_BYTES`] (at most [`MAX_STRIPE_BLOCKS`] per reader), reader `s` reading
+//! blocks `s, s + p, s + 2p, ...` in file order. A source's watermark is the minimum over its
+//! readers, so with contiguous ranges a time-ordered file held every window the later ranges
+//! opened until the first reader reached their times (half of the file's windows at once
+//! with two readers); striped readers stay about a block apart in event time. A reader's
+//! blocks of one file share one watermark clock ([`Split::clock`]): they are one split read
+//! in order with gaps, so a block waiting in the reader's queue does not hold the watermark
+//! at its minimum the way a queued file does. Readers of one file are paced to stay within a
+//! round of blocks of each other ([`super::pacing`]). With `follow`, every
 //! assigned file stays open, growth is picked up, and new matching files join. A byte-order
 //! mark at the start of a file is skipped.
 //!
@@ -68,6 +80,7 @@ use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 use weir_schema::SourceOnError;
 
+use super::pacing::Pacing;
 use super::{BadRecord, BadRecords, CsvFramer, Frame, LineParser, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::message::BATCH_SIZE;
@@ -76,6 +89,16 @@ pub use super::file_sink::{FileSink, prepare_sink_dir};
 
 /// Files smaller than this are never cut into ranges.
 const MIN_SPLIT_BYTES: u64 = 1 << 20;
+
+/// The smallest block of a striped file (see the module docs).
+pub const STRIPE_BLOCK_BYTES: u64 = 1 << 18;
+
+/// How long a striped reader a round ahead of the others waits before it looks again.
+const PACING_WAIT: Duration = Duration::from_millis(1);
+
+/// The most blocks one reader reads of a striped file; larger files get larger blocks, so a
+/// snapshot lists a bounded number of splits.
+pub const MAX_STRIPE_BLOCKS: u64 = 256;
 
 /// Lists the files a `path:` names, sorted. A glob or directory with no match is empty.
 ///
@@ -157,6 +180,11 @@ pub struct Split {
     pub start: u64,
     /// Lines starting at or after this byte belong to the next split; `None` reads to the end.
     pub end: Option<u64>,
+    /// The watermark clock this split shares with the reader's other blocks of a striped
+    /// file (see the module docs); `None`: its own ([`Split::id`]). Absent from snapshots
+    /// written before striping, which never striped.
+    #[serde(default)]
+    pub clock: Option<u64>,
 }
 
 impl Split {
@@ -167,29 +195,70 @@ impl Split {
         h.update(self.path.as_os_str().as_encoded_bytes());
         (u64::from(h.finalize()) << 32) ^ self.start
     }
+
+    /// The watermark clock of the split: shared by a reader's blocks of a striped file,
+    /// otherwise the split's own id.
+    pub fn watermark_clock(&self) -> u64 {
+        self.clock.unwrap_or_else(|| self.id())
+    }
+
+    /// A whole file.
+    fn whole(path: PathBuf) -> Self {
+        Self {
+            path,
+            start: 0,
+            end: None,
+            clock: None,
+        }
+    }
 }
 
-/// The splits of reader `subtask` out of `parallelism` for bounded reading.
-pub fn plan_splits(files: &[(PathBuf, u64)], parallelism: u32, subtask: u32) -> Vec<Split> {
+/// The splits of reader `subtask` out of `parallelism` for bounded reading; `striped` cuts
+/// files in blocks dealt out in turn instead of contiguous ranges (see the module docs).
+pub fn plan_splits(
+    files: &[(PathBuf, u64)],
+    parallelism: u32,
+    subtask: u32,
+    striped: bool,
+) -> Vec<Split> {
     let p = u64::from(parallelism.max(1));
     let s = u64::from(subtask);
     let mut out = Vec::new();
     let cut = (files.len() as u64) < p;
     for (i, (path, len)) in files.iter().enumerate() {
-        if cut && *len >= MIN_SPLIT_BYTES {
+        let len = *len;
+        if cut && len >= MIN_SPLIT_BYTES && striped {
+            let block = STRIPE_BLOCK_BYTES.max(len.div_ceil(p * MAX_STRIPE_BLOCKS));
+            let blocks = len.div_ceil(block);
+            let clock = Split {
+                path: path.clone(),
+                start: s * block,
+                end: None,
+                clock: None,
+            }
+            .id();
+            let mut j = s;
+            while j < blocks {
+                let end = (j + 1) * block;
+                out.push(Split {
+                    path: path.clone(),
+                    start: j * block,
+                    end: (end < len).then_some(end),
+                    clock: Some(clock),
+                });
+                j += p;
+            }
+        } else if cut && len >= MIN_SPLIT_BYTES {
             let start = s * len / p;
             let end = (s + 1) * len / p;
             out.push(Split {
                 path: path.clone(),
                 start,
                 end: if s + 1 == p { None } else { Some(end) },
+                clock: None,
             });
         } else if i as u64 % p == s {
-            out.push(Split {
-                path: path.clone(),
-                start: 0,
-                end: None,
-            });
+            out.push(Split::whole(path.clone()));
         }
     }
     out
@@ -424,6 +493,12 @@ pub struct FileSource {
     follow: bool,
     /// Follow mode: how long to wait after a poll that found nothing new.
     poll_interval: Duration,
+    /// Whether a file cut among readers is striped (see the module docs).
+    striped: bool,
+    /// Keeps striped readers of one file together ([`Pacing`]); `None`: unpaced.
+    pacing: Option<Pacing>,
+    /// The file and first byte of the striped block this reader started last.
+    last_block: Option<(PathBuf, u64)>,
     subtask: u32,
     parallelism: u32,
     pending: VecDeque<Queued>,
@@ -494,6 +569,57 @@ impl FileSource {
         self
     }
 
+    /// Cuts files striped instead of in contiguous ranges (see the module docs): set for
+    /// sources that declare `event_time`.
+    #[must_use]
+    pub fn with_striping(mut self, striped: bool) -> Self {
+        self.striped = striped;
+        self
+    }
+
+    /// Paces this reader with the source's other readers (striped files only).
+    #[must_use]
+    pub fn with_pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = Some(pacing);
+        self
+    }
+
+    /// Whether the next queued split may start now: always, unless it is a striped block
+    /// and this reader is a round ahead of another reader of that file ([`Pacing`]).
+    fn may_start(&self, q: &Queued) -> bool {
+        let (Some(pacing), Some(_), Some((path, last))) =
+            (&self.pacing, q.split.clock, &self.last_block)
+        else {
+            return true;
+        };
+        if *path != q.split.path {
+            return true;
+        }
+        let block = q
+            .split
+            .end
+            .map_or(STRIPE_BLOCK_BYTES, |e| e.saturating_sub(q.split.start));
+        let round = block.saturating_mul(u64::from(self.parallelism));
+        pacing.may_start(path, self.subtask, self.parallelism, *last, round)
+    }
+
+    /// Tells the pacing that this reader starts striped block `split`.
+    fn block_started(&mut self, split: &Split) {
+        if let (Some(pacing), Some(_)) = (&self.pacing, split.clock) {
+            pacing.started(&split.path, self.subtask, self.parallelism, split.start);
+            self.last_block = Some((split.path.clone(), split.start));
+        }
+    }
+
+    /// Tells the pacing when a finished striped block was this reader's last of its file.
+    fn block_finished(&mut self, split: &Split) {
+        if let (Some(pacing), Some(_)) = (&self.pacing, split.clock)
+            && !self.pending.iter().any(|q| q.split.path == split.path)
+        {
+            pacing.finished(&split.path, self.subtask, self.parallelism);
+        }
+    }
+
     /// A reader subtask over `pattern` (already resolved against the pipeline directory).
     pub fn new(
         pattern: PathBuf,
@@ -509,6 +635,9 @@ impl FileSource {
             bad: BadRecords::new(&on_error),
             follow,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            striped: false,
+            pacing: None,
+            last_block: None,
             subtask,
             parallelism: parallelism.max(1),
             pending: VecDeque::new(),
@@ -549,11 +678,7 @@ impl FileSource {
             }
             self.known.insert(id.clone());
             self.pending.push_back(Queued {
-                split: Split {
-                    path: id,
-                    start: 0,
-                    end: None,
-                },
+                split: Split::whole(id),
                 resume: None,
                 file: None,
             });
@@ -590,7 +715,13 @@ impl FileSource {
                 replaced_error(was, now),
             ));
         }
-        let mut reader = BufReader::with_capacity(1 << 20, file);
+        // A buffer no larger than the split (plus a line past its end): striped blocks are
+        // small, and reading far past one is wasted.
+        let capacity = split
+            .end
+            .map_or(1 << 20, |e| e.saturating_sub(split.start).saturating_add(64 << 10))
+            .min(1 << 20) as usize;
+        let mut reader = BufReader::with_capacity(capacity, file);
         let mut parser = self.parser.clone();
         let mut framer = parser.framer();
         let mut buf = Vec::with_capacity(256);
@@ -708,7 +839,7 @@ impl FileSource {
         let r = &mut self.active[idx];
         let mut produced = false;
         if ctx.track_splits {
-            ctx.mark_split(r.split.id(), out.len());
+            ctx.mark_split(r.split.watermark_clock(), out.len());
         }
         while out.len() < BATCH_SIZE {
             if r.buf.is_empty() && r.split.end.is_some_and(|e| r.pos >= e) {
@@ -772,8 +903,15 @@ impl FileSource {
             r.buf.clear();
             r.lines_in_buf = 0;
         }
-        if r.done && ctx.track_splits {
-            ctx.end_split(r.split.id());
+        // A striped block ends its clock only when the reader has no further block on it.
+        if r.done
+            && ctx.track_splits
+            && !self
+                .pending
+                .iter()
+                .any(|q| q.split.watermark_clock() == r.split.watermark_clock())
+        {
+            ctx.end_split(r.split.watermark_clock());
         }
         Ok(produced)
     }
@@ -1020,7 +1158,7 @@ impl Source for FileSource {
                 sized.push((id, len));
             }
         }
-        self.pending = plan_splits(&sized, self.parallelism, self.subtask)
+        self.pending = plan_splits(&sized, self.parallelism, self.subtask, self.striped)
             .into_iter()
             .map(|split| Queued {
                 split,
@@ -1034,7 +1172,7 @@ impl Source for FileSource {
     fn poll(&mut self, out: &mut Vec<Dynamic>, ctx: &mut SourceContext) -> Result<Poll> {
         if ctx.track_splits {
             // Queued splits hold the watermark back until they are read (event time).
-            ctx.assign_splits(self.pending.iter().map(|q| q.split.id()));
+            ctx.assign_splits(self.pending.iter().map(|q| q.split.watermark_clock()));
         }
         if self.follow {
             while let Some(q) = self.pending.pop_front() {
@@ -1056,15 +1194,28 @@ impl Source for FileSource {
         }
         loop {
             if self.active.is_empty() {
+                let Some(q) = self.pending.front() else {
+                    return Ok(Poll::Done);
+                };
+                if !self.may_start(q) {
+                    // A round ahead of another reader of this file: wait for it.
+                    return Ok(if out.is_empty() {
+                        Poll::Idle(PACING_WAIT)
+                    } else {
+                        Poll::Ready
+                    });
+                }
                 let Some(q) = self.pending.pop_front() else {
                     return Ok(Poll::Done);
                 };
+                self.block_started(&q.split);
                 let r = self.open_split(q, ctx)?;
                 self.active.push(r);
             }
             self.drain(0, out, ctx)?;
             if self.active[0].done {
                 let r = self.active.remove(0);
+                self.block_finished(&r.split);
                 self.finished.push((r.split, r.file));
             }
             if out.len() >= BATCH_SIZE {
@@ -1497,7 +1648,7 @@ mod tests {
                     break;
                 }
             }
-            assert!(snaps.len() > 2, "the input must take several polls");
+            assert!(snaps.len() > 2, "the input must take several polls (reader {s} of {p}: {} records)", seq.len());
             let last = snaps.len() - 1;
             for (k, (at, snap)) in snaps.iter().enumerate() {
                 if k % step != 0 && k != last {
@@ -1836,6 +1987,75 @@ mod tests {
     }
 
     #[test]
+    fn striped_plans_deal_out_every_byte_once_in_blocks_with_one_clock_per_reader() {
+        let path = PathBuf::from("/data/in.jsonl");
+        for len in [
+            MIN_SPLIT_BYTES,
+            5 * STRIPE_BLOCK_BYTES + 17,
+            2 * MAX_STRIPE_BLOCKS * STRIPE_BLOCK_BYTES * 3 + 5,
+        ] {
+            for p in 1..=4u32 {
+                let mut ranges = Vec::new();
+                let mut clocks = BTreeSet::new();
+                for s in 0..p {
+                    let splits = plan_splits(&[(path.clone(), len)], p, s, true);
+                    assert!(splits.len() as u64 <= MAX_STRIPE_BLOCKS + 1);
+                    let mine: BTreeSet<u64> = splits.iter().map(Split::watermark_clock).collect();
+                    if p > 1 {
+                        assert!(mine.len() <= 1, "one clock per reader: {mine:?}");
+                        assert!(mine.is_disjoint(&clocks), "readers share no clock");
+                    }
+                    clocks.extend(mine);
+                    // In file order, so a reader's times only go forward in a sorted file.
+                    assert!(splits.windows(2).all(|w| w[0].start < w[1].start));
+                    ranges.extend(splits.iter().map(|sp| (sp.start, sp.end.unwrap_or(len))));
+                }
+                ranges.sort_unstable();
+                let mut at = 0;
+                for (start, end) in ranges {
+                    assert_eq!(start, at, "len {len}, p {p}: a gap or an overlap");
+                    at = end;
+                }
+                assert_eq!(at, len, "len {len}, p {p}: the end is not covered");
+            }
+        }
+        // Blocks are dealt in turn: reader 1 of 2 starts one block in.
+        let two = plan_splits(&[(path.clone(), 5 * STRIPE_BLOCK_BYTES)], 2, 1, true);
+        let starts: Vec<u64> = two.iter().map(|sp| sp.start / STRIPE_BLOCK_BYTES).collect();
+        assert_eq!(starts, [1, 3]);
+        // Without striping: one contiguous range per reader, as before.
+        let plain = plan_splits(&[(path, 5 * STRIPE_BLOCK_BYTES)], 2, 1, false);
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].clock, None);
+    }
+
+    #[test]
+    fn striped_reading_replays_and_rescales_exactly_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big.jsonl");
+        let mut body = String::new();
+        let mut big = Vec::new();
+        let mut i = 0;
+        while body.len() < (MIN_SPLIT_BYTES.max(3 * STRIPE_BLOCK_BYTES) + 4096) as usize {
+            let line = format!("{{\"i\":{i},\"pad\":\"{}\"}}", "x".repeat(i % 29));
+            body.push_str(&line);
+            body.push('\n');
+            big.push(line);
+            i += 1;
+        }
+        std::fs::write(&path, &body).expect("write");
+        big.sort();
+        let plain = source(&path, weir_schema::RecordFormat::Jsonl, false);
+        let make = move |s, p| plain(s, p).with_striping(true);
+        for p in [1u32, 2, 3] {
+            assert!(check_replay(&make, p, 7) == big, "{p} striped readers");
+        }
+        for chain in [&[2u32, 3, 1][..], &[3, 2], &[1, 3, 2]] {
+            assert!(run_chain(&make, chain, 40) == big, "chain {chain:?}");
+        }
+    }
+
+    #[test]
     fn chains_of_rescales_read_everything_exactly_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let everything = write_files(dir.path(), 3, 2500);
@@ -2047,11 +2267,7 @@ mod tests {
             splits: splits
                 .into_iter()
                 .map(|(path, progress)| V2Split {
-                    split: Split {
-                        path,
-                        start: 0,
-                        end: None,
-                    },
+                    split: Split::whole(path),
                     progress,
                 })
                 .collect(),

@@ -19,8 +19,17 @@
 //! when the watermark passes `end - 1 + allowed_lateness`. Sessions start as
 //! `[time, time + gap)` and merge with every window of the key they overlap or touch.
 //!
+//! Two ways to keep the windows, one state format. On the heap backends (`memory`, `fs`),
+//! tumbling and sliding windows live in [`buckets`]: one bucket of per-key accumulators per
+//! window, closed whole by a watermark, written to the backend at every snapshot. Otherwise
+//! (RocksDB, and sessions everywhere, whose windows differ per key) every change goes to the
+//! backend at once and per-key timers close the windows. Timers of windows are not state of
+//! their own: they follow from the windows' ends, and are derived again after a restore.
+//!
 //! It never sees channels or the task loop: watermarks and the clock arrive through the
 //! [`Operator`] hooks, late records leave through [`OperatorContext::late`].
+
+mod buckets;
 
 use std::fmt::Write as _;
 
@@ -38,6 +47,7 @@ use crate::record::event_time::TimeExtractor;
 use crate::record::Key;
 use crate::state::StateId;
 use crate::state::timers::{TimeDomain, Timers};
+use buckets::Buckets;
 
 /// The name of the map state holding a key's open windows: declared by the plan.
 pub use crate::plan::declared::WINDOWS;
@@ -107,6 +117,9 @@ pub struct WindowConfig {
     pub key_field: String,
     /// Whether late records go to a `late` output (else they are dropped and counted).
     pub late_output: bool,
+    /// Whether the state backend keeps state on the heap (`memory`, `fs`): aligned windows
+    /// then live in [`buckets`] between snapshots.
+    pub heap: bool,
 }
 
 impl WindowConfig {
@@ -124,6 +137,34 @@ impl WindowConfig {
             emit: spec.emit,
             key_field: spec.key_field.clone(),
             late_output: spec.late.is_some(),
+            heap: false,
+        }
+    }
+
+    /// With `heap` set as the pipeline's state backend says.
+    #[must_use]
+    pub fn on_heap(mut self, heap: bool) -> Self {
+        self.heap = heap;
+        self
+    }
+
+    /// The windows a record at `time` belongs to and that are not past their lateness at
+    /// `watermark`, newest first, into `starts` (tumbling: `slide == size`).
+    fn aligned_starts(
+        &self,
+        (size, slide): (i64, i64),
+        time: i64,
+        watermark: i64,
+        starts: &mut Vec<i64>,
+    ) {
+        starts.clear();
+        let mut start = time - time.rem_euclid(slide);
+        while start > time.saturating_sub(size) {
+            let end = start.saturating_add(size);
+            if self.cleanup_time(end) > watermark {
+                starts.push(start);
+            }
+            start = start.saturating_sub(slide);
         }
     }
 
@@ -165,6 +206,8 @@ pub struct WindowOperator {
     config: WindowConfig,
     windows: Option<StateId>,
     timers: Option<Timers>,
+    /// Aligned windows on a heap backend (see the module docs).
+    buckets: Option<Buckets>,
     /// Scratch: the aggregated values of the current record (built-ins).
     values: Vec<Dynamic>,
     /// Scratch: the starts of the windows the current record belongs to.
@@ -190,8 +233,10 @@ struct Applied {
 impl WindowOperator {
     /// A window over `acc`'s accumulators.
     pub fn new(acc: Accumulator, config: WindowConfig) -> Self {
+        let aligned = !matches!(config.assigner, Assigner::Session { .. });
         Self {
             acc,
+            buckets: (config.heap && aligned).then(Buckets::default),
             config,
             windows: None,
             timers: None,
@@ -247,24 +292,29 @@ impl WindowOperator {
         watermark: i64,
         ctx: &mut OperatorContext,
     ) -> Result<Applied> {
-        self.starts.clear();
-        let mut start = time - time.rem_euclid(slide);
-        while start > time.saturating_sub(size) {
-            let end = start.saturating_add(size);
-            if self.config.cleanup_time(end) > watermark {
-                self.starts.push(start);
-            }
-            start = start.saturating_sub(slide);
-        }
+        self.config
+            .aligned_starts((size, slide), time, watermark, &mut self.starts);
         let mut applied = Applied::default();
         if self.starts.is_empty() {
             applied.late = true;
             return Ok(applied);
         }
+        let keep_backup = ctx.on_error != ErrorPolicy::Fail;
+        if let Some(buckets) = self.buckets.as_mut() {
+            return Ok(buckets.add(
+                &mut self.acc,
+                &self.config,
+                (&self.starts, size),
+                &self.values,
+                args,
+                key,
+                watermark,
+                keep_backup,
+            ));
+        }
         self.created.clear();
         let id = self.handles()?;
         let on_update = self.config.emit == WindowEmitSpec::OnUpdate;
-        let keep_backup = ctx.on_error != ErrorPolicy::Fail;
         let Self {
             acc,
             config,
@@ -528,6 +578,9 @@ impl WindowOperator {
         out: &mut Vec<Dynamic>,
         ctx: &mut OperatorContext,
     ) -> Result<()> {
+        if let Some(buckets) = self.buckets.as_mut() {
+            return buckets.fire_due(&mut self.acc, &self.config, upto, out, ctx);
+        }
         let domain = self.config.domain();
         loop {
             let timers = self
@@ -562,12 +615,54 @@ impl Operator for WindowOperator {
         Ok(())
     }
 
+    /// Rebuilds what follows from the restored windows: the buckets (heap), or the timers
+    /// (their ends give the firing and clean-up times; stored timers of builds that kept
+    /// them as state are read too, then dropped on the heap, which needs none).
     fn state_restored(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        let id = self.handles()?;
+        let watermark = ctx.watermark;
         let state = ctx.state_mut()?;
-        if let Some(t) = self.timers.as_mut() {
-            t.rebuild(state.as_ref())?;
+        let timers = self
+            .timers
+            .as_mut()
+            .ok_or_else(|| RunError::Internal("window used before open".into()))?;
+        if let Some(buckets) = self.buckets.as_mut() {
+            timers.clear_stored(state.as_mut())?;
+            return buckets.load(state.as_ref(), id, &self.config, watermark);
+        }
+        timers.rebuild(state.as_ref())?;
+        let domain = self.config.domain();
+        for key in state.keys(id)? {
+            for field in state.map_keys(id, &key)? {
+                let end = state
+                    .map_get(id, &key, &field)?
+                    .as_ref()
+                    .and_then(window_end)
+                    .ok_or_else(|| {
+                        RunError::StateMismatch(format!(
+                            "a stored window `{field}` has no end; the checkpoint is damaged"
+                        ))
+                    })?;
+                let fire = WindowConfig::fire_time(end);
+                if domain == TimeDomain::Processing || fire > watermark {
+                    timers.set(state.as_mut(), domain, &key, fire)?;
+                }
+                let cleanup = self.config.cleanup_time(end);
+                if cleanup != fire {
+                    timers.set(state.as_mut(), domain, &key, cleanup)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Heap windows go to the backend, which the task snapshots next.
+    fn snapshot(&mut self, _checkpoint: u64, ctx: &mut OperatorContext) -> Result<Option<Vec<u8>>> {
+        let id = self.handles()?;
+        if let Some(buckets) = self.buckets.as_mut() {
+            buckets.flush(ctx.state_mut()?.as_mut(), id)?;
+        }
+        Ok(None)
     }
 
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
@@ -661,7 +756,10 @@ impl Operator for WindowOperator {
 
     fn next_processing_time(&self) -> Option<i64> {
         match self.config.time {
-            WindowTime::Processing => self.timers.as_ref()?.next(TimeDomain::Processing),
+            WindowTime::Processing => match self.buckets.as_ref() {
+                Some(b) => b.next_fire(),
+                None => self.timers.as_ref()?.next(TimeDomain::Processing),
+            },
             WindowTime::Event(_) => None,
         }
     }
@@ -720,6 +818,7 @@ mod tests {
             emit: WindowEmitSpec::OnClose,
             key_field: "key".to_owned(),
             late_output: false,
+            heap: false,
         }
     }
 
@@ -735,7 +834,22 @@ mod tests {
         ])
     }
 
+    thread_local! {
+        /// Whether [`harness`] keeps windows on the heap (see [`both`]).
+        static HEAP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Runs a behaviour test with backend windows, then with heap windows.
+    fn both(test: impl Fn()) {
+        for heap in [false, true] {
+            HEAP.with(|h| h.set(heap));
+            test();
+        }
+        HEAP.with(|h| h.set(false));
+    }
+
     fn harness(acc: Accumulator, config: WindowConfig) -> Harness {
+        let config = config.on_heap(HEAP.with(std::cell::Cell::get));
         Harness::new(Box::new(WindowOperator::new(acc, config)), keyed_ctx()).expect("open")
     }
 
@@ -777,66 +891,75 @@ mod tests {
 
     #[test]
     fn event_time_is_read_in_the_sources_unit() {
-        let mut config = config(Assigner::Tumbling { size: 10_000 });
-        let mut seconds = ts_millis();
-        seconds.unit = Some(weir_schema::TimeUnit::S);
-        config.time = WindowTime::Event(TimeExtractor::new(&seconds));
-        let mut h = harness(count_and_sum(), config);
-        // 12 s and 19 s share the window [10 000, 20 000) ms; 21 s is the next one.
-        h.push(batch(&[("a", 12, 1), ("a", 19, 2), ("a", 21, 4)]))
-            .expect("push");
-        assert_eq!(
-            lines(&watermark(&mut h, 19_999)),
-            vec![row("a", 10_000, 20_000, 2, 3)]
-        );
+        both(|| {
+            let mut config = config(Assigner::Tumbling { size: 10_000 });
+            let mut seconds = ts_millis();
+            seconds.unit = Some(weir_schema::TimeUnit::S);
+            config.time = WindowTime::Event(TimeExtractor::new(&seconds));
+            let mut h = harness(count_and_sum(), config);
+            // 12 s and 19 s share the window [10 000, 20 000) ms; 21 s is the next one.
+            h.push(batch(&[("a", 12, 1), ("a", 19, 2), ("a", 21, 4)]))
+                .expect("push");
+            assert_eq!(
+                lines(&watermark(&mut h, 19_999)),
+                vec![row("a", 10_000, 20_000, 2, 3)]
+            );
+        });
     }
 
     #[test]
     fn tumbling_windows_fire_when_the_watermark_passes_their_end() {
-        let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 60_000 }));
-        let out = h
-            .push(batch(&[("a", 1_000, 1), ("b", 2_000, 5), ("a", 61_000, 7), ("a", 1_500, 2)]))
-            .expect("push");
-        assert!(out.is_empty(), "on_close emits nothing per record");
-        assert!(watermark(&mut h, 59_998).is_empty());
-        assert_eq!(
-            lines(&watermark(&mut h, 59_999)),
-            vec![row("a", 0, 60_000, 2, 3), row("b", 0, 60_000, 1, 5)]
-        );
-        assert!(watermark(&mut h, 60_000).is_empty(), "fires once");
-        assert_eq!(
-            lines(&watermark(&mut h, WATERMARK_END)),
-            vec![row("a", 60_000, 120_000, 1, 7)]
-        );
-        let id = StateId(0);
-        assert!(
-            h.ctx.state_mut().expect("state").keys(id).expect("keys").is_empty(),
-            "closed windows leave no state"
-        );
-        assert!(h.finish().expect("finish").is_empty());
+        both(|| {
+            let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 60_000 }));
+            let out = h
+                .push(batch(&[("a", 1_000, 1), ("b", 2_000, 5), ("a", 61_000, 7), ("a", 1_500, 2)]))
+                .expect("push");
+            assert!(out.is_empty(), "on_close emits nothing per record");
+            // A snapshot puts heap windows into the backend; closing them takes them out.
+            assert!(h.operator.snapshot(1, &mut h.ctx).expect("snapshot").is_none());
+            assert!(watermark(&mut h, 59_998).is_empty());
+            assert_eq!(
+                lines(&watermark(&mut h, 59_999)),
+                vec![row("a", 0, 60_000, 2, 3), row("b", 0, 60_000, 1, 5)]
+            );
+            assert!(watermark(&mut h, 60_000).is_empty(), "fires once");
+            assert_eq!(
+                lines(&watermark(&mut h, WATERMARK_END)),
+                vec![row("a", 60_000, 120_000, 1, 7)]
+            );
+            let id = StateId(0);
+            assert!(h.operator.snapshot(2, &mut h.ctx).expect("snapshot").is_none());
+            assert!(
+                h.ctx.state_mut().expect("state").keys(id).expect("keys").is_empty(),
+                "closed windows leave no state"
+            );
+            assert!(h.finish().expect("finish").is_empty());
+        });
     }
 
     #[test]
     fn a_record_updates_each_of_its_sliding_windows() {
-        let mut h = harness(
-            count_and_sum(),
-            config(Assigner::Sliding {
-                size: 10_000,
-                slide: 5_000,
-            }),
-        );
-        h.push(batch(&[("a", 7_000, 1), ("a", 12_000, 10), ("a", -1, 100)]))
-            .expect("push");
-        assert_eq!(
-            lines(&watermark(&mut h, WATERMARK_END)),
-            vec![
-                row("a", 0, 10_000, 1, 1),
-                row("a", 10_000, 20_000, 1, 10),
-                row("a", -10_000, 0, 1, 100),
-                row("a", -5_000, 5_000, 1, 100),
-                row("a", 5_000, 15_000, 2, 11),
-            ]
-        );
+        both(|| {
+            let mut h = harness(
+                count_and_sum(),
+                config(Assigner::Sliding {
+                    size: 10_000,
+                    slide: 5_000,
+                }),
+            );
+            h.push(batch(&[("a", 7_000, 1), ("a", 12_000, 10), ("a", -1, 100)]))
+                .expect("push");
+            assert_eq!(
+                lines(&watermark(&mut h, WATERMARK_END)),
+                vec![
+                    row("a", 0, 10_000, 1, 1),
+                    row("a", 10_000, 20_000, 1, 10),
+                    row("a", -10_000, 0, 1, 100),
+                    row("a", -5_000, 5_000, 1, 100),
+                    row("a", 5_000, 15_000, 2, 11),
+                ]
+            );
+        });
     }
 
     #[test]
@@ -876,21 +999,23 @@ mod tests {
 
     #[test]
     fn allowed_lateness_re_emits_and_later_records_are_dropped_and_counted() {
-        let mut c = config(Assigner::Tumbling { size: 10 });
-        c.allowed_lateness = 5;
-        let mut h = harness(count_and_sum(), c);
-        h.push(batch(&[("a", 1, 1)])).expect("push");
-        assert_eq!(lines(&watermark(&mut h, 9)), vec![row("a", 0, 10, 1, 1)]);
-        // Late but within lateness: updates the window and emits it again at once.
-        let out = h.push(batch(&[("a", 3, 2)])).expect("push");
-        assert_eq!(lines(&out.records), vec![row("a", 0, 10, 2, 3)]);
-        assert!(watermark(&mut h, 14).is_empty(), "clean-up emits nothing");
-        // Past the lateness: late, dropped and counted; the window is gone.
-        let out = h.push(batch(&[("a", 4, 4)])).expect("push");
-        assert!(out.is_empty());
-        assert_eq!(h.ctx.late_dropped, 1);
-        assert!(h.ctx.late.is_empty());
-        assert!(watermark(&mut h, WATERMARK_END).is_empty());
+        both(|| {
+            let mut c = config(Assigner::Tumbling { size: 10 });
+            c.allowed_lateness = 5;
+            let mut h = harness(count_and_sum(), c);
+            h.push(batch(&[("a", 1, 1)])).expect("push");
+            assert_eq!(lines(&watermark(&mut h, 9)), vec![row("a", 0, 10, 1, 1)]);
+            // Late but within lateness: updates the window and emits it again at once.
+            let out = h.push(batch(&[("a", 3, 2)])).expect("push");
+            assert_eq!(lines(&out.records), vec![row("a", 0, 10, 2, 3)]);
+            assert!(watermark(&mut h, 14).is_empty(), "clean-up emits nothing");
+            // Past the lateness: late, dropped and counted; the window is gone.
+            let out = h.push(batch(&[("a", 4, 4)])).expect("push");
+            assert!(out.is_empty());
+            assert_eq!(h.ctx.late_dropped, 1);
+            assert!(h.ctx.late.is_empty());
+            assert!(watermark(&mut h, WATERMARK_END).is_empty());
+        });
     }
 
     #[test]
@@ -911,79 +1036,90 @@ mod tests {
 
     #[test]
     fn a_sliding_record_late_for_some_windows_updates_the_others() {
-        let mut h = harness(
-            count_and_sum(),
-            config(Assigner::Sliding { size: 10, slide: 5 }),
-        );
-        watermark(&mut h, 9);
-        // 7 is in [0, 10) (closed) and [5, 15) (open).
-        h.push(batch(&[("a", 7, 1)])).expect("push");
-        assert_eq!(h.ctx.late_dropped, 0);
-        assert_eq!(
-            lines(&watermark(&mut h, WATERMARK_END)),
-            vec![row("a", 5, 15, 1, 1)]
-        );
+        both(|| {
+            let mut h = harness(
+                count_and_sum(),
+                config(Assigner::Sliding { size: 10, slide: 5 }),
+            );
+            watermark(&mut h, 9);
+            // 7 is in [0, 10) (closed) and [5, 15) (open).
+            h.push(batch(&[("a", 7, 1)])).expect("push");
+            assert_eq!(h.ctx.late_dropped, 0);
+            assert_eq!(
+                lines(&watermark(&mut h, WATERMARK_END)),
+                vec![row("a", 5, 15, 1, 1)]
+            );
+        });
     }
 
     #[test]
     fn on_update_emits_every_change_and_nothing_at_close() {
-        let mut c = config(Assigner::Tumbling { size: 10 });
-        c.emit = WindowEmitSpec::OnUpdate;
-        let mut h = harness(count_and_sum(), c);
-        let out = h.push(batch(&[("a", 1, 1), ("a", 2, 2), ("a", 12, 4)])).expect("push");
-        assert_eq!(
-            out.records
-                .iter()
-                .map(|r| serde_json::to_string(r).expect("json"))
-                .collect::<Vec<_>>(),
-            vec![row("a", 0, 10, 1, 1), row("a", 0, 10, 2, 3), row("a", 10, 20, 1, 4)]
-        );
-        assert!(watermark(&mut h, WATERMARK_END).is_empty());
+        both(|| {
+            let mut c = config(Assigner::Tumbling { size: 10 });
+            c.emit = WindowEmitSpec::OnUpdate;
+            let mut h = harness(count_and_sum(), c);
+            let out = h.push(batch(&[("a", 1, 1), ("a", 2, 2), ("a", 12, 4)])).expect("push");
+            assert_eq!(
+                out.records
+                    .iter()
+                    .map(|r| serde_json::to_string(r).expect("json"))
+                    .collect::<Vec<_>>(),
+                vec![row("a", 0, 10, 1, 1), row("a", 0, 10, 2, 3), row("a", 10, 20, 1, 4)]
+            );
+            assert!(watermark(&mut h, WATERMARK_END).is_empty());
+        });
     }
 
     #[test]
     fn processing_time_windows_follow_the_clock_and_emit_at_the_end() {
-        let mut c = config(Assigner::Tumbling { size: 100 });
-        c.time = WindowTime::Processing;
-        let clock = Clock::manual(1_000);
-        let mut ctx = keyed_ctx();
-        ctx.clock = clock.clone();
-        let mut h = Harness::new(
-            Box::new(WindowOperator::new(count_and_sum(), c)),
-            ctx,
-        )
-        .expect("open");
-        // The records' own `ts` is ignored: they are in the window of their arrival.
-        h.push(batch(&[("a", 5, 1)])).expect("push");
-        clock.set(1_050);
-        h.push(batch(&[("a", 5, 2)])).expect("push");
-        assert_eq!(h.operator.next_processing_time(), Some(1_099));
-        assert!(watermark(&mut h, WATERMARK_END).is_empty(), "no event time here");
-        let mut out = Vec::new();
-        h.operator
-            .on_processing_time(1_098, &mut out, &mut h.ctx)
-            .expect("timer");
-        assert!(out.is_empty());
-        clock.set(1_099);
-        h.operator
-            .on_processing_time(1_099, &mut out, &mut h.ctx)
-            .expect("timer");
-        assert_eq!(lines(&out), vec![row("a", 1_000, 1_100, 2, 3)]);
-        clock.set(1_150);
-        h.push(batch(&[("b", 5, 7)])).expect("push");
-        assert_eq!(
-            lines(&h.finish().expect("finish")),
-            vec![row("b", 1_100, 1_200, 1, 7)]
-        );
+        both(|| {
+            let mut c = config(Assigner::Tumbling { size: 100 });
+            c.time = WindowTime::Processing;
+            let clock = Clock::manual(1_000);
+            let mut ctx = keyed_ctx();
+            ctx.clock = clock.clone();
+            let mut h = Harness::new(
+                Box::new(WindowOperator::new(
+                    count_and_sum(),
+                    c.on_heap(HEAP.with(std::cell::Cell::get)),
+                )),
+                ctx,
+            )
+            .expect("open");
+            // The records' own `ts` is ignored: they are in the window of their arrival.
+            h.push(batch(&[("a", 5, 1)])).expect("push");
+            clock.set(1_050);
+            h.push(batch(&[("a", 5, 2)])).expect("push");
+            assert_eq!(h.operator.next_processing_time(), Some(1_099));
+            assert!(watermark(&mut h, WATERMARK_END).is_empty(), "no event time here");
+            let mut out = Vec::new();
+            h.operator
+                .on_processing_time(1_098, &mut out, &mut h.ctx)
+                .expect("timer");
+            assert!(out.is_empty());
+            clock.set(1_099);
+            h.operator
+                .on_processing_time(1_099, &mut out, &mut h.ctx)
+                .expect("timer");
+            assert_eq!(lines(&out), vec![row("a", 1_000, 1_100, 2, 3)]);
+            clock.set(1_150);
+            h.push(batch(&[("b", 5, 7)])).expect("push");
+            assert_eq!(
+                lines(&h.finish().expect("finish")),
+                vec![row("b", 1_100, 1_200, 1, 7)]
+            );
+        });
     }
 
     #[test]
     fn a_record_without_a_usable_event_time_is_a_record_error() {
-        let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
-        let mut b = batch(&[("a", 1, 1)]);
-        b.records[0] = serde_json::from_str(r#"{"ts":"soon","v":1}"#).expect("json");
-        let e = h.push(b).expect_err("fails").to_string();
-        assert!(e.contains("event time `ts` is a string"), "{e}");
+        both(|| {
+            let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
+            let mut b = batch(&[("a", 1, 1)]);
+            b.records[0] = serde_json::from_str(r#"{"ts":"soon","v":1}"#).expect("json");
+            let e = h.push(b).expect_err("fails").to_string();
+            assert!(e.contains("event time `ts` is a string"), "{e}");
+        });
     }
 
     // ---- snapshot / restore / rescale equivalence
@@ -1032,7 +1168,7 @@ mod tests {
     }
 
     fn subtask_harness(
-        make: &dyn Fn() -> WindowOperator,
+        make: &dyn Fn(bool) -> WindowOperator,
         kind: Kind,
         parallelism: u32,
         subtask: u32,
@@ -1045,7 +1181,8 @@ mod tests {
         ctx.key_groups = range;
         ctx.on_error = ErrorPolicy::Fail;
         ctx.state = Some(open_backend(kind, range, dir));
-        Harness::new(Box::new(make()), ctx).expect("open")
+        // Windows live on the heap with the memory backend, as the registry decides.
+        Harness::new(Box::new(make(matches!(kind, Kind::Memory))), ctx).expect("open")
     }
 
     /// Runs `steps` over `harnesses` (records by key group), returning every output and late
@@ -1074,7 +1211,10 @@ mod tests {
         }
     }
 
-    fn equivalence(make: &dyn Fn() -> WindowOperator) {
+    /// A run cut in half by a snapshot and restored, from and into either backend (heap
+    /// windows with memory, backend windows with RocksDB) at parallelism 1 or 2, gives the
+    /// output of a straight run, on either backend.
+    fn equivalence(make: &dyn Fn(bool) -> WindowOperator) {
         let steps = script_of_steps();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut straight = vec![subtask_harness(make, Kind::Memory, 1, 0, dir.path())];
@@ -1082,13 +1222,25 @@ mod tests {
         run(&mut straight, &steps, &mut expected);
         assert!(expected.len() > 10, "the scenario produces windows: {expected:?}");
         let expected = lines(&expected);
+        let mut on_rocksdb = vec![subtask_harness(make, Kind::Rocksdb, 1, 0, dir.path())];
+        let mut other = Vec::new();
+        run(&mut on_rocksdb, &steps, &mut other);
+        drop(on_rocksdb);
+        assert_eq!(lines(&other), expected, "heap and backend windows agree");
         let cut = steps.len() / 2;
-        for kind in [Kind::Memory, Kind::Rocksdb] {
+        for (from, kind) in [Kind::Memory, Kind::Rocksdb]
+            .into_iter()
+            .flat_map(|f| [(f, Kind::Memory), (f, Kind::Rocksdb)])
+        {
             for parallelism in [1, 2] {
-                let mut first = vec![subtask_harness(make, kind, 1, 0, dir.path())];
+                let mut first = vec![subtask_harness(make, from, 1, 0, dir.path())];
                 let mut got = Vec::new();
                 run(&mut first, &steps[..cut], &mut got);
-                let snap = first[0]
+                // As the task loop does: the operator's snapshot first (heap windows go to
+                // the backend), then the backend's.
+                let h = &mut first[0];
+                assert!(h.operator.snapshot(1, &mut h.ctx).expect("snapshot").is_none());
+                let snap = h
                     .ctx
                     .state_mut()
                     .expect("state")
@@ -1099,8 +1251,7 @@ mod tests {
                     .map(|s| {
                         let mut h = subtask_harness(make, kind, parallelism, s, dir.path());
                         h.ctx.state_mut().expect("state").restore(&[&snap]).expect("restore");
-                        h.operator.state_restored(&mut h.ctx).expect("restored");
-                        // The task loop restores the watermark from its inputs' replay.
+                        // As the task loop: the checkpointed watermark, then the keyed state.
                         h.ctx.watermark = match steps[..cut]
                             .iter()
                             .rev()
@@ -1111,15 +1262,22 @@ mod tests {
                             Some(w) => w,
                             None => WATERMARK_MIN,
                         };
+                        h.operator.state_restored(&mut h.ctx).expect("restored");
                         h
                     })
                     .collect();
                 run(&mut restored, &steps[cut..], &mut got);
-                let name = match kind {
+                let name = |k| match k {
                     Kind::Memory => "memory",
                     Kind::Rocksdb => "rocksdb",
                 };
-                assert_eq!(lines(&got), expected, "{name} into {parallelism} subtasks");
+                assert_eq!(
+                    lines(&got),
+                    expected,
+                    "{} into {} at {parallelism} subtasks",
+                    name(from),
+                    name(kind)
+                );
             }
         }
     }
@@ -1131,21 +1289,23 @@ mod tests {
             Assigner::Sliding { size: 12, slide: 4 },
             Assigner::Session { gap: 6 },
         ] {
-            let make = move || {
-                let mut c = config(assigner);
+            let make = move |heap| {
+                let mut c = config(assigner).on_heap(heap);
                 c.allowed_lateness = 3;
                 c.late_output = true;
                 WindowOperator::new(count_and_sum(), c)
             };
             equivalence(&make);
         }
-        let scripted = || {
-            let s = script(
-                "fn init() { 0 } fn add(acc, r) { acc + r.v } fn merge(a, b) { a + b }",
-            );
-            WindowOperator::new(Accumulator::scripted(s), config(Assigner::Session { gap: 6 }))
-        };
-        equivalence(&scripted);
+        for assigner in [Assigner::Session { gap: 6 }, Assigner::Sliding { size: 12, slide: 4 }] {
+            let scripted = move |heap| {
+                let s = script(
+                    "fn init() { 0 } fn add(acc, r) { acc + r.v } fn merge(a, b) { a + b }",
+                );
+                WindowOperator::new(Accumulator::scripted(s), config(assigner).on_heap(heap))
+            };
+            equivalence(&scripted);
+        }
     }
 
     #[test]
@@ -1184,15 +1344,18 @@ pipelines:
 
     #[test]
     fn open_windows_are_keyed_state_under_their_key() {
-        let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
-        h.push(batch(&[("a", 1, 1), ("a", 15, 1)])).expect("push");
-        let state = h.ctx.state_mut().expect("state");
-        let fields: BTreeMap<String, ()> = state
-            .map_keys(StateId(0), &key("a"))
-            .expect("map")
-            .into_iter()
-            .map(|f| (f, ()))
-            .collect();
-        assert_eq!(fields.keys().cloned().collect::<Vec<_>>(), vec!["0", "10"]);
+        both(|| {
+            let mut h = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
+            h.push(batch(&[("a", 1, 1), ("a", 15, 1)])).expect("push");
+            assert!(h.operator.snapshot(1, &mut h.ctx).expect("snapshot").is_none());
+            let state = h.ctx.state_mut().expect("state");
+            let fields: BTreeMap<String, ()> = state
+                .map_keys(StateId(0), &key("a"))
+                .expect("map")
+                .into_iter()
+                .map(|f| (f, ()))
+                .collect();
+            assert_eq!(fields.keys().cloned().collect::<Vec<_>>(), vec!["0", "10"]);
+        });
     }
 }

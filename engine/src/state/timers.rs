@@ -101,7 +101,7 @@ impl Bucket {
         if self.firing.is_empty() && !self.set.is_empty() {
             self.firing = self.set.drain().collect();
             // Reverse order: the first to fire is popped from the end.
-            self.firing.sort_unstable_by(|a, b| order(b, a));
+            self.firing.sort_unstable_by(|a, b| key_order(b, a));
         }
         self.firing.pop()
     }
@@ -233,6 +233,22 @@ impl Timers {
             .collect()
     }
 
+    /// Deletes every timer stored in the backend (and queued): for an operator whose timers
+    /// follow from other state, after restoring a checkpoint that stored them.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn clear_stored(&mut self, state: &mut dyn StateBackend) -> Result<()> {
+        self.queues = [BTreeMap::new(), BTreeMap::new()];
+        self.counts = [0, 0];
+        for id in self.states {
+            for key in state.keys(id)? {
+                state.clear(id, &key)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Refills the queues from the backend (after a restore or a hand-over): every timer
     /// stored under the backend's key groups.
     ///
@@ -272,7 +288,9 @@ impl Timers {
 }
 
 /// The order of keys sharing a timer time: stable hash, then value (equal only when equal).
-fn order(a: &Key, b: &Key) -> std::cmp::Ordering {
+/// The stable order of keys that fire at one time: by stable hash, then by value, the same on
+/// every run (so a run and its restored replay emit alike).
+pub fn key_order(a: &Key, b: &Key) -> std::cmp::Ordering {
     a.hash_code().cmp(&b.hash_code()).then_with(|| {
         if a == b {
             std::cmp::Ordering::Equal
