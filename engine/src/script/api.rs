@@ -462,6 +462,53 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
         emits: r#"{"at":100,"key":"u","kind":"event","seen":[1,2,3]}"#,
     },
     EntryPoint {
+        operator: "window",
+        name: "init",
+        params: &[],
+        required: true,
+        meaning: "Returns the empty accumulator of a new window of a key (a scripted window, \
+                  without `aggregations:`). Each window of each key has its own.",
+        errors: FAILS_RECORD,
+        example: "fn init() { 0 }\nfn add(acc, r) { acc + r.n }",
+        emits: r#"{"key":"u","value":6,"window_end":1700000040000,"window_start":1699999980000}"#,
+    },
+    EntryPoint {
+        operator: "window",
+        name: "add",
+        params: &["acc", "r"],
+        required: true,
+        meaning: "Adds `r` to the accumulator of one of its windows and returns it (a record \
+                  in several sliding windows is added to each).",
+        errors: FAILS_RECORD,
+        example: "fn init() { [] }\nfn add(acc, r) { acc + [r.n] }",
+        emits: r#"{"key":"u","value":[1,2,3],"window_end":1700000040000,"window_start":1699999980000}"#,
+    },
+    EntryPoint {
+        operator: "window",
+        name: "finish",
+        params: &["acc"],
+        required: false,
+        meaning: "Turns a window's accumulator into its output when the window emits; a map \
+                  gets `window_start` and `window_end` added (without `finish` the \
+                  accumulator is the output).",
+        errors: FAILS_RECORD,
+        example: "fn init() { #{sum: 0, count: 0} }\n\
+                  fn add(acc, r) { #{sum: acc.sum + r.n, count: acc.count + 1} }\n\
+                  fn finish(acc) { #{mean: acc.sum / acc.count} }",
+        emits: r#"{"key":"u","mean":2,"window_end":1700000040000,"window_start":1699999980000}"#,
+    },
+    EntryPoint {
+        operator: "window",
+        name: "merge",
+        params: &["a", "b"],
+        required: false,
+        meaning: "Session windows only, and required there: combines the accumulators of two \
+                  sessions that a record bridges into one.",
+        errors: FAILS_RECORD,
+        example: "fn init() { 0 }\nfn add(acc, r) { acc + r.n }\nfn merge(a, b) { a + b }",
+        emits: r#"{"key":"u","value":6,"window_end":1700000060000,"window_start":1700000000000}"#,
+    },
+    EntryPoint {
         operator: "reduce, aggregate, process",
         name: "migrate",
         params: &["old"],
@@ -799,6 +846,30 @@ mod tests {
                         .collect();
                     assert_eq!(keys.join(", "), e.emits, "fn key");
                     continue;
+                }
+                ("window", name) => {
+                    // Processing-time windows of one minute (sessions with a one-minute gap
+                    // for `merge`): the three records share one, which closes when the
+                    // example's clock moves on.
+                    use crate::operators::window::{Assigner, WindowConfig, WindowOperator, WindowTime};
+                    let assigner = if name == "merge" {
+                        Assigner::Session { gap: 60_000 }
+                    } else {
+                        Assigner::Tumbling { size: 60_000 }
+                    };
+                    let config = WindowConfig {
+                        assigner,
+                        time: WindowTime::Processing,
+                        allowed_lateness: 0,
+                        emit: weir_schema::WindowEmitSpec::OnClose,
+                        key_field: "key".to_owned(),
+                        late_output: false,
+                        heap: false,
+                    };
+                    (
+                        Box::new(WindowOperator::new(aggregate::Accumulator::scripted(s()), config)),
+                        true,
+                    )
                 }
                 (_, "migrate") => {
                     let f = s();
