@@ -19,6 +19,7 @@ pub mod event_time;
 pub mod file;
 pub mod file_sink;
 pub mod generator;
+pub mod postgres;
 pub mod stdin;
 pub mod stdout;
 
