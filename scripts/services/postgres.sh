@@ -11,7 +11,8 @@
 # server.log, the socket directory run/), outside the clone, and listens on 127.0.0.1 only, port
 # ${WEIR_POSTGRES_PORT:-15432}. It never touches the system's own clusters. Prepared transactions
 # are enabled (max_prepared_transactions = 64): the `postgres` sink's exactly-once mode needs
-# them. Authentication is `trust` on loopback for the user `weir` (a superuser made here), so
+# them (WEIR_POSTGRES_MAX_PREPARED overrides the number, for a test of the refusal at 0).
+# Authentication is `trust` on loopback for the user `weir` (a superuser made here), so
 # tests can create and drop databases of their own. PostgreSQL refuses to run as root, so when
 # run as root everything runs as the `postgres` user (which the Debian package creates).
 # Concurrent callers (parallel test binaries) are serialised by a flock on a lock file.
@@ -115,7 +116,7 @@ ensure() {
   say "starting PostgreSQL on 127.0.0.1:$port (log: $log)"
   # fd 9 (the lock) must not be inherited by the server, or it would hold the lock forever.
   as_owner "$bin/pg_ctl" -D "$data" -l "$log" -w -t 60 start 9>&- -o "-c listen_addresses=127.0.0.1 \
--c port=$port -c unix_socket_directories=$run -c max_prepared_transactions=64 \
+-c port=$port -c unix_socket_directories=$run -c max_prepared_transactions=${WEIR_POSTGRES_MAX_PREPARED:-64} \
 -c max_connections=200 -c fsync=on -c shared_buffers=64MB" >&2 || {
     tail -n 30 "$log" >&2 || true
     die "PostgreSQL did not start (its log is above, in $log)." \
