@@ -473,7 +473,9 @@ fn at_least_once_upsert_absorbs_replays() {
         tmp,
         &input,
         "at_least_once",
-        json!({"mode": "upsert", "key": ["id"], "batch_size": 300}),
+        // The sink's own parallelism and exchange, as the pipeline's would be.
+        json!({"mode": "upsert", "key": ["id"], "batch_size": 300, "parallelism": 2,
+               "partitioning": "forward"}),
         "10ms",
     );
     let mut runs = Runs::new(&file, pg.url(&db), &tmp.join("logs"), "alo");

@@ -137,6 +137,11 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Quotes a table name, `name` or `schema.name`.
+fn quote_table(table: &str) -> String {
+    table.split('.').map(quote_ident).collect::<Vec<_>>().join(".")
+}
+
 /// Quotes a text literal (`'text'`, inner quotes doubled; backslashes are plain with
 /// `standard_conforming_strings`).
 fn push_literal(out: &mut String, text: &str) {
@@ -238,12 +243,7 @@ impl PostgresConfig {
         }
         connection.application_name("weir");
         let target = describe_target(&connection);
-        let table = spec
-            .table
-            .split('.')
-            .map(quote_ident)
-            .collect::<Vec<_>>()
-            .join(".");
+        let table = quote_table(&spec.table);
         let columns: Vec<(String, FieldPath)> = spec
             .columns
             .iter()
