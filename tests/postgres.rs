@@ -480,7 +480,7 @@ fn at_least_once_upsert_absorbs_replays() {
     );
     let mut runs = Runs::new(&file, pg.url(&db), &tmp.join("logs"), "alo");
     let (writer, grown) = grow(&input, Duration::from_millis(150));
-    let mut rng = Rng::new(0x5eed_a10);
+    let mut rng = Rng::new(0x05ee_da10);
     let k = kill_loop(
         &mut runs,
         &mut rng,
