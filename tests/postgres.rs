@@ -277,7 +277,8 @@ impl Runs {
     }
 }
 
-/// Waits until `done()` holds (checked every 50 ms), at most [`SETTLE`]; then stops the run
+/// Waits until the run started and `done()` holds (checked every 50 ms), at most [`SETTLE`];
+/// then stops the run
 /// with SIGTERM (a final checkpoint, committed) and returns its exit status.
 fn settle_and_stop(
     child: &mut Child,
@@ -286,7 +287,9 @@ fn settle_and_stop(
     done: impl Fn() -> bool,
 ) -> ExitStatus {
     let until = Instant::now() + SETTLE;
-    while !done() {
+    // SIGTERM stops a run gracefully only once it handles signals: wait for its start (the
+    // table may be complete already, committed by earlier runs).
+    while !done() || !read_log(log).contains("Pipeline started.") {
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
                 "{what}: the run ended with {status} before settling\n{}",
@@ -327,13 +330,21 @@ fn failure_free(pg: &Pg, db: &str, dir: &Path, sink: Value) -> Vec<String> {
 #[derive(Default)]
 struct Kills {
     kills: usize,
+    /// Of which right after a checkpoint completed (before its commit, with luck).
+    targeted: usize,
     resumed: usize,
-    moments: Vec<u128>,
+    moments: Vec<String>,
     restored: Vec<u64>,
+    /// Prepared transactions a restore committed (its checkpoint completed, but the run died
+    /// before committing them), and those it found committed already.
+    committed_at_restore: usize,
+    already_committed: usize,
+    rolled_back: usize,
 }
 
-/// Kills runs of `runs` at random moments in `window` after their start, at least `kills`
-/// times and until `grown` is set.
+/// Kills runs of `runs` at least `kills` times and until `grown` is set: every other run at a
+/// random moment in `window` after its start, the others as soon as their first checkpoint
+/// completed (so that a restore finds transactions prepared for a completed checkpoint).
 fn kill_loop(
     runs: &mut Runs,
     rng: &mut Rng,
@@ -348,9 +359,20 @@ fn kill_loop(
             "{}: the input never finished growing",
             runs.label
         );
+        let targeted = k.kills % 2 == 1;
         let at = rng.between(window.0, window.1);
         let (mut child, log) = runs.spawn();
-        std::thread::sleep(at);
+        if targeted {
+            let until = Instant::now() + SETTLE;
+            while !read_log(&log).contains("Checkpoint completed.") && Instant::now() < until {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            std::thread::sleep(at);
+        }
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
                 "{}: a run that was not killed ended with {status}\n{}",
@@ -363,7 +385,22 @@ fn kill_loop(
         assert!(!status.success());
         let text = read_log(&log);
         k.kills += 1;
-        k.moments.push(at.as_millis());
+        k.targeted += usize::from(targeted);
+        k.moments.push(if targeted {
+            "ck".to_owned()
+        } else {
+            at.as_millis().to_string()
+        });
+        for line in text.lines() {
+            if line.contains("Committed a prepared transaction of the restored checkpoint") {
+                if line.contains("already=true") {
+                    k.already_committed += 1;
+                } else {
+                    k.committed_at_restore += 1;
+                }
+            }
+            k.rolled_back += usize::from(line.contains("Rolled back a prepared transaction"));
+        }
         let restored = restores_in(&text);
         k.resumed += usize::from(!restored.is_empty());
         k.restored.extend(restored.into_iter().map(|(_, c)| c));
@@ -393,6 +430,13 @@ fn exactly_once_under_sigkills_equals_the_failure_free_run() {
 
     let db = db_name("eo_crash");
     pg.fresh_db(&db, ddl);
+    // A transaction an earlier run prepared and never committed: a fresh start rolls it back.
+    pg.sql(
+        &db,
+        "BEGIN; INSERT INTO events VALUES (-1, 'stale', 0, NULL); \
+         PREPARE TRANSACTION 'weir:pg:db:1:999999'",
+    );
+    assert_eq!(pg.prepared(&db).len(), 1);
     let dir = tmp.join("crash");
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("input.jsonl");
@@ -445,14 +489,20 @@ fn exactly_once_under_sigkills_equals_the_failure_free_run() {
         k.resumed
     );
     println!(
-        "exactly-once into PostgreSQL in {:.1}s: {} SIGKILLs at {:?} ms, {} runs resumed from \
-         checkpoints {:?}; {committed_before_final} of {RECORDS} rows committed before the \
-         final run; equal to the failure-free run",
+        "exactly-once into PostgreSQL in {:.1}s: {} SIGKILLs ({} right after a checkpoint \
+         completed) at {:?} ms, {} runs resumed from checkpoints {:?}; restores committed {} \
+         prepared transactions (and found {} committed already) and rolled back {}; \
+         {committed_before_final} of {RECORDS} rows committed before the final run; equal to \
+         the failure-free run",
         started.elapsed().as_secs_f64(),
         k.kills,
+        k.targeted,
         k.moments,
         k.resumed,
-        k.restored
+        k.restored,
+        k.committed_at_restore,
+        k.already_committed,
+        k.rolled_back
     );
 }
 

@@ -737,6 +737,12 @@ impl Operator for PostgresSink {
             }
         }
         batch.keys.clear();
+        // Without two phases nothing else would send a slow stream's rows (no barriers without
+        // checkpoints): each batch of the task goes out at once. Two-phase, rows wait for the
+        // batch size or the barrier; they are invisible until the checkpoint completes anyway.
+        if !self.config.two_phase {
+            self.flush(ctx)?;
+        }
         Ok(())
     }
 
