@@ -80,6 +80,7 @@ const WINDOW: &str = "engine/src/operators/window.rs";
 const ROCKSDB: &str = "engine/src/state/rocksdb.rs";
 const SETTINGS: &str = "engine/src/api/settings.rs";
 const VALIDATE: &str = "schema/src/validate.rs";
+const POSTGRES: &str = "engine/src/connectors/postgres.rs";
 
 /// Every schema field and what happens to it, one row per line (kept unformatted so that it
 /// reads as a table).
@@ -232,6 +233,14 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sinks[][type=file].max_part_size", Engine, &[(REGISTRY, "f.max_part_size")], &[]),
     e(".pipelines[].sinks[][type=file].parallelism", Engine, &[(COMPILE, "sink.parallelism()")], &["tests/runtime_operators.rs::word_count_is_the_same_at_parallelism_1_and_4"]),
     e(".pipelines[].sinks[][type=file].partitioning", Engine, &[(COMPILE, "sink.partitioning()")], &["tests/invalid/partitioning_after_key_by.yaml"]),
+    e(".pipelines[].sinks[][type=postgres].connection_env", Engine, &[(POSTGRES, "&spec.connection_env")], &["tests/postgres.rs::exactly_once_under_sigkills_equals_the_failure_free_run", "tests/invalid/postgres_connection_env_is_a_url.yaml"]),
+    e(".pipelines[].sinks[][type=postgres].table", Engine, &[(POSTGRES, "quote_table(&spec.table)")], &["tests/postgres.rs::exactly_once_under_sigkills_equals_the_failure_free_run", "tests/invalid/postgres_key_not_a_column.yaml"]),
+    e(".pipelines[].sinks[][type=postgres].columns", Engine, &[(POSTGRES, "spec.columns")], &["tests/postgres.rs::exactly_once_under_sigkills_equals_the_failure_free_run"]),
+    e(".pipelines[].sinks[][type=postgres].mode", Engine, &[(POSTGRES, "match spec.mode")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays", "tests/invalid/postgres_upsert_without_key.yaml"]),
+    e(".pipelines[].sinks[][type=postgres].key", Engine, &[(POSTGRES, ".key")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays", "tests/invalid/postgres_key_with_insert.yaml"]),
+    e(".pipelines[].sinks[][type=postgres].batch_size", Engine, &[(POSTGRES, ".batch_size")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
+    e(".pipelines[].sinks[][type=postgres].parallelism", Engine, &[(COMPILE, "sink.parallelism()")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
+    e(".pipelines[].sinks[][type=postgres].partitioning", Engine, &[(COMPILE, "sink.partitioning()")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
 ];
 
 /// `Engine` fields read by the engine (see their `reads`) whose effect no test pins down

@@ -376,6 +376,19 @@ fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Resul
             let csv = s.format == SinkFormat::Csv;
             Box::new(move |_, _| Ok(Box::new(StdoutSink::new(csv)) as Box<dyn Operator>))
         }
+        SinkSpec::Postgres(p) => {
+            use crate::connectors::postgres::{PostgresConfig, PostgresSink};
+            let two_phase =
+                crate::plan::guarantee::file_sink_commits_in_two_phases(&ctx.plan.spec.checkpoints);
+            let config = PostgresConfig::from_spec(p, &ctx.plan.id, two_phase)
+                .map_err(|e| ctx.error(node, e))?;
+            // `weir run` says before the start when the server allows no prepared transactions.
+            config.preflight().map_err(|e| ctx.error(node, e))?;
+            let config = Arc::new(config);
+            Box::new(move |s, _| {
+                Ok(Box::new(PostgresSink::new(Arc::clone(&config), s)) as Box<dyn Operator>)
+            })
+        }
     })
 }
 
@@ -388,7 +401,7 @@ pub fn describe_local_state(
     bytes: &[u8],
 ) -> Option<Result<serde_json::Value>> {
     use crate::checkpoint::metadata::Section;
-    use crate::connectors::{event_time, file, file_sink, generator, stdin};
+    use crate::connectors::{event_time, file, file_sink, generator, postgres, stdin};
     // A source with `event_time` keeps its watermark in front of its position.
     let (bytes, watermark) = match section {
         Section::Source => match event_time::inner_position(bytes) {
@@ -402,6 +415,7 @@ pub fn describe_local_state(
         (Section::Source, "generator") => generator::describe_snapshot(bytes),
         (Section::Source, "stdin") => stdin::describe_snapshot(bytes),
         (Section::Sink, "file") => file_sink::describe_snapshot(bytes),
+        (Section::Sink, "postgres") => postgres::describe_snapshot(bytes),
         _ => return None,
     };
     Some(described.map(|mut v| {

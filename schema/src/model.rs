@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 pub use crate::registry::{
     AggregateFunction, AggregateSpec, AggregationSpec, CsvOptions, EmitMode, EventTimeSpec,
     FileSinkSpec, FileSourceSpec, FilterSpec, FlatMapSpec, GeneratorFieldSpec, GeneratorSourceSpec,
-    KeyBySpec, MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, ProcessSpec, RecordFormat,
-    ReduceSpec, SinkFormat, SinkSpec, SourceOnError, SourceSpec, StateKind, StdinSourceSpec,
-    StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec, WindowEmitSpec, WindowKindSpec, WindowSpec,
-    WindowTimeSpec,
+    KeyBySpec, MapSpec, OnErrorSpec, OperatorSpec, PartitioningSpec, PostgresSinkSpec,
+    PostgresWriteMode, ProcessSpec, RecordFormat, ReduceSpec, SinkFormat, SinkSpec, SourceOnError,
+    SourceSpec, StateKind, StdinSourceSpec, StdoutSinkSpec, TimeFormat, TimeUnit, UnionSpec,
+    WindowEmitSpec, WindowKindSpec, WindowSpec, WindowTimeSpec,
 };
 pub use crate::registry::{StateDeclSpec, StateOptionsSpec, TtlUpdate};
 use crate::units::{DurationSpec, SizeSpec};

@@ -850,6 +850,63 @@ pub struct StdoutSinkSpec {
     pub format: SinkFormat,
 }
 
+/// How the `postgres` sink writes a record.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PostgresWriteMode {
+    /// `INSERT` every record as a new row.
+    #[default]
+    Insert,
+    /// `INSERT ... ON CONFLICT (key) DO UPDATE`: a record whose key columns match a row
+    /// replaces that row's other columns. Idempotent, so `at_least_once` repeats are harmless.
+    /// The table needs a unique index or primary key on exactly the `key` columns.
+    Upsert,
+}
+
+/// Options of the `postgres` sink.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresSinkSpec {
+    /// Stable identifier, unique in the pipeline.
+    pub id: String,
+    /// The one upstream operator or source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Several upstream operators or sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// The name of the environment variable that holds the connection string (a URL such as
+    /// `postgres://user:password@host:5432/db`, or `host=... user=... dbname=...`), never the
+    /// string itself, so that no password sits in the file. TLS is not supported.
+    pub connection_env: String,
+    /// The table to write, as `name` or `schema.name`, spelled as in the database (names are
+    /// quoted, so case matters). Weir does not create it.
+    pub table: String,
+    /// Column name -> the record field it is taken from (a path such as `user.id`). A missing
+    /// field or `()` writes `NULL`; strings, numbers and booleans are written as text that
+    /// PostgreSQL converts to the column's type; maps and arrays as JSON text.
+    #[schemars(length(min = 1))]
+    pub columns: IndexMap<String, String>,
+    /// `insert` (default) or `upsert` (needs `key`).
+    #[serde(default)]
+    pub mode: PostgresWriteMode,
+    /// The key columns of `upsert` (a subset of `columns`, backed by a unique index).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
+    /// Rows sent in one statement. Default: 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub batch_size: Option<u32>,
+    /// Parallel writers (one connection each). Default: the pipeline's parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// How records travel from the inputs to the writers. Default: `forward` when the
+    /// parallelism matches the input's, `rebalance` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<PartitioningSpec>,
+}
+
 /// A sink. `type` selects the connector.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -858,6 +915,9 @@ pub enum SinkSpec {
     File(FileSinkSpec),
     /// Writes to standard output. Not transactional, so not allowed with `exactly_once`.
     Stdout(StdoutSinkSpec),
+    /// Writes rows into a PostgreSQL table; transactional (two-phase commit with prepared
+    /// transactions, which the server must allow) under `exactly_once`.
+    Postgres(PostgresSinkSpec),
 }
 
 fn default_delimiter() -> String {
@@ -1153,6 +1213,7 @@ impl SinkSpec {
         match self {
             Self::File(s) => &s.id,
             Self::Stdout(s) => &s.id,
+            Self::Postgres(s) => &s.id,
         }
     }
 
@@ -1161,6 +1222,7 @@ impl SinkSpec {
         match self {
             Self::File(_) => "file",
             Self::Stdout(_) => "stdout",
+            Self::Postgres(_) => "postgres",
         }
     }
 
@@ -1175,6 +1237,10 @@ impl SinkSpec {
                 input: s.input.as_deref(),
                 inputs: &s.inputs,
             },
+            Self::Postgres(s) => Wiring {
+                input: s.input.as_deref(),
+                inputs: &s.inputs,
+            },
         }
     }
 
@@ -1182,19 +1248,21 @@ impl SinkSpec {
     pub fn partitioning(&self) -> Option<PartitioningSpec> {
         match self {
             Self::File(s) => s.partitioning,
+            Self::Postgres(s) => s.partitioning,
             Self::Stdout(_) => None,
         }
     }
 
     /// Whether the sink can commit output transactionally (needed for exactly-once).
     pub fn is_transactional(&self) -> bool {
-        matches!(self, Self::File(_))
+        matches!(self, Self::File(_) | Self::Postgres(_))
     }
 
     /// The declared parallelism override. `stdout` is always 1.
     pub fn parallelism(&self) -> Option<u32> {
         match self {
             Self::File(s) => s.parallelism,
+            Self::Postgres(s) => s.parallelism,
             Self::Stdout(_) => Some(1),
         }
     }

@@ -168,6 +168,16 @@ struct Aggregations<'x> {
     path: &'x YamlPath,
 }
 
+/// Whether `name` can name an environment variable: letters, digits and `_`, not starting with
+/// a digit.
+fn valid_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn valid_id(id: &str) -> bool {
     let mut chars = id.chars();
     chars
@@ -223,6 +233,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_keyed();
         self.check_operator_options();
         self.check_sources();
+        self.check_sinks();
         self.check_parallelism();
         self.check_delivery();
         self.check_checkpoints();
@@ -935,6 +946,96 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     .help("add `ttl: <duration>` (such as `1h`), or remove `ttl_update`")
                     .push(&mut self.cx.out),
                 None => {}
+            }
+        }
+    }
+
+    /// Options of sinks the schema cannot check: a `postgres` sink's connection variable,
+    /// table, columns and upsert key.
+    fn check_sinks(&mut self) {
+        use crate::model::PostgresWriteMode;
+        for (si, s) in self.p.sinks.iter().enumerate() {
+            let SinkSpec::Postgres(pg) = s else {
+                continue;
+            };
+            let path = self.base.join("sinks").join(si);
+            let env = &pg.connection_env;
+            if !valid_env_name(env) {
+                let looks_like_url = env.contains("://") || env.contains('=');
+                self.cx
+                    .error(
+                        codes::INVALID_VALUE,
+                        &path.join("connection_env"),
+                        format!("`{env}` is not an environment variable name"),
+                        if looks_like_url { "a connection string, not a variable name" } else { "not a variable name" },
+                    )
+                    .help("name the variable that holds the connection string, such as `ORDERS_DB_URL` (letters, digits and `_`), and set it when running `weir`; the string itself does not belong in the file")
+                    .push(&mut self.cx.out);
+            }
+            let parts: Vec<&str> = pg.table.split('.').collect();
+            if parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+                self.cx
+                    .error(
+                        codes::INVALID_VALUE,
+                        &path.join("table"),
+                        format!("`{}` is not a table name", pg.table),
+                        "not `name` or `schema.name`",
+                    )
+                    .help("write the table as `name` or `schema.name`, as it is spelled in the database")
+                    .push(&mut self.cx.out);
+            }
+            for (column, field) in &pg.columns {
+                let at = path.join("columns").join(column.as_str());
+                if column.is_empty() {
+                    self.cx
+                        .error(codes::INVALID_VALUE, &at, "an empty column name", "empty")
+                        .help("map each column name to the record field it is taken from, such as `amount: order.amount`")
+                        .push(&mut self.cx.out);
+                }
+                self.check_field_path(field, &at);
+            }
+            match pg.mode {
+                PostgresWriteMode::Upsert if pg.key.is_empty() => {
+                    self.cx
+                        .error(
+                            codes::OPERATOR_OPTION,
+                            &path.join("mode"),
+                            format!("`upsert` into `{}` needs `key`", pg.table),
+                            "no key columns",
+                        )
+                        .help("list the columns of the table's primary key or unique index, such as `key: [id]`")
+                        .push(&mut self.cx.out);
+                }
+                PostgresWriteMode::Insert if !pg.key.is_empty() => {
+                    self.cx
+                        .error(
+                            codes::NO_EFFECT,
+                            &path.join("key"),
+                            "`key` has no effect with `mode: insert`",
+                            "ignored by insert",
+                        )
+                        .help(
+                            "add `mode: upsert` to replace rows with the same key, or remove `key`",
+                        )
+                        .push(&mut self.cx.out);
+                }
+                _ => {}
+            }
+            for (ki, k) in pg.key.iter().enumerate() {
+                if !pg.columns.contains_key(k) {
+                    let names: Vec<&str> = pg.columns.keys().map(String::as_str).collect();
+                    let mut d = self.cx.error(
+                        codes::OPERATOR_OPTION,
+                        &path.join("key").join(ki),
+                        format!("key column `{k}` is not one of `columns`"),
+                        "not a mapped column",
+                    );
+                    d = d.help(format!(
+                        "a key column must also be written: add `{k}: <field>` to `columns` (mapped now: {})",
+                        names.join(", ")
+                    ));
+                    d.push(&mut self.cx.out);
+                }
             }
         }
     }

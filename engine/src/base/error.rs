@@ -71,6 +71,18 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// An external system (a database, a broker) failed or could not be reached.
+    #[error("pipeline `{pipeline}`, `{element}`: {system}: {message}")]
+    External {
+        /// Pipeline id.
+        pipeline: String,
+        /// Element id.
+        element: String,
+        /// The system (`PostgreSQL`).
+        system: &'static str,
+        /// What went wrong, with the system's own message.
+        message: String,
+    },
     /// The pipeline's elements could not be built from the plan.
     #[error("pipeline `{pipeline}`, `{element}`: {message}")]
     Build {
@@ -163,6 +175,7 @@ impl RunError {
             Self::Operator { .. } | Self::Parse { .. } => ErrorClass::Data,
             Self::Build { .. } | Self::StateMismatch(_) => ErrorClass::Config,
             Self::Io { .. }
+            | Self::External { .. }
             | Self::Disconnected { .. }
             | Self::Api(_)
             | Self::StateIo(_)
@@ -182,6 +195,7 @@ impl RunError {
             Self::Operator { operator, .. } => Some(operator.as_str()),
             Self::Parse { source_id, .. } => Some(source_id.as_str()),
             Self::Io { element, .. }
+            | Self::External { element, .. }
             | Self::Build { element, .. }
             | Self::Disconnected { element, .. } => Some(element.as_str()),
             Self::GaveUp { cause, .. } => cause.element(),

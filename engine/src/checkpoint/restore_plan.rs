@@ -223,6 +223,8 @@ pub fn operator_info(plan: &PipelinePlan, node: &PlanNode) -> OperatorInfo {
             crate::plan::guarantee::file_sink_commits_in_two_phases(&plan.spec.checkpoints),
         ),
         NodeKind::Sink(SinkSpec::Stdout(_)) => (Section::Sink, BTreeMap::new(), false),
+        // Its snapshot lists its prepared transactions in every mode.
+        NodeKind::Sink(SinkSpec::Postgres(_)) => (Section::Sink, BTreeMap::new(), true),
     };
     OperatorInfo {
         id: node.id.clone(),

@@ -20,6 +20,7 @@ pub mod file;
 pub mod file_sink;
 pub mod generator;
 pub mod pacing;
+pub mod postgres;
 pub mod stdin;
 pub mod stdout;
 

@@ -1,0 +1,685 @@
+//! The `postgres` sink against a real PostgreSQL (`scripts/services/postgres.sh`, started by
+//! the test when it is not running), proved by equivalence:
+//!
+//! - exactly-once: a pipeline killed with SIGKILL again and again while its input grows, then
+//!   run once more and stopped, leaves exactly the table of a failure-free run (nothing lost,
+//!   nothing applied twice) and no prepared transaction behind;
+//! - at-least-once with `upsert`: the same under kills, the replays absorbed by the key;
+//! - the database down in the middle of a run (a private server of its own, stopped and
+//!   started again): the restart strategy takes over and nothing is lost or doubled; a server
+//!   with `max_prepared_transactions = 0` is refused by `weir run` with a clear message.
+//!
+//! Each test writes into a database of its own (named after the test and the process), so the
+//! tests share one server. A failing test keeps its directory (logs of every run) and prints
+//! its path. Nothing here asserts on timing.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+use common::binary::{signal, weir};
+use common::kill::{Rng, Scratch, log_excerpt, read_log, restores_in, wait_bounded};
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The environment variable the pipelines read their connection string from.
+const URL_ENV: &str = "WEIR_TEST_PG_SINK_URL";
+/// Records of every test input.
+const RECORDS: u64 = 20_000;
+/// The input grows in this many chunks.
+const CHUNKS: u64 = 40;
+/// Longest wait for a run to commit everything.
+const SETTLE: Duration = Duration::from_secs(180);
+
+// ---------------------------------------------------------------------------------------------
+// The server and its databases.
+
+/// A PostgreSQL server reached through `psql`.
+struct Pg {
+    /// `postgres://user@host:port`, without a database.
+    base: String,
+    psql: PathBuf,
+}
+
+impl Pg {
+    /// The shared test server.
+    fn shared() -> Self {
+        Self::from_settings(&common::services::ensure("postgres"))
+    }
+
+    fn from_settings(s: &std::collections::BTreeMap<String, String>) -> Self {
+        let get = |k: &str| {
+            s.get(k)
+                .unwrap_or_else(|| panic!("postgres.sh printed no {k}: {s:?}"))
+                .clone()
+        };
+        Self {
+            base: format!(
+                "postgres://{}@{}:{}",
+                get("WEIR_TEST_POSTGRES_USER"),
+                get("WEIR_TEST_POSTGRES_HOST"),
+                get("WEIR_TEST_POSTGRES_PORT")
+            ),
+            psql: Path::new(&get("WEIR_TEST_POSTGRES_BIN")).join("psql"),
+        }
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("{}/{db}", self.base)
+    }
+
+    /// Runs `sql` in database `db`; returns the rows, one line each, columns joined by `|`.
+    fn sql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(&self.psql)
+            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url(db))
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {db}: {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Makes an empty database `name` (dropping an old one and its prepared transactions)
+    /// holding table `events`, created by `ddl`.
+    fn fresh_db(&self, name: &str, ddl: &str) {
+        for gid in self
+            .sql(
+                "postgres",
+                &format!("SELECT gid FROM pg_prepared_xacts WHERE database = '{name}'"),
+            )
+            .lines()
+        {
+            // ROLLBACK PREPARED must run in the transaction's database.
+            self.sql(name, &format!("ROLLBACK PREPARED '{gid}'"));
+        }
+        self.sql("postgres", &format!("DROP DATABASE IF EXISTS {name}"));
+        self.sql("postgres", &format!("CREATE DATABASE {name}"));
+        self.sql(name, ddl);
+    }
+
+    fn count(&self, db: &str) -> u64 {
+        self.sql(db, "SELECT count(*) FROM events")
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// The table as sorted lines.
+    fn dump(&self, db: &str) -> Vec<String> {
+        let mut rows: Vec<String> = self
+            .sql(db, "SELECT id, name, total, meta FROM events")
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    fn prepared(&self, db: &str) -> Vec<String> {
+        self.sql(
+            "postgres",
+            &format!("SELECT gid FROM pg_prepared_xacts WHERE database = '{db}'"),
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    }
+}
+
+/// A database name unique to this test process.
+fn db_name(test: &str) -> String {
+    format!("weir_{test}_{}", std::process::id())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs and pipelines.
+
+/// Input line `i`.
+fn record(i: u64) -> String {
+    json!({"id": i, "name": format!("n{i}"), "amount": i % 100, "meta": {"k": i}}).to_string()
+}
+
+/// The row a failure-free run writes for record `i` (as `dump` prints it).
+fn expected_row(i: u64) -> String {
+    format!("{i}|n{i}|{}|{{\"k\": {i}}}", (i % 100) * 3)
+}
+
+fn expected_rows() -> Vec<String> {
+    let mut rows: Vec<String> = (0..RECORDS).map(expected_row).collect();
+    rows.sort();
+    rows
+}
+
+/// Appends records `from..to` to `path`.
+fn append(path: &Path, from: u64, to: u64) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let mut text = String::new();
+    for i in from..to {
+        text.push_str(&record(i));
+        text.push('\n');
+    }
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// Grows `path` to [`RECORDS`] records in [`CHUNKS`] chunks, one every `every`, on a thread;
+/// the flag turns true at the end.
+fn grow(path: &Path, every: Duration) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let (path, flag) = (path.to_owned(), Arc::clone(&done));
+    let per = RECORDS / CHUNKS;
+    let handle = std::thread::spawn(move || {
+        for c in 0..CHUNKS {
+            append(&path, c * per, (c + 1) * per);
+            std::thread::sleep(every);
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+    (handle, done)
+}
+
+/// A pipeline file: a followed JSON-lines file → a map → the `postgres` sink (parallelism 2),
+/// checkpoints every 100 ms in `mode`, restarts for ever.
+fn pipeline(dir: &Path, input: &Path, mode: &str, sink: Value, restart_delay: &str) -> PathBuf {
+    let mut sink = sink;
+    let m = sink.as_object_mut().unwrap();
+    m.insert("id".into(), json!("db"));
+    m.insert("type".into(), json!("postgres"));
+    m.insert("input".into(), json!("shape"));
+    m.insert("connection_env".into(), json!(URL_ENV));
+    m.insert("table".into(), json!("events"));
+    m.insert(
+        "columns".into(),
+        json!({"id": "id", "name": "name", "total": "total", "meta": "meta"}),
+    );
+    let file = json!({
+        "version": 1,
+        "api": {"enabled": false},
+        "pipelines": [{
+            "id": "pg",
+            "parallelism": 2,
+            "state": {"backend": "fs"},
+            "checkpoints": {"interval": "100ms", "mode": mode, "storage": dir.join("checkpoints").to_str().unwrap()},
+            "restart": {"strategy": "fixed_delay", "attempts": 100000, "delay": restart_delay},
+            "sources": [{"id": "in", "type": "file", "path": input.to_str().unwrap(),
+                         "follow": true, "poll_interval": "20ms", "parallelism": 1}],
+            "operators": [{"id": "shape", "type": "map", "input": "in", "partitioning": "rebalance",
+                           "script": "fn map(r) { r.total = r.amount * 3; r }"}],
+            "sinks": [sink],
+        }],
+    });
+    let path = dir.join("job.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
+    let v = weir().arg("validate").arg(&path).output().unwrap();
+    assert!(
+        v.status.success(),
+        "{} does not validate:\n{}{}",
+        path.display(),
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+    path
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs.
+
+/// Runs of one pipeline file against one database, each logging to `<logs>/<label>-<n>.err`.
+struct Runs {
+    file: PathBuf,
+    url: String,
+    logs: PathBuf,
+    label: String,
+    n: usize,
+}
+
+impl Runs {
+    fn new(file: &Path, url: String, logs: &Path, label: &str) -> Self {
+        std::fs::create_dir_all(logs).unwrap();
+        Self {
+            file: file.to_owned(),
+            url,
+            logs: logs.to_owned(),
+            label: label.to_owned(),
+            n: 0,
+        }
+    }
+
+    fn spawn(&mut self) -> (Child, PathBuf) {
+        self.n += 1;
+        let base = self.logs.join(format!("{}-{:03}", self.label, self.n));
+        let err = base.with_extension("err");
+        let child = weir()
+            .args(["run", "--no-progress", "--no-api"])
+            .arg(&self.file)
+            .env(URL_ENV, &self.url)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(base.with_extension("out")).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        (child, err)
+    }
+}
+
+/// Waits until the run started and `done()` holds (checked every 50 ms), at most [`SETTLE`];
+/// then stops the run
+/// with SIGTERM (a final checkpoint, committed) and returns its exit status.
+fn settle_and_stop(
+    child: &mut Child,
+    log: &Path,
+    what: &str,
+    done: impl Fn() -> bool,
+) -> ExitStatus {
+    let until = Instant::now() + SETTLE;
+    // SIGTERM stops a run gracefully only once it handles signals: wait for its start (the
+    // table may be complete already, committed by earlier runs).
+    while !done() || !read_log(log).contains("Pipeline started.") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{what}: the run ended with {status} before settling\n{}",
+                log_excerpt(log)
+            );
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: not settled within {SETTLE:?}\n{}",
+            log_excerpt(log)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(signal(child.id(), "TERM"));
+    wait_bounded(child, SETTLE, log)
+}
+
+/// Runs `file` with all of the input present until the table has every record, then stops it;
+/// returns the table.
+fn failure_free(pg: &Pg, db: &str, dir: &Path, sink: Value) -> Vec<String> {
+    let input = dir.join("input.jsonl");
+    append(&input, 0, RECORDS);
+    let file = pipeline(dir, &input, "exactly_once", sink, "10ms");
+    let mut runs = Runs::new(&file, pg.url(db), &dir.join("logs"), "clean");
+    let (mut child, log) = runs.spawn();
+    let status = settle_and_stop(&mut child, &log, "failure-free run", || {
+        pg.count(db) >= RECORDS
+    });
+    assert!(
+        status.success(),
+        "failure-free run: {status}\n{}",
+        log_excerpt(&log)
+    );
+    pg.dump(db)
+}
+
+/// What the kill loop saw.
+#[derive(Default)]
+struct Kills {
+    kills: usize,
+    /// Of which right after a checkpoint completed (before its commit, with luck).
+    targeted: usize,
+    resumed: usize,
+    moments: Vec<String>,
+    restored: Vec<u64>,
+    /// Prepared transactions a restore committed (its checkpoint completed, but the run died
+    /// before committing them), and those it found committed already.
+    committed_at_restore: usize,
+    already_committed: usize,
+    rolled_back: usize,
+}
+
+/// Kills runs of `runs` at least `kills` times and until `grown` is set: every other run at a
+/// random moment in `window` after its start, the others as soon as their first checkpoint
+/// completed (so that a restore finds transactions prepared for a completed checkpoint).
+fn kill_loop(
+    runs: &mut Runs,
+    rng: &mut Rng,
+    kills: usize,
+    window: (Duration, Duration),
+    grown: &AtomicBool,
+) -> Kills {
+    let mut k = Kills::default();
+    while k.kills < kills || !grown.load(Ordering::SeqCst) {
+        assert!(
+            k.kills < kills * 10,
+            "{}: the input never finished growing",
+            runs.label
+        );
+        let targeted = k.kills % 2 == 1;
+        let at = rng.between(window.0, window.1);
+        let (mut child, log) = runs.spawn();
+        if targeted {
+            let until = Instant::now() + SETTLE;
+            while !read_log(&log).contains("Checkpoint completed.") && Instant::now() < until {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            std::thread::sleep(at);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{}: a run that was not killed ended with {status}\n{}",
+                runs.label,
+                log_excerpt(&log)
+            );
+        }
+        child.kill().unwrap();
+        let status = wait_bounded(&mut child, SETTLE, &log);
+        assert!(!status.success());
+        let text = read_log(&log);
+        k.kills += 1;
+        k.targeted += usize::from(targeted);
+        k.moments.push(if targeted {
+            "ck".to_owned()
+        } else {
+            at.as_millis().to_string()
+        });
+        for line in text.lines() {
+            if line.contains("Committed a prepared transaction of the restored checkpoint") {
+                if line.contains("already=true") {
+                    k.already_committed += 1;
+                } else {
+                    k.committed_at_restore += 1;
+                }
+            }
+            k.rolled_back += usize::from(line.contains("Rolled back a prepared transaction"));
+        }
+        let restored = restores_in(&text);
+        k.resumed += usize::from(!restored.is_empty());
+        k.restored.extend(restored.into_iter().map(|(_, c)| c));
+    }
+    k
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Exactly-once under SIGKILL.
+
+#[test]
+fn exactly_once_under_sigkills_equals_the_failure_free_run() {
+    let started = Instant::now();
+    let pg = Pg::shared();
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    // No key: a row applied twice would show as a duplicate.
+    let ddl = "CREATE TABLE events (id bigint NOT NULL, name text, total bigint, meta jsonb)";
+    let sink = json!({});
+
+    let clean_db = db_name("eo_clean");
+    pg.fresh_db(&clean_db, ddl);
+    let clean_dir = tmp.join("clean");
+    std::fs::create_dir_all(&clean_dir).unwrap();
+    let expected = failure_free(&pg, &clean_db, &clean_dir, sink.clone());
+    assert_eq!(expected, expected_rows(), "failure-free run vs the input");
+
+    let db = db_name("eo_crash");
+    pg.fresh_db(&db, ddl);
+    // A transaction an earlier run prepared and never committed: a fresh start rolls it back.
+    pg.sql(
+        &db,
+        "BEGIN; INSERT INTO events VALUES (-1, 'stale', 0, NULL); \
+         PREPARE TRANSACTION 'weir:pg:db:1:999999'",
+    );
+    assert_eq!(pg.prepared(&db).len(), 1);
+    let dir = tmp.join("crash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let file = pipeline(&dir, &input, "exactly_once", sink, "10ms");
+    let mut runs = Runs::new(&file, pg.url(&db), &tmp.join("logs"), "crash");
+    let (writer, grown) = grow(&input, Duration::from_millis(250));
+    let mut rng = Rng::new(0x5eed_0016);
+    let k = kill_loop(
+        &mut runs,
+        &mut rng,
+        24,
+        (Duration::from_millis(150), Duration::from_millis(900)),
+        &grown,
+    );
+    writer.join().unwrap();
+    let committed_before_final = pg.count(&db);
+    let (mut child, log) = runs.spawn();
+    let status = settle_and_stop(&mut child, &log, "final run", || pg.count(&db) >= RECORDS);
+    assert!(
+        status.success(),
+        "final run: {status}\n{}",
+        log_excerpt(&log)
+    );
+    let got = pg.dump(&db);
+    let missing: Vec<&String> = expected
+        .iter()
+        .filter(|r| !got.contains(r))
+        .take(5)
+        .collect();
+    assert!(
+        got == expected,
+        "after {} SIGKILLs at {:?} ms: {} rows committed, {} expected; first missing: \
+         {missing:?}\n{}",
+        k.kills,
+        k.moments,
+        got.len(),
+        expected.len(),
+        log_excerpt(&log)
+    );
+    assert_eq!(
+        pg.prepared(&db),
+        Vec::<String>::new(),
+        "prepared transactions left behind"
+    );
+    assert!(
+        k.kills >= 20 && k.resumed > 0,
+        "kills {}, resumed {}",
+        k.kills,
+        k.resumed
+    );
+    println!(
+        "exactly-once into PostgreSQL in {:.1}s: {} SIGKILLs ({} right after a checkpoint \
+         completed) at {:?} ms, {} runs resumed from checkpoints {:?}; restores committed {} \
+         prepared transactions (and found {} committed already) and rolled back {}; \
+         {committed_before_final} of {RECORDS} rows committed before the final run; equal to \
+         the failure-free run",
+        started.elapsed().as_secs_f64(),
+        k.kills,
+        k.targeted,
+        k.moments,
+        k.resumed,
+        k.restored,
+        k.committed_at_restore,
+        k.already_committed,
+        k.rolled_back
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. At-least-once upsert is idempotent.
+
+#[test]
+fn at_least_once_upsert_absorbs_replays() {
+    let pg = Pg::shared();
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    let ddl = "CREATE TABLE events (id bigint PRIMARY KEY, name text, total bigint, meta jsonb)";
+    let db = db_name("alo_upsert");
+    pg.fresh_db(&db, ddl);
+    let input = tmp.join("input.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let file = pipeline(
+        tmp,
+        &input,
+        "at_least_once",
+        // The sink's own parallelism and exchange, as the pipeline's would be.
+        json!({"mode": "upsert", "key": ["id"], "batch_size": 300, "parallelism": 2,
+               "partitioning": "forward"}),
+        "10ms",
+    );
+    let mut runs = Runs::new(&file, pg.url(&db), &tmp.join("logs"), "alo");
+    let (writer, grown) = grow(&input, Duration::from_millis(150));
+    let mut rng = Rng::new(0x05ee_da10);
+    let k = kill_loop(
+        &mut runs,
+        &mut rng,
+        10,
+        (Duration::from_millis(150), Duration::from_millis(900)),
+        &grown,
+    );
+    writer.join().unwrap();
+    let (mut child, log) = runs.spawn();
+    let status = settle_and_stop(&mut child, &log, "final run", || pg.count(&db) >= RECORDS);
+    assert!(
+        status.success(),
+        "final run: {status}\n{}",
+        log_excerpt(&log)
+    );
+    let got = pg.dump(&db);
+    assert!(
+        got == expected_rows(),
+        "after {} SIGKILLs: {} rows, {RECORDS} expected\n{}",
+        k.kills,
+        got.len(),
+        log_excerpt(&log)
+    );
+    assert_eq!(pg.prepared(&db), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. The database goes down mid-run; a server without prepared transactions is refused.
+
+/// A private server (its own cache dir and port) that a test may stop and start.
+struct PrivateServer {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PrivateServer {
+    fn new() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = PathBuf::from(format!(
+            "/var/tmp/weir-services/test-pg-{}-{port}",
+            std::process::id()
+        ));
+        Self { dir, port }
+    }
+
+    fn script(&self, cmd: &str, max_prepared: u32) -> std::collections::BTreeMap<String, String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services/postgres.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(cmd)
+            .env("WEIR_SERVICES_DIR", &self.dir)
+            .env("WEIR_POSTGRES_PORT", self.port.to_string())
+            .env("WEIR_POSTGRES_MAX_PREPARED", max_prepared.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "postgres.sh {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| self.script("stop", 64));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn database_down_mid_run_loses_nothing_and_prepared_transactions_are_required() {
+    let server = PrivateServer::new();
+    let pg = Pg::from_settings(&server.script("ensure", 64));
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    let db = "weir_down";
+    pg.fresh_db(
+        db,
+        "CREATE TABLE events (id bigint NOT NULL, name text, total bigint, meta jsonb)",
+    );
+    let input = tmp.join("input.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let file = pipeline(tmp, &input, "exactly_once", json!({}), "200ms");
+    let mut runs = Runs::new(&file, pg.url(db), &tmp.join("logs"), "down");
+    let (writer, grown) = grow(&input, Duration::from_millis(100));
+    let (mut child, log) = runs.spawn();
+    // Down once some rows are committed, while the input still grows.
+    let until = Instant::now() + SETTLE;
+    while pg.count(db) == 0 {
+        assert!(
+            Instant::now() < until,
+            "nothing committed\n{}",
+            log_excerpt(&log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.script("stop", 64);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended while the database was down\n{}",
+        log_excerpt(&log)
+    );
+    server.script("ensure", 64);
+    writer.join().unwrap();
+    assert!(grown.load(Ordering::SeqCst));
+    let status = settle_and_stop(&mut child, &log, "run with the database down", || {
+        pg.count(db) >= RECORDS
+    });
+    assert!(status.success(), "{status}\n{}", log_excerpt(&log));
+    let text = read_log(&log);
+    assert!(
+        text.contains("PostgreSQL"),
+        "the log names no PostgreSQL failure\n{}",
+        log_excerpt(&log)
+    );
+    assert!(
+        pg.dump(db) == expected_rows(),
+        "rows lost or doubled\n{}",
+        log_excerpt(&log)
+    );
+    assert_eq!(pg.prepared(db), Vec::<String>::new());
+
+    // The same server without prepared transactions: `weir run` refuses, and says why.
+    server.script("stop", 64);
+    server.script("ensure", 0);
+    let out = weir()
+        .args(["run", "--no-progress", "--no-api"])
+        .arg(&file)
+        .env(URL_ENV, pg.url(db))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "ran without prepared transactions:\n{err}"
+    );
+    assert!(
+        err.contains("max_prepared_transactions = 0") && err.contains("at_least_once"),
+        "the refusal does not say why and what to do:\n{err}"
+    );
+}
