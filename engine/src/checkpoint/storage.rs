@@ -50,6 +50,19 @@ pub trait CheckpointStore: Send + Sync {
     /// storage fails.
     fn put(&self, path: &str, bytes: &[u8]) -> Result<()>;
 
+    /// Writes `bytes` at `path` only when nothing is there yet, with the guarantees of
+    /// [`put`](Self::put): checkpoint metadata is written this way. A store shared between
+    /// processes (object storage) MUST make the check and the write one atomic step (a
+    /// conditional put) and fail when `path` exists, so that two writers can never both
+    /// complete the same checkpoint. The default, for stores owned by one process (memory,
+    /// a local directory), is [`put`](Self::put).
+    ///
+    /// # Errors
+    /// As [`put`](Self::put); [`CheckpointError::Io`] when `path` exists (shared stores).
+    fn put_new(&self, path: &str, bytes: &[u8]) -> Result<()> {
+        self.put(path, bytes)
+    }
+
     /// Reads the whole file at `path`.
     ///
     /// # Errors
@@ -239,12 +252,13 @@ fn verify(file: &FileRef, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Writes checkpoint metadata to `chk-<n>/_metadata` (after every file it references).
+/// Writes checkpoint metadata to `chk-<n>/_metadata` (after every file it references), with
+/// [`CheckpointStore::put_new`].
 ///
 /// # Errors
 /// As [`CheckpointStore::put`] and [`CheckpointMetadata::encode`].
 pub fn write_metadata(store: &dyn CheckpointStore, meta: &CheckpointMetadata) -> Result<()> {
-    store.put(&metadata_path(meta.checkpoint), &meta.encode()?)
+    store.put_new(&metadata_path(meta.checkpoint), &meta.encode()?)
 }
 
 /// Reads and decodes checkpoint `id`'s metadata.
@@ -907,6 +921,21 @@ mod tests {
                 .is_err()
         );
         assert!(store.put_file("../escape", &src).is_err());
+    }
+
+    #[test]
+    fn s3_store_conformance() {
+        conformance(&crate::checkpoint::s3::testing::fresh_store());
+    }
+
+    #[test]
+    fn s3_store_recovery_skips_truncated_and_corrupt_checkpoints() {
+        recovery_skips_damaged_checkpoints(&crate::checkpoint::s3::testing::fresh_store());
+    }
+
+    #[test]
+    fn s3_store_streams_files() {
+        streaming_files(&crate::checkpoint::s3::testing::fresh_store());
     }
 
     #[test]

@@ -398,8 +398,8 @@ fn nothing_restorable(
     plan: &PipelinePlan,
     skipped: &[crate::checkpoint::storage::SkippedCheckpoint],
 ) -> String {
-    let root = plan.paths.checkpoint_root.join(&plan.id);
-    let at = format!(" in `{}`", root.display());
+    let root = plan.paths.checkpoint_root.display_for(&plan.id);
+    let at = format!(" in `{root}`");
     let mut out = format!(
         "checkpoints exist{at}, but none of the {} can be restored:",
         skipped.len()
@@ -423,7 +423,7 @@ fn nothing_restorable(
         ));
     }
     out.push_str(
-        &format!("\n  weir run --from-checkpoint {}/chk-<n> ...   (an older checkpoint you kept, or a repaired one)\n  weir run --fresh ...   (start over: deletes the checkpoints and the file sinks' committed output)", root.display()),
+        &format!("\n  weir run --from-checkpoint {root}/chk-<n> ...   (an older checkpoint you kept, or a repaired one)\n  weir run --fresh ...   (start over: deletes the checkpoints and the file sinks' committed output)"),
     );
     out
 }
