@@ -12,8 +12,9 @@
 //! requests run on one small tokio runtime of their own (threads `weir-s3`), never on the
 //! caller's: operators and the supervisor call stores from inside the engine's runtime,
 //! where `block_on` would panic and a blocked worker could starve the request it waits for.
-//! A request that cannot reach the service fails after bounded retries and timeouts with an
-//! I/O error naming the object and the endpoint; the restart strategy takes it from there.
+//! A request that cannot reach the service fails after bounded retries and timeouts with
+//! [`CheckpointError::Unavailable`] naming the object and the endpoint; a restore never takes
+//! it for a damaged checkpoint, and the restart strategy takes it from there.
 //!
 //! This module owns only the mapping of the store's operations onto object requests; what
 //! to write and when stays with the checkpoint protocol.
@@ -257,10 +258,24 @@ impl S3Store {
             object_store::Error::NotFound { .. } => CheckpointError::NotFound {
                 path: path.to_owned(),
             },
-            e => CheckpointError::Io {
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+                CheckpointError::Io {
+                    what: "refusing to overwrite",
+                    path: self.url(path),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "it already exists: another process writes checkpoints of the same \
+                         pipeline to the same storage",
+                    ),
+                }
+            }
+            e => CheckpointError::Unavailable {
                 what,
-                path: self.url(path),
-                source: std::io::Error::other(format!("{e} (endpoint: {})", self.endpoint)),
+                url: self.url(path).display().to_string(),
+                message: format!(
+                    "{e} (endpoint: {}; check that it runs and that the AWS_* settings are right)",
+                    self.endpoint
+                ),
             },
         }
     }
@@ -279,22 +294,19 @@ impl S3Store {
         });
         match rx.recv() {
             Ok(Ok(out)) => out.map_err(|e| self.error(what, path, e)),
-            Ok(Err(_elapsed)) => Err(CheckpointError::Io {
+            Ok(Err(_elapsed)) => Err(CheckpointError::Unavailable {
                 what,
-                path: self.url(path),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "no answer within {}s (endpoint: {})",
-                        OPERATION_TIMEOUT.as_secs(),
-                        self.endpoint
-                    ),
+                url: self.url(path).display().to_string(),
+                message: format!(
+                    "no answer within {}s (endpoint: {})",
+                    OPERATION_TIMEOUT.as_secs(),
+                    self.endpoint
                 ),
             }),
-            Err(_) => Err(CheckpointError::Io {
+            Err(_) => Err(CheckpointError::Unavailable {
                 what,
-                path: self.url(path),
-                source: std::io::Error::other("the S3 client runtime stopped"),
+                url: self.url(path).display().to_string(),
+                message: "the S3 client runtime stopped".to_owned(),
             }),
         }
     }
@@ -325,25 +337,8 @@ impl S3Store {
             mode,
             ..PutOptions::default()
         };
-        let created = matches!(opts.mode, PutMode::Create);
         self.run("cannot write", path, async move {
             store.put_opts(&key, payload, opts).await.map(|_| ())
-        })
-        .map_err(|e| match e {
-            CheckpointError::Io { source, .. }
-                if created && source.to_string().contains("already exists") =>
-            {
-                CheckpointError::Io {
-                    what: "refusing to overwrite",
-                    path: self.url(path),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::AlreadyExists,
-                        "it already exists: another process writes checkpoints of the same \
-                         pipeline to the same storage",
-                    ),
-                }
-            }
-            e => e,
         })
     }
 }
@@ -557,6 +552,7 @@ mod tests {
             text.contains("s3://nowhere/p/chk-1/_metadata") && text.contains("127.0.0.1:9"),
             "{text}"
         );
+        assert!(matches!(e, CheckpointError::Unavailable { .. }), "{e:?}");
         assert_eq!(e.class(), crate::base::error::ErrorClass::Io);
     }
 

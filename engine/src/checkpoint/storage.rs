@@ -313,7 +313,8 @@ pub struct RestoreChoice {
 /// reason.
 ///
 /// # Errors
-/// Only when the store cannot be listed; a damaged checkpoint is skipped, not an error.
+/// When the store cannot be listed, or remote storage is unavailable
+/// ([`CheckpointError::Unavailable`]); a damaged checkpoint is skipped, not an error.
 pub fn latest_valid(
     store: &dyn CheckpointStore,
     verification: Verification,
@@ -327,6 +328,9 @@ pub fn latest_valid(
                     skipped,
                 });
             }
+            // Remote storage that does not answer says nothing about the checkpoint: falling
+            // back to an older one would replay output a newer one already committed.
+            Err(e @ CheckpointError::Unavailable { .. }) => return Err(e),
             Err(e) => {
                 let reason = e.to_string();
                 tracing::warn!(checkpoint = id, %reason, "Skipping checkpoint that cannot be restored.");
