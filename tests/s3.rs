@@ -390,3 +390,130 @@ fn s3_down_mid_run_fails_clearly_and_the_restart_strategy_recovers_without_loss(
     );
     assert_eq!(got, want, "nothing lost, nothing duplicated");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 3. A savepoint from local storage into S3 storage, and from there back.
+
+const KEYED: &str = r#"version: 1
+pipelines:
+  - id: totals
+    parallelism: 2
+    max_parallelism: 128
+    state: { backend: STATE }
+    checkpoints: { mode: exactly_once, interval: 300ms, storage: STORAGE }
+    restart: { strategy: none }
+    sources:
+      - id: gen
+        type: generator
+        parallelism: 1
+        seed: 11
+        count: 20000
+        rate: 5000
+        fields:
+          seq: { kind: sequence }
+          user: { kind: key, prefix: u, cardinality: 40 }
+          amount: { kind: int, min: 1, max: 100 }
+    operators:
+      - id: shape
+        type: map
+        input: gen
+        parallelism: 1
+        script: |
+          fn map(r) { #{user: r.user, n: 1, total: r.amount, last: r.seq} }
+      - { id: by_user, type: key_by, input: shape, field: user, parallelism: 1 }
+      - id: running
+        type: reduce
+        input: by_user
+        emit: updates
+        script: |
+          fn reduce(acc, r) { #{n: acc.n + 1, total: acc.total + r.total, last: r.last} }
+    sinks:
+      - { id: out, type: file, input: running, path: out }
+"#;
+
+fn keyed_at(dir: &Path, state: &str, storage: &str) -> PathBuf {
+    let path = dir.join("totals.yaml");
+    let text = KEYED.replace("STATE", state).replace("STORAGE", storage);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn savepoint_local_to_s3_and_back(state: &str) {
+    use common::output::{assert_exactly_once, committed};
+    use common::run::{Run, beside, run_to_end_with};
+
+    let settings = s3();
+    let env: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let bucket = fresh_bucket(&settings, &format!("sp-{state}"));
+    let s3_storage = format!("s3://{bucket}/ck");
+
+    // The straight run, local storage.
+    let straight_dir = tempfile::tempdir().unwrap();
+    let yaml = keyed_at(straight_dir.path(), state, "ck");
+    let (status, log) = run_to_end_with(beside(&yaml), &yaml, &["--no-api"], &[]);
+    assert!(status.success(), "the straight run failed:\n{log}");
+    let straight = committed(&straight_dir.path().join("out"));
+
+    let dir = tempfile::tempdir().unwrap();
+    // 1. Local storage, stopped with a savepoint mid-run.
+    let yaml = keyed_at(dir.path(), state, "ck");
+    let mut run = Run::start_with(beside(&yaml), &yaml, &["--api-port", "0"], &env);
+    run.wait_mid_run("totals", 2000);
+    let local_savepoint = run.stop_with_savepoint("totals");
+    run.finish_ok();
+
+    // 2. Restored into S3 storage, checkpoints there, stopped with a savepoint again.
+    let yaml = keyed_at(dir.path(), state, &s3_storage);
+    let mut run = Run::start_with(
+        beside(&yaml),
+        &yaml,
+        &[
+            "--api-port",
+            "0",
+            "--from-savepoint",
+            local_savepoint.to_str().unwrap(),
+        ],
+        &env,
+    );
+    run.wait_checkpoints(&["totals"], 2);
+    let s3_savepoint = run.stop_with_savepoint("totals");
+    let log = run.finish_ok();
+    assert!(log.contains("Restoring from a savepoint"), "{log}");
+    let stored = keys(&settings, &bucket, "ck/totals/");
+    assert!(
+        stored.iter().any(|k| k.ends_with("/_metadata")),
+        "checkpoints on S3: {stored:?}"
+    );
+
+    // 3. Back to local storage from the savepoint the S3 run wrote, to the end.
+    let yaml = keyed_at(dir.path(), state, "ck-again");
+    let (status, log) = run_to_end_with(
+        beside(&yaml),
+        &yaml,
+        &[
+            "--no-api",
+            "--from-savepoint",
+            s3_savepoint.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(status.success(), "the restore back to local failed:\n{log}");
+    assert_exactly_once(
+        &committed(&dir.path().join("out")),
+        &straight,
+        &format!("{state}: local -> S3 -> local"),
+    );
+}
+
+#[test]
+fn a_savepoint_goes_from_local_storage_to_s3_and_back_fs() {
+    savepoint_local_to_s3_and_back("fs");
+}
+
+#[test]
+fn a_savepoint_goes_from_local_storage_to_s3_and_back_rocksdb() {
+    savepoint_local_to_s3_and_back("rocksdb");
+}
