@@ -86,6 +86,37 @@ fn keys(settings: &[(String, String)], bucket: &str, prefix: &str) -> Vec<String
         .collect()
 }
 
+/// Uploads the local directory `dir` under `key_prefix` in `bucket`, file by file.
+fn upload_dir(settings: &[(String, String)], bucket: &str, key_prefix: &str, dir: &Path) {
+    let host = endpoint(settings).trim_start_matches("http://").to_owned();
+    let mut todo = vec![(dir.to_path_buf(), key_prefix.to_owned())];
+    while let Some((d, prefix)) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let key = format!("{prefix}/{name}");
+            if e.path().is_dir() {
+                todo.push((e.path(), key));
+                continue;
+            }
+            let body = std::fs::read(e.path()).unwrap();
+            let mut conn = TcpStream::connect(&host).unwrap();
+            write!(
+                conn,
+                "PUT /{bucket}/{key} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .unwrap();
+            conn.write_all(&body).unwrap();
+            let mut answer = String::new();
+            conn.read_to_string(&mut answer).unwrap();
+            assert!(
+                answer.starts_with("HTTP/1.1 200"),
+                "cannot upload {key}: {answer}"
+            );
+        }
+    }
+}
+
 /// Rewrites every pipeline of the JSON pipeline file `file` to checkpoint to `storage`.
 fn checkpoint_to(file: &Path, storage: &str) {
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
@@ -488,17 +519,30 @@ fn savepoint_local_to_s3_and_back(state: &str) {
         "checkpoints on S3: {stored:?}"
     );
 
-    // 3. Back to local storage from the savepoint the S3 run wrote, to the end.
+    // 3. Back to local storage from the savepoint the S3 run wrote, read from a copy of it
+    //    on S3, to the end.
+    let name = s3_savepoint
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    upload_dir(
+        &settings,
+        &bucket,
+        &format!("savepoints/{name}"),
+        &s3_savepoint,
+    );
+    let remote_savepoint = format!("s3://{bucket}/savepoints/{name}");
     let yaml = keyed_at(dir.path(), state, "ck-again");
     let (status, log) = run_to_end_with(
         beside(&yaml),
         &yaml,
-        &[
-            "--no-api",
-            "--from-savepoint",
-            s3_savepoint.to_str().unwrap(),
-        ],
+        &["--no-api", "--from-savepoint", &remote_savepoint],
         &env,
+    );
+    assert!(
+        log.contains("Restoring from a savepoint") && log.contains(&remote_savepoint),
+        "{log}"
     );
     assert!(status.success(), "the restore back to local failed:\n{log}");
     assert_exactly_once(
@@ -516,4 +560,54 @@ fn a_savepoint_goes_from_local_storage_to_s3_and_back_fs() {
 #[test]
 fn a_savepoint_goes_from_local_storage_to_s3_and_back_rocksdb() {
     savepoint_local_to_s3_and_back("rocksdb");
+}
+
+/// `--from-checkpoint` takes a checkpoint on S3 (`s3://bucket/prefix/<pipeline>/chk-<n>`).
+#[test]
+fn a_checkpoint_on_s3_is_restored_with_from_checkpoint() {
+    use common::output::{assert_exactly_once, committed};
+    use common::run::{beside, run_to_end_with};
+
+    let settings = s3();
+    let env: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let bucket = fresh_bucket(&settings, "from-ck");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = keyed_at(dir.path(), "fs", &format!("s3://{bucket}/ck"));
+    let (status, log) = run_to_end_with(beside(&yaml), &yaml, &["--no-api"], &env);
+    assert!(status.success(), "the run on S3 failed:\n{log}");
+    let straight = committed(&dir.path().join("out"));
+    let latest = keys(&settings, &bucket, "ck/totals/")
+        .iter()
+        .filter_map(|k| {
+            k.strip_prefix("ck/totals/chk-")?
+                .strip_suffix("/_metadata")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .expect("a checkpoint with metadata on S3");
+    let checkpoint = format!("s3://{bucket}/ck/totals/chk-{latest}");
+    let yaml = keyed_at(dir.path(), "fs", "ck-local");
+    let (status, log) = run_to_end_with(
+        beside(&yaml),
+        &yaml,
+        &["--no-api", "--from-checkpoint", &checkpoint],
+        &env,
+    );
+    assert!(
+        status.success(),
+        "the restore from {checkpoint} failed:\n{log}"
+    );
+    assert!(
+        log.contains("Restoring from the checkpoint given on the command line"),
+        "{log}"
+    );
+    assert_exactly_once(
+        &committed(&dir.path().join("out")),
+        &straight,
+        "restored from a checkpoint on S3",
+    );
 }
