@@ -510,14 +510,22 @@ fn savepoint_local_to_s3_and_back(state: &str) {
         &env,
     );
     run.wait_checkpoints(&["totals"], 2);
+    // While it runs: its latest checkpoint is on S3 (with RocksDB, an incremental one whose
+    // SSTs are under `shared/`; the savepoint that stops it is in the canonical format).
+    let stored = keys(&settings, &bucket, "ck/totals/");
     let s3_savepoint = run.stop_with_savepoint("totals");
     let log = run.finish_ok();
     assert!(log.contains("Restoring from a savepoint"), "{log}");
-    let stored = keys(&settings, &bucket, "ck/totals/");
     assert!(
         stored.iter().any(|k| k.ends_with("/_metadata")),
         "checkpoints on S3: {stored:?}"
     );
+    if state == "rocksdb" {
+        assert!(
+            stored.iter().any(|k| k.starts_with("ck/totals/shared/")),
+            "RocksDB's incremental checkpoints keep their SSTs under shared/ on S3: {stored:?}"
+        );
+    }
 
     // 3. Back to local storage from the savepoint the S3 run wrote, read from a copy of it
     //    on S3, to the end.
