@@ -117,6 +117,23 @@ fn upload_dir(settings: &[(String, String)], bucket: &str, key_prefix: &str, dir
     }
 }
 
+/// `weir inspect URL --format json` with the S3 settings: its report.
+fn inspect_json(settings: &[(String, String)], url: &str) -> Value {
+    let out = common::binary::plain()
+        .arg("inspect")
+        .arg(url)
+        .args(["--format", "json"])
+        .envs(settings.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "weir inspect {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Rewrites every pipeline of the JSON pipeline file `file` to checkpoint to `storage`.
 fn checkpoint_to(file: &Path, storage: &str) {
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
@@ -541,6 +558,10 @@ fn savepoint_local_to_s3_and_back(state: &str) {
         &s3_savepoint,
     );
     let remote_savepoint = format!("s3://{bucket}/savepoints/{name}");
+    let report = inspect_json(&settings, &remote_savepoint);
+    assert_eq!(report["pipeline"], "totals", "{report:#}");
+    assert_eq!(report["layout"], "savepoint", "{report:#}");
+    assert_eq!(report["problems"], json!([]), "{report:#}");
     let yaml = keyed_at(dir.path(), state, "ck-again");
     let (status, log) = run_to_end_with(
         beside(&yaml),
@@ -598,6 +619,11 @@ fn a_checkpoint_on_s3_is_restored_with_from_checkpoint() {
         .max()
         .expect("a checkpoint with metadata on S3");
     let checkpoint = format!("s3://{bucket}/ck/totals/chk-{latest}");
+    let report = inspect_json(&settings, &checkpoint);
+    assert_eq!(report["pipeline"], "totals", "{report:#}");
+    assert_eq!(report["layout"], "checkpoint", "{report:#}");
+    assert_eq!(report["checkpoint"], latest, "{report:#}");
+    assert_eq!(report["problems"], json!([]), "{report:#}");
     let yaml = keyed_at(dir.path(), "fs", "ck-local");
     let (status, log) = run_to_end_with(
         beside(&yaml),
