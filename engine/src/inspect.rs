@@ -2,8 +2,8 @@
 //! half of Flink's State Processor API, behind `weir inspect`.
 //!
 //! [`open`] takes a savepoint directory (`savepoint-<pipeline>-<id>-<ms>/`) or a checkpoint
-//! directory (`<storage>/<pipeline>/chk-<n>`, whose shared files live beside it) and decodes
-//! its `_metadata`. [`Snapshot::inspect`] then reads every file the metadata references and
+//! directory (`<storage>/<pipeline>/chk-<n>`, whose shared files live beside it), local or on
+//! S3 (`s3://bucket/prefix/...`), and decodes its `_metadata`. [`Snapshot::inspect`] then reads every file the metadata references and
 //! reports per operator its declared states, the entries and bytes of each keyed state and of
 //! each key group, the files of each subtask, and each subtask's operator-local state (a
 //! source's positions, a file sink's pending parts) with its fields named. Keyed state is read
@@ -25,12 +25,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use weir_schema::StateKind;
 
+use crate::base::error::CheckpointError;
 use crate::base::error::RunError;
 use crate::checkpoint::metadata::{
     METADATA_FILE, OperatorInfo, is_local_file, parse_checkpoint_dir,
 };
+use crate::checkpoint::s3::{S3Location, S3Store};
 use crate::checkpoint::storage::read_verified;
-use crate::checkpoint::{CheckpointMetadata, FileRef, LocalStore};
+use crate::checkpoint::{CheckpointMetadata, CheckpointStore, FileRef, LocalStore};
 use crate::state::CANONICAL_SUFFIX;
 use crate::state::canonical::{SnapshotItem, decode_value, read_snapshot};
 use crate::state::rocksdb::{NATIVE_SUFFIX, native_to_canonical};
@@ -81,8 +83,8 @@ pub enum InspectError {
 pub struct Snapshot {
     path: PathBuf,
     metadata: CheckpointMetadata,
-    store: LocalStore,
-    /// The store's root directory.
+    store: Box<dyn CheckpointStore>,
+    /// The store's root directory (or `s3://` location).
     root: PathBuf,
     /// Whether it is laid out as a savepoint (its own root) or a checkpoint (`chk-<n>` in a
     /// pipeline's storage).
@@ -96,6 +98,9 @@ pub struct Snapshot {
 /// [`InspectError::NotASnapshot`] for a path without `_metadata`;
 /// [`InspectError::Damaged`] for metadata that does not decode.
 pub fn open(path: &Path) -> Result<Snapshot, InspectError> {
+    if let Some(location) = S3Location::parse(&path.to_string_lossy()) {
+        return open_s3(path, location);
+    }
     let dir = if path.file_name().is_some_and(|n| n == METADATA_FILE) {
         path.parent().unwrap_or(path)
     } else {
@@ -145,9 +150,57 @@ pub fn open(path: &Path) -> Result<Snapshot, InspectError> {
     Ok(Snapshot {
         path: dir.to_path_buf(),
         metadata,
-        store: LocalStore::at(&root),
+        store: Box::new(LocalStore::at(&root)),
         root,
         savepoint_layout,
+    })
+}
+
+/// [`open`] for a checkpoint or savepoint on S3 (`s3://bucket/prefix/...`).
+fn open_s3(path: &Path, location: Result<S3Location, String>) -> Result<Snapshot, InspectError> {
+    let not_a_snapshot = |reason: String| InspectError::NotASnapshot {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut dir = location.map_err(not_a_snapshot)?;
+    if let Some(d) = dir.prefix.strip_suffix(METADATA_FILE) {
+        dir.prefix = d.trim_end_matches('/').to_owned();
+    }
+    let meta_url = PathBuf::from(format!("{dir}/{METADATA_FILE}"));
+    let damaged = |reason: String| InspectError::Damaged {
+        file: meta_url.clone(),
+        reason,
+    };
+    let store = S3Store::at(dir.clone()).map_err(|e| damaged(e.to_string()))?;
+    let bytes = match store.get(METADATA_FILE) {
+        Ok(b) => b,
+        Err(CheckpointError::NotFound { .. }) => {
+            return Err(not_a_snapshot(format!(
+                "it has no `{METADATA_FILE}` (expected a savepoint directory or a checkpoint \
+                 directory `<storage>/<pipeline>/chk-<n>`)"
+            )));
+        }
+        Err(e) => return Err(damaged(e.to_string())),
+    };
+    let metadata =
+        CheckpointMetadata::decode(METADATA_FILE, &bytes).map_err(|e| damaged(e.to_string()))?;
+    let (parent, name) = dir.prefix.rsplit_once('/').unwrap_or(("", &dir.prefix));
+    let checkpoint_dir = parse_checkpoint_dir(name) == Some(metadata.checkpoint);
+    let root = if checkpoint_dir {
+        S3Location {
+            bucket: dir.bucket.clone(),
+            prefix: parent.to_owned(),
+        }
+    } else {
+        dir.clone()
+    };
+    let store = S3Store::at(root.clone()).map_err(|e| damaged(e.to_string()))?;
+    Ok(Snapshot {
+        path: PathBuf::from(dir.to_string()),
+        metadata,
+        store: Box::new(store),
+        root: PathBuf::from(root.to_string()),
+        savepoint_layout: !checkpoint_dir,
     })
 }
 
@@ -324,7 +377,7 @@ impl Snapshot {
             let mut local = None;
             for f in &st.files {
                 if is_local_file(&f.path) {
-                    match read_verified(&self.store, f) {
+                    match read_verified(&*self.store, f) {
                         Ok(bytes) => local = Some(describe_local(op, &bytes)),
                         Err(e) => problems.push(self.problem(f, &e)),
                     }
@@ -413,11 +466,11 @@ impl Snapshot {
         f: impl FnMut(SnapshotItem<'_>) -> crate::base::error::Result<()>,
     ) -> crate::base::error::Result<()> {
         let bytes = if file.path.ends_with(CANONICAL_SUFFIX) {
-            read_verified(&self.store, file)?
+            read_verified(&*self.store, file)?
         } else if file.path.ends_with(NATIVE_SUFFIX) {
             let scratch = scratch_dir();
             let result =
-                native_to_canonical(&self.store, file, self.metadata.max_parallelism, &scratch);
+                native_to_canonical(&*self.store, file, self.metadata.max_parallelism, &scratch);
             let _ = fs::remove_dir_all(&scratch);
             result?
         } else {

@@ -243,8 +243,9 @@ pub struct CheckpointSpec {
     #[serde(default)]
     pub mode: CheckpointMode,
     /// Where checkpoints are written: a directory (relative paths are relative to the pipeline
-    /// file). Object-store URLs (`s3://...`) are reserved for a later release. Default:
-    /// `.weir/checkpoints` next to the file.
+    /// file), or `s3://bucket/prefix` on S3-compatible object storage (credentials, region and
+    /// endpoint from the `AWS_*` environment variables). Default: `.weir/checkpoints` next to
+    /// the file.
     #[serde(default = "default_checkpoint_storage")]
     pub storage: String,
     /// A checkpoint that has not completed after this long is aborted. Default: `10m`.

@@ -1573,8 +1573,29 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 .push(&mut self.cx.out);
         }
         let storage = c.storage.trim();
-        if let Some((scheme, _)) = storage.split_once("://") {
-            if scheme != "file" {
+        if let Some((scheme, rest)) = storage.split_once("://") {
+            if scheme == "s3" {
+                let bucket = rest.split('/').next().unwrap_or_default();
+                let prefix = rest
+                    .get(bucket.len()..)
+                    .unwrap_or_default()
+                    .trim_matches('/');
+                let bad_prefix = !prefix.is_empty()
+                    && prefix
+                        .split('/')
+                        .any(|c| c.is_empty() || c == "." || c == "..");
+                if bucket.is_empty() || bad_prefix {
+                    self.cx
+                        .error(
+                            codes::INVALID_VALUE,
+                            &base.join("storage"),
+                            format!("`{storage}` is not a valid S3 location"),
+                            "invalid S3 location",
+                        )
+                        .help("write `s3://bucket/prefix`: a bucket, then a prefix without empty, `.` or `..` components")
+                        .push(&mut self.cx.out);
+                }
+            } else if scheme != "file" {
                 self.cx
                     .error(
                         codes::UNSUPPORTED_STORAGE,
@@ -1582,7 +1603,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                         format!("`{scheme}://` checkpoint storage is not supported yet"),
                         "unsupported scheme",
                     )
-                    .help("use a local directory (or `file://` path); object stores are planned")
+                    .help("use a local directory (or `file://` path), or `s3://bucket/prefix`")
                     .push(&mut self.cx.out);
             }
         } else if storage.is_empty() {

@@ -215,6 +215,8 @@ pub struct Runner {
     pub logs: PathBuf,
     pub label: String,
     pub runs: usize,
+    /// Environment variables given to every run (e.g. the `AWS_*` settings of a service).
+    pub env: Vec<(String, String)>,
 }
 
 impl Runner {
@@ -225,6 +227,7 @@ impl Runner {
             logs: logs.to_owned(),
             label: label.to_owned(),
             runs: 0,
+            env: Vec::new(),
         }
     }
 
@@ -240,6 +243,7 @@ impl Runner {
             .arg("--no-api")
             .args(extra)
             .arg(&self.file)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -248,6 +248,19 @@ pub enum CheckpointError {
     /// The protocol was driven out of order (a bug in the caller).
     #[error("checkpoint protocol: {0}")]
     Protocol(String),
+    /// Remote checkpoint storage (object storage) did not answer or refused a request: the
+    /// service is down, unreachable or overloaded. Unlike [`Io`](Self::Io) on a local disk,
+    /// this says nothing about the stored files, so a restore MUST NOT take it for a damaged
+    /// checkpoint and fall back to an older one; it fails, and the restart strategy retries.
+    #[error("checkpoint storage unavailable: {what} `{url}`: {message}")]
+    Unavailable {
+        /// What was being done (`cannot write`, `cannot read`, ...).
+        what: &'static str,
+        /// The object's URL (`s3://bucket/key`).
+        url: String,
+        /// The client's error, with the endpoint it tried.
+        message: String,
+    },
 }
 
 impl CheckpointError {
@@ -255,7 +268,10 @@ impl CheckpointError {
     /// included) is the environment's, a bad path or a protocol violation is a bug in Weir.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::Io { .. } | Self::NotFound { .. } | Self::Corrupt { .. } => ErrorClass::Io,
+            Self::Io { .. }
+            | Self::NotFound { .. }
+            | Self::Corrupt { .. }
+            | Self::Unavailable { .. } => ErrorClass::Io,
             Self::InvalidPath { .. } | Self::Protocol(_) => ErrorClass::Internal,
         }
     }

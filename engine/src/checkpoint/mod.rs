@@ -11,6 +11,7 @@
 //! - [`retention`]: which completed checkpoints and which files to delete.
 //! - [`restore_plan`]: what a restore (of a checkpoint or savepoint, or a reload's) does to
 //!   each operator's state: kept, migrated, dropped, new, or why it cannot be restored.
+//! - [`s3`]: the store on S3-compatible object storage (`s3://bucket/prefix`).
 //! - [`savepoint`]: self-contained savepoint directories (write, read, verify).
 //!
 //! This module owns no task, channel, timer or thread: the runtime drives it by calling its
@@ -28,6 +29,7 @@ pub mod coordinator;
 pub mod metadata;
 pub mod restore_plan;
 pub mod retention;
+pub mod s3;
 pub mod savepoint;
 pub mod storage;
 

@@ -8,13 +8,17 @@
 //! format). Nothing in it points into
 //! checkpoint storage: savepoint barriers make every backend write the canonical format, so
 //! no `shared/` file is ever referenced. The directory is assembled under a temporary name
-//! and renamed into place, so a savepoint directory that exists is complete.
+//! and renamed into place, so a savepoint directory that exists is complete. A savepoint
+//! directory copied to S3 as it is (`s3://bucket/prefix/savepoint-...`) is read in place
+//! ([`open_savepoint`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::Result;
 use super::metadata::{CheckpointMetadata, FileRef, is_shared_path};
+use super::s3::{S3Location, S3Store};
 use super::storage::{CheckpointStore, LocalStore, read_verified, sync_dir};
 use crate::base::error::CheckpointError;
 
@@ -171,10 +175,46 @@ pub fn read_savepoint(path: &Path) -> Result<(CheckpointMetadata, LocalStore)> {
     Ok((meta, store))
 }
 
+/// Opens a savepoint as [`read_savepoint`] does, a local directory or one on S3
+/// (`s3://bucket/prefix/savepoint-...`, for example copied there with `aws s3 cp`): returns
+/// the metadata and a store rooted at the directory.
+///
+/// # Errors
+/// As [`read_savepoint`]; [`CheckpointError::Unavailable`] when S3 does not answer.
+pub fn open_savepoint(path: &Path) -> Result<(CheckpointMetadata, Arc<dyn CheckpointStore>)> {
+    let text = path.to_string_lossy();
+    let Some(location) = S3Location::parse(&text) else {
+        let (meta, store) = read_savepoint(path)?;
+        return Ok((meta, Arc::new(store)));
+    };
+    let mut location = location.map_err(|reason| CheckpointError::NotFound { path: reason })?;
+    if let Some(dir) = location
+        .prefix
+        .strip_suffix(SAVEPOINT_METADATA)
+        .map(|d| d.trim_end_matches('/').to_owned())
+    {
+        location.prefix = dir;
+    }
+    let store = S3Store::at(location)?;
+    let bytes = store.get(SAVEPOINT_METADATA).map_err(|e| match e {
+        CheckpointError::NotFound { .. } => CheckpointError::NotFound {
+            path: format!(
+                "{text} (not a savepoint directory: it has no `{SAVEPOINT_METADATA}`)"
+            ),
+        },
+        e => e,
+    })?;
+    let meta = CheckpointMetadata::decode(&text, &bytes)?;
+    for f in meta.files() {
+        read_verified(&store, f)?;
+    }
+    Ok((meta, Arc::new(store)))
+}
+
 /// The id of the pipeline a savepoint was taken of, read from its metadata (`None` when the
 /// path is not a readable, intact savepoint).
 pub fn savepoint_pipeline(path: &Path) -> Option<String> {
-    read_savepoint(path).ok().map(|(meta, _)| meta.pipeline)
+    open_savepoint(path).ok().map(|(meta, _)| meta.pipeline)
 }
 
 #[cfg(test)]

@@ -50,6 +50,19 @@ pub trait CheckpointStore: Send + Sync {
     /// storage fails.
     fn put(&self, path: &str, bytes: &[u8]) -> Result<()>;
 
+    /// Writes `bytes` at `path` only when nothing is there yet, with the guarantees of
+    /// [`put`](Self::put): checkpoint metadata is written this way. A store shared between
+    /// processes (object storage) MUST make the check and the write one atomic step (a
+    /// conditional put) and fail when `path` exists, so that two writers can never both
+    /// complete the same checkpoint. The default, for stores owned by one process (memory,
+    /// a local directory), is [`put`](Self::put).
+    ///
+    /// # Errors
+    /// As [`put`](Self::put); [`CheckpointError::Io`] when `path` exists (shared stores).
+    fn put_new(&self, path: &str, bytes: &[u8]) -> Result<()> {
+        self.put(path, bytes)
+    }
+
     /// Reads the whole file at `path`.
     ///
     /// # Errors
@@ -239,12 +252,13 @@ fn verify(file: &FileRef, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Writes checkpoint metadata to `chk-<n>/_metadata` (after every file it references).
+/// Writes checkpoint metadata to `chk-<n>/_metadata` (after every file it references), with
+/// [`CheckpointStore::put_new`].
 ///
 /// # Errors
 /// As [`CheckpointStore::put`] and [`CheckpointMetadata::encode`].
 pub fn write_metadata(store: &dyn CheckpointStore, meta: &CheckpointMetadata) -> Result<()> {
-    store.put(&metadata_path(meta.checkpoint), &meta.encode()?)
+    store.put_new(&metadata_path(meta.checkpoint), &meta.encode()?)
 }
 
 /// Reads and decodes checkpoint `id`'s metadata.
@@ -299,7 +313,8 @@ pub struct RestoreChoice {
 /// reason.
 ///
 /// # Errors
-/// Only when the store cannot be listed; a damaged checkpoint is skipped, not an error.
+/// When the store cannot be listed, or remote storage is unavailable
+/// ([`CheckpointError::Unavailable`]); a damaged checkpoint is skipped, not an error.
 pub fn latest_valid(
     store: &dyn CheckpointStore,
     verification: Verification,
@@ -313,6 +328,9 @@ pub fn latest_valid(
                     skipped,
                 });
             }
+            // Remote storage that does not answer says nothing about the checkpoint: falling
+            // back to an older one would replay output a newer one already committed.
+            Err(e @ CheckpointError::Unavailable { .. }) => return Err(e),
             Err(e) => {
                 let reason = e.to_string();
                 tracing::warn!(checkpoint = id, %reason, "Skipping checkpoint that cannot be restored.");
@@ -907,6 +925,21 @@ mod tests {
                 .is_err()
         );
         assert!(store.put_file("../escape", &src).is_err());
+    }
+
+    #[test]
+    fn s3_store_conformance() {
+        conformance(&crate::checkpoint::s3::testing::fresh_store());
+    }
+
+    #[test]
+    fn s3_store_recovery_skips_truncated_and_corrupt_checkpoints() {
+        recovery_skips_damaged_checkpoints(&crate::checkpoint::s3::testing::fresh_store());
+    }
+
+    #[test]
+    fn s3_store_streams_files() {
+        streaming_files(&crate::checkpoint::s3::testing::fresh_store());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod guarantee;
 pub mod render;
 
 pub use crate::base::metrics::Role;
+use crate::checkpoint::s3::S3Location;
 pub use compile::compile;
 
 /// Index of a node in [`PipelinePlan::nodes`].
@@ -59,7 +60,7 @@ pub struct PipelinePlan {
 pub struct PipelinePaths {
     /// The checkpoint storage root (`checkpoints.storage`); the pipeline's checkpoints are in
     /// `<root>/<pipeline>/`.
-    pub checkpoint_root: PathBuf,
+    pub checkpoint_root: CheckpointRoot,
     /// The savepoint root (`savepoints.dir`, default `.weir/savepoints`), absolute: where
     /// savepoints go by default, and under which control requests must name theirs.
     pub savepoints: PathBuf,
@@ -80,9 +81,39 @@ impl PipelinePaths {
             _ => None,
         };
         Self {
-            checkpoint_root: resolve_path(base_dir, &spec.checkpoints.storage),
+            checkpoint_root: CheckpointRoot::resolve(base_dir, &spec.checkpoints.storage),
             savepoints: std::path::absolute(&savepoints).unwrap_or(savepoints),
             rocksdb,
+        }
+    }
+}
+
+/// Where checkpoint storage is: a local directory or an object-store location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointRoot {
+    /// A directory, resolved against the pipeline file's directory.
+    Local(PathBuf),
+    /// `s3://bucket/prefix`.
+    S3(S3Location),
+}
+
+impl CheckpointRoot {
+    /// The root `storage` names: an `s3://` URL (validation has checked its form; a bad one
+    /// keeps its text as a local path, which the store then refuses), else a path resolved
+    /// against `base_dir`.
+    pub fn resolve(base_dir: &Path, storage: &str) -> Self {
+        match S3Location::parse(storage) {
+            Some(Ok(location)) => Self::S3(location),
+            _ => Self::Local(resolve_path(base_dir, storage)),
+        }
+    }
+
+    /// The storage of pipeline `pipeline` under this root, for messages
+    /// (`<dir>/<pipeline>` or `s3://bucket/prefix/<pipeline>`).
+    pub fn display_for(&self, pipeline: &str) -> String {
+        match self {
+            Self::Local(dir) => dir.join(pipeline).display().to_string(),
+            Self::S3(location) => location.join(pipeline).to_string(),
         }
     }
 }
@@ -335,7 +366,10 @@ mod tests {
     #[test]
     fn storage_and_local_state_resolve_against_the_file_s_directory() {
         let p = paths(TEST_JOB);
-        assert_eq!(p.checkpoint_root, Path::new("/jobs/ck"));
+        assert_eq!(
+            p.checkpoint_root,
+            CheckpointRoot::Local(PathBuf::from("/jobs/ck"))
+        );
         assert_eq!(
             p.rocksdb, None,
             "only a RocksDB backend has a local directory"

@@ -14,7 +14,8 @@ use crate::base::error::Result;
 use crate::checkpoint::metadata::checkpoint_dir;
 use crate::checkpoint::restore_plan::{self, PipelineShape, RestoreKind, RestorePlan};
 use crate::checkpoint::retention::{CheckpointFiles, orphaned_shared};
-use crate::checkpoint::savepoint::read_savepoint;
+use crate::checkpoint::s3::{S3Location, S3Store};
+use crate::checkpoint::savepoint::open_savepoint;
 use crate::checkpoint::storage::{Verification, delete_checkpoint, latest_valid, read_metadata};
 use crate::checkpoint::{CheckpointId, CheckpointMetadata, CheckpointStore, LocalStore, TaskId};
 use crate::plan::PipelinePlan;
@@ -136,8 +137,13 @@ fn mark_restored(
     if !ck.durable {
         return;
     }
+    let remote = S3Location::parse(&path.to_string_lossy()).is_some();
     let marker = RestoredFrom {
-        path: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        path: if remote {
+            path.to_path_buf()
+        } else {
+            std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+        },
         savepoint,
         after,
         allow_non_restored_state: recovery.allow_non_restored_state,
@@ -194,7 +200,7 @@ fn from_savepoint(
     path: &Path,
     recovery: &RecoveryOptions,
 ) -> Result<Restore> {
-    let (mut meta, at) = read_savepoint(path).map_err(|e| {
+    let (mut meta, at) = open_savepoint(path).map_err(|e| {
         build_error(
             plan,
             format!("cannot restore savepoint `{}`: {e}", path.display()),
@@ -217,7 +223,7 @@ fn from_savepoint(
     tracing::info!(pipeline = %plan.id, checkpoint = meta.checkpoint, path = %path.display(), "Restoring from a savepoint.");
     Ok((
         Some(TaskRestore {
-            store: Arc::new(at),
+            store: at,
             metadata: Arc::new(meta),
             savepoint: true,
             plan: Some(decision),
@@ -250,7 +256,7 @@ fn from_checkpoint(
     mark_restored(plan, ck, path, false, last, recovery);
     Ok((
         Some(TaskRestore {
-            store: Arc::new(at),
+            store: at,
             metadata: Arc::new(meta),
             savepoint: false,
             plan: Some(decision),
@@ -398,8 +404,8 @@ fn nothing_restorable(
     plan: &PipelinePlan,
     skipped: &[crate::checkpoint::storage::SkippedCheckpoint],
 ) -> String {
-    let root = plan.paths.checkpoint_root.join(&plan.id);
-    let at = format!(" in `{}`", root.display());
+    let root = plan.paths.checkpoint_root.display_for(&plan.id);
+    let at = format!(" in `{root}`");
     let mut out = format!(
         "checkpoints exist{at}, but none of the {} can be restored:",
         skipped.len()
@@ -423,7 +429,7 @@ fn nothing_restorable(
         ));
     }
     out.push_str(
-        &format!("\n  weir run --from-checkpoint {}/chk-<n> ...   (an older checkpoint you kept, or a repaired one)\n  weir run --fresh ...   (start over: deletes the checkpoints and the file sinks' committed output)", root.display()),
+        &format!("\n  weir run --from-checkpoint {root}/chk-<n> ...   (an older checkpoint you kept, or a repaired one)\n  weir run --fresh ...   (start over: deletes the checkpoints and the file sinks' committed output)"),
     );
     out
 }
@@ -460,11 +466,33 @@ fn warn_if_changed(plan: &PipelinePlan, meta: &CheckpointMetadata) {
     }
 }
 
-/// Reads the metadata of a checkpoint directory given on the command line.
+/// Reads the metadata of a checkpoint directory given on the command line: a local
+/// directory or `s3://bucket/prefix/<pipeline>/chk-<n>`.
 fn read_checkpoint_at(
     plan: &PipelinePlan,
     path: &std::path::Path,
-) -> Result<(CheckpointMetadata, LocalStore)> {
+) -> Result<(CheckpointMetadata, Arc<dyn CheckpointStore>)> {
+    if let Some(location) = S3Location::parse(&path.to_string_lossy()) {
+        let location = location.map_err(|e| build_error(plan, e))?;
+        let prefix = location.prefix.trim_end_matches("/_metadata");
+        let (root, name) = prefix.rsplit_once('/').unwrap_or(("", prefix));
+        let id = crate::checkpoint::metadata::parse_checkpoint_dir(name).ok_or_else(|| {
+            build_error(
+                plan,
+                format!(
+                    "`{}` is not a checkpoint directory (expected `s3://bucket/prefix/<pipeline>/chk-<n>`)",
+                    path.display()
+                ),
+            )
+        })?;
+        let store = S3Store::at(S3Location {
+            bucket: location.bucket.clone(),
+            prefix: root.to_owned(),
+        })
+        .map_err(|e| build_error(plan, e.to_string()))?;
+        let meta = read_metadata(&store, id).map_err(|e| build_error(plan, e.to_string()))?;
+        return Ok((meta, Arc::new(store)));
+    }
     let dir = if path.file_name().is_some_and(|n| n == "_metadata") {
         path.parent().unwrap_or(path)
     } else {
@@ -486,7 +514,7 @@ fn read_checkpoint_at(
     let root = dir.parent().unwrap_or(dir);
     let store = LocalStore::at(root);
     let meta = read_metadata(&store, name).map_err(|e| build_error(plan, e.to_string()))?;
-    Ok((meta, store))
+    Ok((meta, Arc::new(store)))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! A pipeline's checkpoint storage and local state: opening checkpoint storage (memory or a
-//! local directory), clearing what a killed process left in RocksDB's local working
+//! A pipeline's checkpoint storage and local state: opening checkpoint storage (memory, a
+//! local directory or S3), clearing what a killed process left in RocksDB's local working
 //! directories, and checking that a savepoint directory is writable. The paths themselves
 //! are the plan's (`PipelinePaths`, resolved at compile time). Nothing here decides what to
 //! restore (`restore`) or when to write (`completion`).
@@ -12,10 +12,11 @@ use weir_schema::StateSpec;
 
 use crate::base::error::{Result, RunError};
 use crate::checkpoint::retention::CheckpointFiles;
+use crate::checkpoint::s3::S3Store;
 use crate::checkpoint::{
     AlignmentMode, CheckpointId, CheckpointMetadata, CheckpointStore, LocalStore, MemoryStore,
 };
-use crate::plan::PipelinePlan;
+use crate::plan::{CheckpointRoot, PipelinePlan};
 use crate::runtime::task::TaskRestore;
 
 /// Marker written when a pipeline with durable checkpoints ran to the end: the next run
@@ -54,11 +55,18 @@ pub(super) fn setup_checkpoints(plan: &PipelinePlan) -> Result<Option<Checkpoint
     }
     let (store, durable): (Arc<dyn CheckpointStore>, bool) = match plan.spec.state {
         StateSpec::Memory => (Arc::new(MemoryStore::new()), false),
-        StateSpec::Fs | StateSpec::Rocksdb(_) => {
-            let store = LocalStore::new(&plan.paths.checkpoint_root, &plan.id)
-                .map_err(|e| build_error(plan, e.to_string()))?;
-            (Arc::new(store), true)
-        }
+        StateSpec::Fs | StateSpec::Rocksdb(_) => match &plan.paths.checkpoint_root {
+            CheckpointRoot::Local(dir) => {
+                let store =
+                    LocalStore::new(dir, &plan.id).map_err(|e| build_error(plan, e.to_string()))?;
+                (Arc::new(store), true)
+            }
+            CheckpointRoot::S3(location) => {
+                let store = S3Store::new(location, &plan.id)
+                    .map_err(|e| build_error(plan, e.to_string()))?;
+                (Arc::new(store), true)
+            }
+        },
     };
     Ok(Some(CheckpointSetup {
         store,
