@@ -57,6 +57,17 @@ pub enum RunError {
         /// The parse error.
         message: String,
     },
+    /// An external system a connector talks to (a Kafka broker) failed or refused: what,
+    /// where, and how to fix it.
+    #[error("pipeline `{pipeline}`, `{element}`: {message}")]
+    External {
+        /// Pipeline id.
+        pipeline: String,
+        /// The source or sink.
+        element: String,
+        /// What went wrong and what to check.
+        message: String,
+    },
     /// An I/O failure.
     #[error("pipeline `{pipeline}`, `{element}`: {what} `{}`: {source}", path.display())]
     Io {
@@ -163,6 +174,7 @@ impl RunError {
             Self::Operator { .. } | Self::Parse { .. } => ErrorClass::Data,
             Self::Build { .. } | Self::StateMismatch(_) => ErrorClass::Config,
             Self::Io { .. }
+            | Self::External { .. }
             | Self::Disconnected { .. }
             | Self::Api(_)
             | Self::StateIo(_)
@@ -182,6 +194,7 @@ impl RunError {
             Self::Operator { operator, .. } => Some(operator.as_str()),
             Self::Parse { source_id, .. } => Some(source_id.as_str()),
             Self::Io { element, .. }
+            | Self::External { element, .. }
             | Self::Build { element, .. }
             | Self::Disconnected { element, .. } => Some(element.as_str()),
             Self::GaveUp { cause, .. } => cause.element(),
