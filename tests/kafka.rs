@@ -62,16 +62,27 @@ fn create_topic(topic: &str, partitions: u32) {
     );
 }
 
-/// Produces `(key, value)` messages to `topic` and waits until the broker has them all.
-fn produce(topic: &str, messages: &[(String, String)]) {
+/// The partition of a key: every message of a key goes to one partition, chosen here rather
+/// than by the producer so that [`produce`] can seal each partition.
+fn partition_of(key: &str, partitions: i32) -> i32 {
+    let sum: u32 = key.bytes().map(u32::from).sum();
+    (sum % partitions.unsigned_abs()) as i32
+}
+
+/// Produces `(key, value)` messages to `topic` (with `partitions` partitions) and waits until
+/// the broker has them all. Each partition's last message goes alone in a batch of its own,
+/// after the others are acknowledged: tansu 0.6 answers a "latest offset" request with the
+/// first offset of the partition's last batch plus one (not its last offset plus one), so a
+/// single-message last batch makes that answer, which `stop_at: latest` reads, the true end.
+fn produce(topic: &str, partitions: i32, messages: &[(String, String)]) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()
         .unwrap();
-    for (key, value) in messages {
-        let mut record = BaseRecord::to(topic).key(key).payload(value);
+    let send = |p: i32, key: &str, value: &str| {
+        let mut record = BaseRecord::to(topic).partition(p).key(key).payload(value);
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -81,59 +92,68 @@ fn produce(topic: &str, messages: &[(String, String)]) {
                 }
             }
         }
+    };
+    let mut last: BTreeMap<i32, usize> = BTreeMap::new();
+    for (i, (key, _)) in messages.iter().enumerate() {
+        last.insert(partition_of(key, partitions), i);
+    }
+    for (i, (key, value)) in messages.iter().enumerate() {
+        let p = partition_of(key, partitions);
+        if last[&p] != i {
+            send(p, key, value);
+        }
     }
     producer.flush(Duration::from_secs(60)).unwrap();
+    for (p, i) in last {
+        send(p, &messages[i].0, &messages[i].1);
+        producer.flush(Duration::from_secs(60)).unwrap();
+    }
 }
 
-/// Every message of `topic`, as `(partition, offset, key, value)`, read from the start to the
-/// end each partition has now.
+/// Every message of `topic`, as `(partition, offset, key, value)`, read from the start until
+/// every partition reported its end (from the fetch responses' high watermark, which tansu
+/// gets right, unlike its answer to a "latest offset" request).
 fn consume_all(topic: &str) -> Vec<(i32, i64, String, String)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", format!("{topic}-reader"))
         .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
         .create()
         .unwrap();
     let meta = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .unwrap();
-    let mut ends = BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
+    let mut open = std::collections::BTreeSet::new();
     for p in meta.topics()[0].partitions() {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
             .unwrap();
-        if high > low {
-            ends.insert(p.id(), high);
-            tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))
-                .unwrap();
-        }
+        open.insert(p.id());
     }
     consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while ends
-        .iter()
-        .any(|(p, end)| next.get(p).copied().unwrap_or(0) < *end)
-    {
+    while !open.is_empty() {
         assert!(Instant::now() < deadline, "reading {topic} back timed out");
-        let Some(m) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let m = m.unwrap();
-        next.insert(m.partition(), m.offset() + 1);
-        out.push((
-            m.partition(),
-            m.offset(),
-            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-            String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-        ));
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                open.remove(&p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            Some(Ok(m)) => out.push((
+                m.partition(),
+                m.offset(),
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            )),
+        }
     }
     out
 }
 
-/// `n` orders `{user, amount, seq}` keyed by user: a user's orders share a partition.
+/// `n` orders `{user, amount, seq}` keyed by user (a user's orders share a partition).
 fn orders(from: usize, n: usize) -> Vec<(String, String)> {
     (from..from + n)
         .map(|i| {
@@ -187,7 +207,8 @@ fn totals_reference(orders: &[(String, String)]) -> Vec<String> {
         let user = v["user"].as_str().unwrap().to_owned();
         let total = totals.entry(user.clone()).or_insert(0);
         *total += v["amount"].as_i64().unwrap();
-        out.push(json!({"user": user, "amount": *total, "seq": v["seq"]}).to_string());
+        // The reduce adds the key under `key` (its `key_field`).
+        out.push(json!({"user": user, "amount": *total, "seq": v["seq"], "key": user}).to_string());
     }
     common::output::canonical_lines(&out.join("\n"))
 }
@@ -197,8 +218,8 @@ fn kafka_to_file_is_exactly_once_under_repeated_sigkill() {
     let started = Instant::now();
     let topic = unique_topic("eo");
     create_topic(&topic, 3);
-    let input = orders(0, 30_000);
-    produce(&topic, &input);
+    let input = orders(0, 150_000);
+    produce(&topic, 3, &input);
     let reference = totals_reference(&input);
     let scratch = Scratch::new();
     let tmp = scratch.path();
@@ -364,7 +385,7 @@ fn a_kafka_source_rescaled_2_to_3_to_1_reads_every_message_exactly_once() {
     // savepoint that the next step, at another parallelism, restores.
     for (step, parallelism) in [2u32, 3, 1].into_iter().enumerate() {
         let batch = orders(all.len(), 4_000);
-        produce(&topic, &batch);
+        produce(&topic, 5, &batch);
         all.extend(batch);
         let yaml = write_job(d, &with_checkpoints(totals_job(&topic, parallelism, false)));
         let extra: Vec<&str> = match &savepoint {
@@ -425,7 +446,7 @@ fn messages_that_do_not_parse_become_dead_letters_with_partition_and_offset() {
     let mut messages = orders(0, 10);
     messages.insert(3, ("bad".into(), "{not json".into()));
     messages.insert(7, ("bad".into(), "[1, 2]".into()));
-    produce(&topic, &messages);
+    produce(&topic, 1, &messages);
     let dir = tempfile::tempdir().unwrap();
     let job = json!({
         "version": 1,

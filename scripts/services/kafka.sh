@@ -84,11 +84,12 @@ start() {
   else
     say "starting the broker on 127.0.0.1:$port (log: $log)"
     # setsid: the broker outlives the test binary that asked for it (other tests reuse it).
+    # 9>&-: it must not inherit the lock, or every later call would wait for it forever.
     setsid "$bin" broker \
       --listener-url "tcp://127.0.0.1:$port" \
       --advertised-listener-url "tcp://127.0.0.1:$port" \
       --storage-engine memory://tansu/ \
-      >"$log" 2>&1 </dev/null &
+      >"$log" 2>&1 </dev/null 9>&- &
     echo $! >"$pidfile"
   fi
   local i

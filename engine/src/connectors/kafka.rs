@@ -73,6 +73,13 @@ const IDLE_WAIT: Duration = Duration::from_millis(5);
 const DEFAULT_DISCOVERY: Duration = Duration::from_secs(30);
 /// The default of the sink's `flush_timeout`.
 const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many messages before its recorded offset a restored partition is fetched from (and
+/// dropped up to the offset). Some brokers (tansu 0.6) fetch only from the first offset of a
+/// stored batch at or after the one asked for: asked for an offset inside a batch, they skip
+/// the rest of that batch. Starting earlier than any batch can be long (librdkafka's producer
+/// puts at most 10 000 messages in one) costs a little reading per restore and loses nothing.
+/// An offset below the partition's start is reset to its start (`auto.offset.reset`).
+const RESTORE_REWIND: i64 = 100_000;
 /// At most one log line this often repeats a poll error.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
 
@@ -492,14 +499,16 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// Assigns every restored partition that is not done at its recorded offset.
+    /// Assigns every restored partition that is not done, [`RESTORE_REWIND`] messages before
+    /// its recorded offset (the poll drops what comes before it).
     fn assign_restored(&self) -> Result<()> {
         let mut assign = TopicPartitionList::new();
         for (t, parts) in &self.owned {
             for (p, o) in parts {
                 if !o.done() {
+                    let from = o.next.saturating_sub(RESTORE_REWIND).max(0);
                     assign
-                        .add_partition_offset(t, *p, Offset::Offset(o.next))
+                        .add_partition_offset(t, *p, Offset::Offset(from))
                         .map_err(|e| self.err(format!("`{t}` partition {p}: {e}")))?;
                 }
             }
