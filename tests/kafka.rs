@@ -298,7 +298,7 @@ fn file_to_kafka_at_least_once_loses_nothing_under_sigkill() {
     create_topic(&topic, 2);
     let scratch = Scratch::new();
     let tmp = scratch.path();
-    let n = 20_000;
+    let n = 200_000;
     let input: String = (0..n)
         .map(|i| format!("{{\"seq\":{i},\"user\":\"u{}\"}}\n", i % 17))
         .collect();

@@ -297,6 +297,9 @@ impl KafkaSourceConfig {
     }
 }
 
+/// `(topic, partition, next offset)` to commit to the consumer group.
+type Committable = (String, i32, i64);
+
 /// What this subtask knows of one owned partition.
 #[derive(Clone, Debug)]
 struct Owned {
@@ -329,7 +332,7 @@ pub struct KafkaSource {
     bad: BadRecords,
     ids: (String, String),
     /// Snapshots taken for checkpoints not completed yet: `(checkpoint, offsets)`, in order.
-    pending_commits: Vec<(u64, Vec<(String, i32, i64)>)>,
+    pending_commits: Vec<(u64, Vec<Committable>)>,
     /// When a poll error was last logged.
     error_logged: Option<Instant>,
 }
