@@ -81,6 +81,7 @@ const ROCKSDB: &str = "engine/src/state/rocksdb.rs";
 const SETTINGS: &str = "engine/src/api/settings.rs";
 const VALIDATE: &str = "schema/src/validate.rs";
 const POSTGRES: &str = "engine/src/connectors/postgres.rs";
+const KAFKA: &str = "engine/src/connectors/kafka.rs";
 
 /// Every schema field and what happens to it, one row per line (kept unformatted so that it
 /// reads as a table).
@@ -160,6 +161,17 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sources[][type=*].event_time.max_out_of_orderness", Engine, &[(EVENT_TIME, "spec.out_of_orderness_ms()")], &["engine/src/connectors/event_time.rs::the_watermark_trails_the_largest_time_per_split_and_takes_the_minimum"]),
     e(".pipelines[].sources[][type=*].event_time.idle_timeout", Engine, &[(EVENT_TIME, ".idle_timeout")], &["engine/src/connectors/event_time.rs::idle_splits_stop_holding_back_and_come_back_when_they_advance"]),
     e(".pipelines[].sources[][type=file].poll_interval", Engine, &[(REGISTRY, "f.poll_interval")], &["engine/src/connectors/file.rs::a_following_reader_with_nothing_new_waits_its_poll_interval"]),
+    e(".pipelines[].sources[][type=kafka].brokers", Engine, &[(KAFKA, "brokers: spec.brokers.clone()")], &["tests/kafka.rs::kafka_to_file_is_exactly_once_under_repeated_sigkill"]),
+    e(".pipelines[].sources[][type=kafka].topics", Engine, &[(KAFKA, "Topics::Named(spec.topics.clone())")], &["tests/kafka.rs::kafka_to_file_is_exactly_once_under_repeated_sigkill"]),
+    e(".pipelines[].sources[][type=kafka].topic_pattern", Engine, &[(KAFKA, "&spec.topic_pattern")], &["engine/src/connectors/kafka.rs::a_topic_pattern_matches_whole_topic_names"]),
+    e(".pipelines[].sources[][type=kafka].format", Engine, &[(KAFKA, "format: spec.format")], &[]),
+    e(".pipelines[].sources[][type=kafka].start", Engine, &[(KAFKA, "start: spec.start.clone()")], &[]),
+    e(".pipelines[].sources[][type=kafka].start.timestamp", Engine, &[(KAFKA, "KafkaStartSpec::Timestamp(ms)")], &[]),
+    e(".pipelines[].sources[][type=kafka].stop_at", Engine, &[(KAFKA, "stop: spec.stop_at")], &["tests/kafka.rs::kafka_to_file_is_exactly_once_under_repeated_sigkill"]),
+    e(".pipelines[].sources[][type=kafka].group", Engine, &[(KAFKA, "spec\n                .group")], &[]),
+    e(".pipelines[].sources[][type=kafka].discovery_interval", Engine, &[(KAFKA, "spec.discovery_interval")], &[]),
+    e(".pipelines[].sources[][type=kafka].metadata_field", Engine, &[(KAFKA, "spec.metadata_field.clone()")], &["tests/kafka.rs::messages_that_do_not_parse_become_dead_letters_with_partition_and_offset"]),
+    e(".pipelines[].sources[][type=kafka].properties", Engine, &[(KAFKA, "&self.config.properties")], &[]),
     e(".pipelines[].sources[][type=generator].seed", Engine, &[(REGISTRY, "g.seed")], &["tests/runtime_operators.rs::generator_output_is_the_same_at_any_parallelism"]),
     e(".pipelines[].sources[][type=generator].count", Engine, &[(REGISTRY, "g.count")], &["tests/runtime_operators.rs::generator_output_is_the_same_at_any_parallelism"]),
     e(".pipelines[].sources[][type=generator].rate", Engine, &[(REGISTRY, "g.rate")], &["engine/src/connectors/generator.rs::restore_from_a_rate_limited_run_keeps_the_sequence"]),
@@ -241,6 +253,15 @@ const TABLE: &[Entry] = &[
     e(".pipelines[].sinks[][type=postgres].batch_size", Engine, &[(POSTGRES, ".batch_size")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
     e(".pipelines[].sinks[][type=postgres].parallelism", Engine, &[(COMPILE, "sink.parallelism()")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
     e(".pipelines[].sinks[][type=postgres].partitioning", Engine, &[(COMPILE, "sink.partitioning()")], &["tests/postgres.rs::at_least_once_upsert_absorbs_replays"]),
+    e(".pipelines[].sinks[][type=kafka].brokers", Engine, &[(KAFKA, "brokers: spec.brokers.clone()")], &["tests/kafka.rs::file_to_kafka_at_least_once_loses_nothing_under_sigkill"]),
+    e(".pipelines[].sinks[][type=kafka].topic", Engine, &[(KAFKA, "(Some(t), None) => TopicOf::Fixed(t.clone())")], &["tests/kafka.rs::file_to_kafka_at_least_once_loses_nothing_under_sigkill"]),
+    e(".pipelines[].sinks[][type=kafka].topic_field", Engine, &[(KAFKA, "TopicOf::Field(FieldPath::new(f))")], &["tests/invalid/kafka_sink_topic_and_topic_field.yaml"]),
+    e(".pipelines[].sinks[][type=kafka].key_field", Engine, &[(KAFKA, "spec.key_field.as_deref()")], &["tests/kafka.rs::file_to_kafka_at_least_once_loses_nothing_under_sigkill"]),
+    e(".pipelines[].sinks[][type=kafka].headers", Engine, &[(KAFKA, "(name.clone(), FieldPath::new(field))")], &["tests/kafka.rs::file_to_kafka_at_least_once_loses_nothing_under_sigkill"]),
+    e(".pipelines[].sinks[][type=kafka].flush_timeout", Engine, &[(KAFKA, "spec.flush_timeout")], &[]),
+    e(".pipelines[].sinks[][type=kafka].properties", Engine, &[(KAFKA, "properties: spec.properties.clone()")], &[]),
+    e(".pipelines[].sinks[][type=kafka].parallelism", Engine, &[(COMPILE, "sink.parallelism()")], &["tests/kafka.rs::file_to_kafka_at_least_once_loses_nothing_under_sigkill"]),
+    e(".pipelines[].sinks[][type=kafka].partitioning", Engine, &[(COMPILE, "sink.partitioning()")], &[]),
 ];
 
 /// `Engine` fields read by the engine (see their `reads`) whose effect no test pins down
@@ -262,6 +283,15 @@ const UNPROVEN: &[&str] = &[
     ".pipelines[].sinks[][type=*].inputs",
     ".pipelines[].sinks[][type=file].prefix",
     ".pipelines[].sinks[][type=file].max_part_size",
+    ".pipelines[].sources[][type=kafka].format",
+    ".pipelines[].sources[][type=kafka].start",
+    ".pipelines[].sources[][type=kafka].start.timestamp",
+    ".pipelines[].sources[][type=kafka].group",
+    ".pipelines[].sources[][type=kafka].discovery_interval",
+    ".pipelines[].sources[][type=kafka].properties",
+    ".pipelines[].sinks[][type=kafka].flush_timeout",
+    ".pipelines[].sinks[][type=kafka].properties",
+    ".pipelines[].sinks[][type=kafka].partitioning",
 ];
 
 fn root() -> PathBuf {

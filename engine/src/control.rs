@@ -388,6 +388,10 @@ pub struct SubtaskStatus {
     pub queue_fill: f64,
     /// Sources only: how far behind the end of its input it is (bytes for files), when known.
     pub lag: Option<u64>,
+    /// Sources with partitions (Kafka) only: the next offset and the lag of each partition
+    /// this subtask reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<crate::base::metrics::PartitionProgress>,
 }
 
 /// How many checkpoints and savepoints (completed and failed) a pipeline's history keeps.

@@ -16,6 +16,7 @@ use crate::connectors::event_time::EventTimeSource;
 use crate::connectors::file::{DEFAULT_POLL_INTERVAL, FileSink, FileSource, prepare_sink_dir};
 use crate::connectors::pacing::Pacing;
 use crate::connectors::generator::GeneratorSource;
+use crate::connectors::kafka::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
 use crate::connectors::stdin::StdinSource;
 use crate::connectors::stdout::StdoutSink;
 use crate::connectors::{LineParser, Source};
@@ -161,6 +162,14 @@ fn build_plain_source(
                         element: id.clone(),
                         message,
                     })
+            })
+        }
+        SourceSpec::Kafka(k) => {
+            let config = KafkaSourceConfig::from_spec(k, &ctx.plan.id)
+                .map_err(|message| ctx.error(node, message))?;
+            let config = Arc::new(config);
+            Box::new(move |s, p| {
+                Ok(Box::new(KafkaSource::new(Arc::clone(&config), s, p)) as Box<dyn Source>)
             })
         }
         SourceSpec::Stdin(s) => {
@@ -372,6 +381,12 @@ fn build_sink(node: &PlanNode, spec: &SinkSpec, ctx: &BuildContext<'_>) -> Resul
                 ) as Box<dyn Operator>)
             })
         }
+        SinkSpec::Kafka(k) => {
+            let config = Arc::new(KafkaSinkConfig::from_spec(k));
+            Box::new(move |_, _| {
+                Ok(Box::new(KafkaSink::new(Arc::clone(&config))) as Box<dyn Operator>)
+            })
+        }
         SinkSpec::Stdout(s) => {
             let csv = s.format == SinkFormat::Csv;
             Box::new(move |_, _| Ok(Box::new(StdoutSink::new(csv)) as Box<dyn Operator>))
@@ -401,7 +416,7 @@ pub fn describe_local_state(
     bytes: &[u8],
 ) -> Option<Result<serde_json::Value>> {
     use crate::checkpoint::metadata::Section;
-    use crate::connectors::{event_time, file, file_sink, generator, postgres, stdin};
+    use crate::connectors::{event_time, file, file_sink, generator, kafka, postgres, stdin};
     // A source with `event_time` keeps its watermark in front of its position.
     let (bytes, watermark) = match section {
         Section::Source => match event_time::inner_position(bytes) {
@@ -414,6 +429,7 @@ pub fn describe_local_state(
         (Section::Source, "file") => file::describe_snapshot(bytes),
         (Section::Source, "generator") => generator::describe_snapshot(bytes),
         (Section::Source, "stdin") => stdin::describe_snapshot(bytes),
+        (Section::Source, "kafka") => kafka::describe_snapshot(bytes),
         (Section::Sink, "file") => file_sink::describe_snapshot(bytes),
         (Section::Sink, "postgres") => postgres::describe_snapshot(bytes),
         _ => return None,

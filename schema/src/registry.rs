@@ -29,6 +29,9 @@ pub enum SourceSpec {
     Generator(GeneratorSourceSpec),
     /// Reads standard input. Not replayable, so not allowed with `exactly_once`.
     Stdin(StdinSourceSpec),
+    /// Reads topics of a Kafka-API broker. Replayable: checkpoints record the next offset of
+    /// every partition, and Weir (not the consumer group) assigns partitions to subtasks.
+    Kafka(KafkaSourceSpec),
 }
 
 /// What a source does with an input record it cannot read: a malformed JSON line, a jsonl line
@@ -219,6 +222,104 @@ pub struct StdinSourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csv: Option<CsvOptions>,
     /// What to do with a line that does not parse. Default: `fail`.
+    #[serde(default)]
+    pub on_error: SourceOnError,
+    /// Event time: which field holds each record's time, and how watermarks are made from
+    /// it. Absent: the source produces no watermarks (processing time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
+}
+
+/// How a Kafka message's value becomes records.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaFormat {
+    /// The value is one JSON object: the record.
+    #[default]
+    Json,
+    /// Each line of the value becomes the record `{"line": "<text>"}`.
+    Lines,
+    /// The whole value, as text (invalid UTF-8 replaced), becomes `{"value": "<text>"}`.
+    Raw,
+}
+
+/// Where a Kafka source starts reading a partition that its checkpoint does not know (every
+/// partition on a fresh start). Partitions discovered while running are read from their
+/// earliest offset, as are partitions new since a restored checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaStartSpec {
+    /// The oldest message still in the partition.
+    #[default]
+    Earliest,
+    /// Only messages produced after the source started.
+    Latest,
+    /// The offsets the consumer `group` committed (earliest where it committed none).
+    Committed,
+    /// The first message whose timestamp is at or after this time (epoch milliseconds).
+    Timestamp(i64),
+}
+
+/// Where a Kafka source stops.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaStopSpec {
+    /// At the end each partition had when the source first started reading it (the offsets
+    /// are kept in checkpoints, so a restored run stops at the same place): the source is
+    /// bounded, as for a backfill.
+    Latest,
+}
+
+/// Options of the `kafka` source.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceSpec {
+    /// Stable identifier, unique in the pipeline; its partition offsets are checkpointed under
+    /// it.
+    pub id: String,
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The topics to read. Exclusive with `topic_pattern`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<String>,
+    /// Read every topic whose whole name matches this regular expression (topics created
+    /// later join at the next partition discovery). Exclusive with `topics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_pattern: Option<String>,
+    /// How a message's value becomes records. Default: `json`.
+    #[serde(default)]
+    pub format: KafkaFormat,
+    /// Where to start in partitions the checkpoint does not know. Default: `earliest`.
+    #[serde(default)]
+    pub start: KafkaStartSpec,
+    /// Where to stop. Absent: never (the source is unbounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at: Option<KafkaStopSpec>,
+    /// The consumer group offsets are committed to when a checkpoint completes (for lag
+    /// tools only: Weir restores from its checkpoints, never from the group), and read from
+    /// with `start: committed`. Default: `weir-<pipeline>-<source id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// How often to look for new partitions and, with `topic_pattern`, new topics (at least
+    /// `1ms`; not with `stop_at`). Default: `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_interval: Option<DurationSpec>,
+    /// Add the message's metadata to each record under this field: `{topic, partition,
+    /// offset, timestamp, key, headers}` (key and header values as text; timestamp in epoch
+    /// milliseconds, or `()` when the message has none). Absent: records carry no metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_field: Option<String>,
+    /// librdkafka consumer properties (`security.protocol`, `sasl.*`, fetch tuning, ...),
+    /// applied over Weir's defaults.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// Parallel readers (partitions are dealt out among them). Default: the pipeline's
+    /// parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// What to do with a message that does not parse. A dead letter carries the topic,
+    /// partition and offset. Default: `fail`.
     #[serde(default)]
     pub on_error: SourceOnError,
     /// Event time: which field holds each record's time, and how watermarks are made from
@@ -918,6 +1019,57 @@ pub enum SinkSpec {
     /// Writes rows into a PostgreSQL table; transactional (two-phase commit with prepared
     /// transactions, which the server must allow) under `exactly_once`.
     Postgres(PostgresSinkSpec),
+    /// Writes JSON messages to a Kafka-API broker with the idempotent producer, flushed at
+    /// every checkpoint barrier: at-least-once. Not transactional (the broker here has no
+    /// transactions), so not allowed with `exactly_once`.
+    Kafka(KafkaSinkSpec),
+}
+
+/// Options of the `kafka` sink.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkSpec {
+    /// Stable identifier, unique in the pipeline.
+    pub id: String,
+    /// The one upstream operator or source. A sink without input can only be a dead-letter
+    /// target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Several upstream operators or sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The topic every record goes to. Exclusive with `topic_field`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The field (a dotted path) naming each record's topic. Exclusive with `topic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_field: Option<String>,
+    /// The field (a dotted path) whose value is the message key (text as is, other values as
+    /// JSON); the broker's partitioner picks the partition from it. Absent: no key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_field: Option<String>,
+    /// Message headers: header name to the field (a dotted path) holding its value. A record
+    /// without the field gets no such header.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<String, String>,
+    /// How long a checkpoint barrier may wait for the broker to acknowledge every message
+    /// sent before it; past it the checkpoint fails. Default: `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_timeout: Option<DurationSpec>,
+    /// librdkafka producer properties (`security.protocol`, `compression.type`, ...), applied
+    /// over Weir's defaults (the idempotent producer cannot be switched off).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// Parallel writers. Default: the pipeline's parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// How records travel from the inputs to the writers. Default: `forward` when the
+    /// parallelism matches the input's, `rebalance` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<PartitioningSpec>,
 }
 
 fn default_delimiter() -> String {
@@ -977,6 +1129,7 @@ impl SourceSpec {
             Self::File(s) => &s.id,
             Self::Generator(s) => &s.id,
             Self::Stdin(s) => &s.id,
+            Self::Kafka(s) => &s.id,
         }
     }
 
@@ -986,6 +1139,7 @@ impl SourceSpec {
             Self::File(_) => "file",
             Self::Generator(_) => "generator",
             Self::Stdin(_) => "stdin",
+            Self::Kafka(_) => "kafka",
         }
     }
 
@@ -1000,6 +1154,7 @@ impl SourceSpec {
             Self::File(f) => !f.follow,
             Self::Generator(g) => g.count.is_some(),
             Self::Stdin(_) => true,
+            Self::Kafka(k) => k.stop_at.is_some(),
         }
     }
 
@@ -1009,6 +1164,7 @@ impl SourceSpec {
             Self::File(s) => s.parallelism,
             Self::Generator(s) => s.parallelism,
             Self::Stdin(_) => Some(1),
+            Self::Kafka(s) => s.parallelism,
         }
     }
 
@@ -1018,6 +1174,7 @@ impl SourceSpec {
         match self {
             Self::File(s) => Some(&s.on_error),
             Self::Stdin(s) => Some(&s.on_error),
+            Self::Kafka(s) => Some(&s.on_error),
             Self::Generator(_) => None,
         }
     }
@@ -1028,6 +1185,7 @@ impl SourceSpec {
             Self::File(s) => s.event_time.as_ref(),
             Self::Generator(s) => s.event_time.as_ref(),
             Self::Stdin(s) => s.event_time.as_ref(),
+            Self::Kafka(s) => s.event_time.as_ref(),
         }
     }
 
@@ -1214,6 +1372,7 @@ impl SinkSpec {
             Self::File(s) => &s.id,
             Self::Stdout(s) => &s.id,
             Self::Postgres(s) => &s.id,
+            Self::Kafka(s) => &s.id,
         }
     }
 
@@ -1223,6 +1382,7 @@ impl SinkSpec {
             Self::File(_) => "file",
             Self::Stdout(_) => "stdout",
             Self::Postgres(_) => "postgres",
+            Self::Kafka(_) => "kafka",
         }
     }
 
@@ -1241,6 +1401,10 @@ impl SinkSpec {
                 input: s.input.as_deref(),
                 inputs: &s.inputs,
             },
+            Self::Kafka(s) => Wiring {
+                input: s.input.as_deref(),
+                inputs: &s.inputs,
+            },
         }
     }
 
@@ -1249,6 +1413,7 @@ impl SinkSpec {
         match self {
             Self::File(s) => s.partitioning,
             Self::Postgres(s) => s.partitioning,
+            Self::Kafka(s) => s.partitioning,
             Self::Stdout(_) => None,
         }
     }
@@ -1263,6 +1428,7 @@ impl SinkSpec {
         match self {
             Self::File(s) => s.parallelism,
             Self::Postgres(s) => s.parallelism,
+            Self::Kafka(s) => s.parallelism,
             Self::Stdout(_) => Some(1),
         }
     }

@@ -234,6 +234,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_operator_options();
         self.check_sources();
         self.check_sinks();
+        self.check_kafka_sinks();
         self.check_parallelism();
         self.check_delivery();
         self.check_checkpoints();
@@ -251,7 +252,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let (format, csv) = match s {
                 SourceSpec::File(f) => (f.format, f.csv.is_some()),
                 SourceSpec::Stdin(f) => (f.format, f.csv.is_some()),
-                SourceSpec::Generator(_) => continue,
+                SourceSpec::Generator(_) | SourceSpec::Kafka(_) => continue,
             };
             if csv && format != RecordFormat::Csv {
                 self.cx
@@ -1298,6 +1299,10 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
             let csv = match s {
                 SourceSpec::File(f) => f.csv.as_ref(),
                 SourceSpec::Stdin(f) => f.csv.as_ref(),
+                SourceSpec::Kafka(k) => {
+                    self.check_kafka_source(k, &path);
+                    None
+                }
                 SourceSpec::Generator(g) => {
                     for (name, field) in &g.fields {
                         let fpath = path.join("fields").join(name.as_str());
@@ -1338,6 +1343,97 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     )
                     .help("use one ASCII character such as `,`, `;`, `|` or a tab (`\"\\t\"`)")
                     .push(&mut self.cx.out);
+            }
+        }
+    }
+
+    /// A `kafka` source: `topics` or `topic_pattern` (exactly one), and a positive
+    /// `discovery_interval` that a bounded source (`stop_at`) does not take.
+    fn check_kafka_source(&mut self, k: &crate::registry::KafkaSourceSpec, path: &YamlPath) {
+        match (k.topics.is_empty(), &k.topic_pattern) {
+            (true, None) => self
+                .cx
+                .error(
+                    codes::MISSING_FIELD,
+                    &path.join("type"),
+                    format!("kafka source `{}` names no topic", k.id),
+                    "no topics",
+                )
+                .help("add `topics: [name, ...]` or `topic_pattern: <regular expression>`")
+                .push(&mut self.cx.out),
+            (false, Some(_)) => self
+                .cx
+                .key_error(
+                    codes::INVALID_VALUE,
+                    &path.join("topic_pattern"),
+                    format!(
+                        "kafka source `{}` has both `topics` and `topic_pattern`",
+                        k.id
+                    ),
+                    "exclusive with `topics`",
+                )
+                .help("keep one: a list of topics, or a regular expression their names match")
+                .push(&mut self.cx.out),
+            _ => {}
+        }
+        if let Some(t) = k.topics.iter().find(|t| t.is_empty()) {
+            let i = k.topics.iter().position(|x| x == t).unwrap_or(0);
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    &path.join("topics").join(i),
+                    "an empty topic name",
+                    "empty",
+                )
+                .help("name the topic")
+                .push(&mut self.cx.out);
+        }
+        if let Some(d) = k.discovery_interval {
+            self.positive(d, path.join("discovery_interval"), "`discovery_interval`");
+            if k.stop_at.is_some() {
+                self.cx
+                    .key_error(
+                        codes::NO_EFFECT,
+                        &path.join("discovery_interval"),
+                        "a source with `stop_at` reads the partitions it found at its start and discovers none later",
+                        "no effect with `stop_at`",
+                    )
+                    .help("remove `discovery_interval`, or `stop_at` to keep reading")
+                    .push(&mut self.cx.out);
+            }
+        }
+    }
+
+    /// Every `kafka` sink: `topic` or `topic_field` (exactly one), a positive `flush_timeout`.
+    fn check_kafka_sinks(&mut self) {
+        for (i, s) in self.p.sinks.iter().enumerate() {
+            let SinkSpec::Kafka(k) = s else { continue };
+            let path = self.base.join("sinks").join(i);
+            match (&k.topic, &k.topic_field) {
+                (None, None) => self
+                    .cx
+                    .error(
+                        codes::MISSING_FIELD,
+                        &path.join("type"),
+                        format!("kafka sink `{}` names no topic", k.id),
+                        "no topic",
+                    )
+                    .help("add `topic: <name>`, or `topic_field: <field>` to take it from each record")
+                    .push(&mut self.cx.out),
+                (Some(_), Some(_)) => self
+                    .cx
+                    .key_error(
+                        codes::INVALID_VALUE,
+                        &path.join("topic_field"),
+                        format!("kafka sink `{}` has both `topic` and `topic_field`", k.id),
+                        "exclusive with `topic`",
+                    )
+                    .help("keep one: a fixed topic, or the field that names each record's topic")
+                    .push(&mut self.cx.out),
+                _ => {}
+            }
+            if let Some(d) = k.flush_timeout {
+                self.positive(d, path.join("flush_timeout"), "`flush_timeout`");
             }
         }
     }
@@ -1512,7 +1608,11 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                     format!("sink `{}` (`{}`) cannot commit transactionally, so this pipeline cannot be exactly-once", s.id(), s.type_name()),
                     "not transactional",
                 )
-                .help("output written before a failure would be repeated after recovery. Choose at-least-once with `checkpoints: {mode: at_least_once}` (or remove `checkpoints:`), or write to a `file` sink");
+                .help(if matches!(s, SinkSpec::Kafka(_)) {
+                    "exactly-once into Kafka needs broker transactions, which Weir's Kafka sink does not use (the Kafka-API broker it is tested against has none): after a failure, messages sent since the last checkpoint are sent again. Choose `checkpoints: {mode: at_least_once}` and make consumers idempotent (the message key identifies a record), or write to a transactional sink (`file`)"
+                } else {
+                    "output written before a failure would be repeated after recovery. Choose at-least-once with `checkpoints: {mode: at_least_once}` (or remove `checkpoints:`), or write to a `file` sink"
+                });
             if let Some(span) = mode_span.clone() {
                 d = d.related(span, "exactly-once chosen here");
             }

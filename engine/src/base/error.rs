@@ -57,6 +57,17 @@ pub enum RunError {
         /// The parse error.
         message: String,
     },
+    /// An external system a connector talks to (a Kafka broker) failed or refused: what,
+    /// where, and how to fix it.
+    #[error("pipeline `{pipeline}`, `{element}`: {message}")]
+    External {
+        /// Pipeline id.
+        pipeline: String,
+        /// The source or sink.
+        element: String,
+        /// What went wrong and what to check.
+        message: String,
+    },
     /// An I/O failure.
     #[error("pipeline `{pipeline}`, `{element}`: {what} `{}`: {source}", path.display())]
     Io {

@@ -66,6 +66,20 @@ pub struct SubtaskMetrics {
     pub lag: AtomicU64,
     /// When the first record entered (a stamp; 0: none yet).
     first_in: AtomicU64,
+    /// Sources with partitions (Kafka): where each one is, as last asked.
+    partitions: Mutex<Vec<PartitionProgress>>,
+}
+
+/// Where a source subtask is in one partition of its input (a Kafka topic partition), for
+/// `weir status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionProgress {
+    /// The partition, `topic/number`.
+    pub partition: String,
+    /// The offset of the next message to read.
+    pub offset: i64,
+    /// Messages between it and the end of the partition, when known.
+    pub lag: Option<u64>,
 }
 
 impl Default for SubtaskMetrics {
@@ -91,6 +105,7 @@ impl SubtaskMetrics {
             queue_fill_milli: AtomicU64::new(0),
             lag: AtomicU64::new(NO_LAG),
             first_in: AtomicU64::new(0),
+            partitions: Mutex::new(Vec::new()),
         }
     }
 
@@ -160,6 +175,11 @@ impl SubtaskMetrics {
             .store(lag.unwrap_or(NO_LAG), Ordering::Relaxed);
     }
 
+    /// Sets where the source is in each of its partitions (empty: it has none).
+    pub fn set_partitions(&self, partitions: Vec<PartitionProgress>) {
+        *self.partitions.lock().unwrap_or_else(|e| e.into_inner()) = partitions;
+    }
+
     /// A snapshot of the record counters `(in, out, errors)`.
     pub fn read(&self) -> (u64, u64, u64) {
         (
@@ -188,6 +208,11 @@ impl SubtaskMetrics {
             backpressured: Duration::from_nanos(load(&self.backpressured_ns)),
             queue_fill: load(&self.queue_fill_milli) as f64 / 1000.0,
             lag: (lag != NO_LAG).then_some(lag),
+            partitions: self
+                .partitions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 
@@ -224,6 +249,8 @@ pub struct SubtaskFigures {
     pub queue_fill: f64,
     /// Bytes or records behind the end of the input, when known.
     pub lag: Option<u64>,
+    /// Sources with partitions: where each one is.
+    pub partitions: Vec<PartitionProgress>,
 }
 
 /// The counters of one plan node in the current generation: one [`SubtaskMetrics`] per

@@ -222,7 +222,9 @@ pub fn operator_info(plan: &PipelinePlan, node: &PlanNode) -> OperatorInfo {
             BTreeMap::new(),
             crate::plan::guarantee::file_sink_commits_in_two_phases(&plan.spec.checkpoints),
         ),
-        NodeKind::Sink(SinkSpec::Stdout(_)) => (Section::Sink, BTreeMap::new(), false),
+        NodeKind::Sink(SinkSpec::Stdout(_) | SinkSpec::Kafka(_)) => {
+            (Section::Sink, BTreeMap::new(), false)
+        }
         // Its snapshot lists its prepared transactions in every mode.
         NodeKind::Sink(SinkSpec::Postgres(_)) => (Section::Sink, BTreeMap::new(), true),
     };

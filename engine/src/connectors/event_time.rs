@@ -355,6 +355,15 @@ impl Source for EventTimeSource {
         wrap_position(&self.generator.state(), &position)
     }
 
+    fn snapshot_for(&mut self, checkpoint: u64) -> Result<Vec<u8>> {
+        let position = self.inner.snapshot_for(checkpoint)?;
+        wrap_position(&self.generator.state(), &position)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<()> {
+        self.inner.notify_checkpoint_complete(checkpoint)
+    }
+
     fn restore(&mut self, snapshot: &[u8]) -> Result<()> {
         let (state, position) = unwrap_position(snapshot)?;
         self.inner.restore(position)?;
@@ -392,6 +401,10 @@ impl Source for EventTimeSource {
 
     fn lag(&mut self) -> Option<u64> {
         self.inner.lag()
+    }
+
+    fn partitions(&mut self) -> Vec<crate::base::metrics::PartitionProgress> {
+        self.inner.partitions()
     }
 
     fn close(&mut self) -> Result<()> {

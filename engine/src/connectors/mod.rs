@@ -19,6 +19,7 @@ pub mod event_time;
 pub mod file;
 pub mod file_sink;
 pub mod generator;
+pub mod kafka;
 pub mod pacing;
 pub mod postgres;
 pub mod stdin;
@@ -154,6 +155,28 @@ pub trait Source: Send {
         Ok(Vec::new())
     }
 
+    /// [`snapshot`](Self::snapshot) at the barrier of checkpoint `checkpoint`: what the task
+    /// calls. A source that acts when a checkpoint completes
+    /// ([`notify_checkpoint_complete`](Self::notify_checkpoint_complete)) overrides it to
+    /// learn which checkpoint a position belongs to; the default forgets the id.
+    ///
+    /// # Errors
+    /// As [`snapshot`](Self::snapshot).
+    fn snapshot_for(&mut self, checkpoint: u64) -> Result<Vec<u8>> {
+        let _ = checkpoint;
+        self.snapshot()
+    }
+
+    /// Checkpoint `checkpoint` completed everywhere (and with it every earlier one this
+    /// subtask took a snapshot for). For side effects outside Weir's state only, such as
+    /// committing offsets to a consumer group for lag tools; the default does nothing.
+    ///
+    /// # Errors
+    /// A failure the task should fail on (most sources only log).
+    fn notify_checkpoint_complete(&mut self, _checkpoint: u64) -> Result<()> {
+        Ok(())
+    }
+
     /// Resumes from a snapshot; called after `open`, before the first poll.
     ///
     /// # Errors
@@ -196,6 +219,12 @@ pub trait Source: Send {
     /// metrics are on: it may ask the file system.
     fn lag(&mut self) -> Option<u64> {
         None
+    }
+
+    /// Where the source is in each partition of its input (Kafka), asked with
+    /// [`lag`](Self::lag); empty (the default) for a source without partitions.
+    fn partitions(&mut self) -> Vec<crate::base::metrics::PartitionProgress> {
+        Vec::new()
     }
 
     /// Releases resources.
@@ -250,12 +279,39 @@ impl BadRecords {
     /// # Errors
     /// [`RunError::Parse`] under `on_error: fail`.
     pub fn failed(&mut self, ctx: &mut SourceContext, bad: BadRecord<'_>) -> Result<()> {
+        let line = i64::try_from(bad.line).unwrap_or(i64::MAX);
+        self.failed_with(
+            ctx,
+            &format!("{}:{}", bad.file, bad.line),
+            vec![
+                ("file", Dynamic::from(bad.file.to_owned())),
+                ("line", Dynamic::from(line)),
+            ],
+            bad.raw,
+            bad.message,
+        )
+    }
+
+    /// [`failed`](Self::failed) for a record located otherwise than by file and line (a Kafka
+    /// message: topic, partition, offset): `location` names it in errors and logs, and
+    /// `fields` say where it is in its dead letter, between `subtask` and `raw`.
+    ///
+    /// # Errors
+    /// [`RunError::Parse`] under `on_error: fail`.
+    pub fn failed_with(
+        &mut self,
+        ctx: &mut SourceContext,
+        location: &str,
+        fields: Vec<(&'static str, Dynamic)>,
+        raw: &[u8],
+        message: String,
+    ) -> Result<()> {
         match &self.on_error {
             SourceOnError::Fail => Err(RunError::Parse {
                 pipeline: ctx.pipeline.clone(),
                 source_id: ctx.source.clone(),
-                location: format!("{}:{}", bad.file, bad.line),
-                message: bad.message,
+                location: location.to_owned(),
+                message,
             }),
             SourceOnError::Skip => {
                 ctx.skipped += 1;
@@ -270,8 +326,8 @@ impl BadRecords {
                 tracing::warn!(
                     pipeline = %ctx.pipeline,
                     source = %ctx.source,
-                    at = %format_args!("{}:{}", bad.file, bad.line),
-                    error = %bad.message,
+                    at = %location,
+                    error = %message,
                     skipped_unlogged = std::mem::take(&mut self.unlogged),
                     "Skipped a record that cannot be read (on_error: skip; at most one such line a second)."
                 );
@@ -283,12 +339,12 @@ impl BadRecords {
                 m.insert("pipeline".into(), Dynamic::from(ctx.pipeline.clone()));
                 m.insert("source".into(), Dynamic::from(ctx.source.clone()));
                 m.insert("subtask".into(), Dynamic::from(i64::from(ctx.subtask)));
-                m.insert("file".into(), Dynamic::from(bad.file.to_owned()));
-                let line = i64::try_from(bad.line).unwrap_or(i64::MAX);
-                m.insert("line".into(), Dynamic::from(line));
-                let raw = String::from_utf8_lossy(trim_eol(bad.raw)).into_owned();
+                for (k, v) in fields {
+                    m.insert(k.into(), v);
+                }
+                let raw = String::from_utf8_lossy(trim_eol(raw)).into_owned();
                 m.insert("raw".into(), Dynamic::from(raw));
-                m.insert("error".into(), Dynamic::from(bad.message));
+                m.insert("error".into(), Dynamic::from(message));
                 ctx.dead_letters.push(Dynamic::from_map(m));
                 Ok(())
             }

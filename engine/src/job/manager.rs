@@ -611,6 +611,7 @@ fn operator_statuses(plan: &PipelinePlan, store: &PipelineMetrics) -> Vec<Operat
                             backpressured_ms: f.backpressured.as_millis() as u64,
                             queue_fill: f.queue_fill,
                             lag: f.lag,
+                            partitions: f.partitions,
                         }
                     })
                     .collect(),

@@ -830,7 +830,7 @@ async fn checkpoint_task(
 ) -> Result<()> {
     let taken = (|| {
         let position = match source {
-            Some(s) => Some(s.snapshot()?),
+            Some(s) => Some(s.snapshot_for(barrier.checkpoint)?),
             None => None,
         };
         let mut snaps = chain.snapshot(barrier)?;
@@ -956,6 +956,7 @@ pub async fn run_source(
                     || matches!(poll, Poll::Done)
                 {
                     metrics.set_lag(source.lag());
+                    metrics.set_partitions(source.partitions());
                     lag_at = Some(t0);
                 }
             }
@@ -1051,7 +1052,10 @@ async fn source_command(
             checkpoint_task(chain, env, barrier, Some(source)).await?;
             Ok(SourceFlow::Continue)
         }
-        TaskCommand::Complete(n) => chain.notify_complete(n).map(|()| SourceFlow::Continue),
+        TaskCommand::Complete(n) => {
+            source.notify_checkpoint_complete(n)?;
+            chain.notify_complete(n).map(|()| SourceFlow::Continue)
+        }
         TaskCommand::Stop => Ok(SourceFlow::Stop),
         TaskCommand::Drain => Ok(SourceFlow::EndInput),
         TaskCommand::Resume => {

@@ -167,6 +167,7 @@ pub(super) fn rewrite(
                 SourceSpec::File(f) => !f.follow,
                 SourceSpec::Generator(g) => g.count.is_some(),
                 SourceSpec::Stdin(_) => false,
+                SourceSpec::Kafka(k) => k.stop_at.is_some(),
             };
             if !bounded {
                 return Err(ScenarioError::Setup(format!(
