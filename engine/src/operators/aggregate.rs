@@ -58,7 +58,13 @@ impl Aggregation {
         }
     }
 
-    fn result(&self, acc: &Dynamic) -> Dynamic {
+    /// The output field's name.
+    pub(crate) fn output_name(&self) -> &str {
+        &self.output
+    }
+
+    /// The output value of accumulator slot `acc`.
+    pub(crate) fn result(&self, acc: &Dynamic) -> Dynamic {
         match self.function {
             AggregateFunction::Avg => {
                 let Ok(pair) = acc.as_array_ref() else {

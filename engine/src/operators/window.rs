@@ -120,6 +120,43 @@ pub struct WindowConfig {
     /// Whether the state backend keeps state on the heap (`memory`, `fs`): aligned windows
     /// then live in [`buckets`] between snapshots.
     pub heap: bool,
+    /// The output template of built-in aggregations (set by [`WindowOperator::new`]).
+    pub(crate) shape: Option<OutputShape>,
+}
+
+/// Where each field of a built-in window's output comes from.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    Key,
+    Aggregation(usize),
+    Start,
+    End,
+}
+
+/// The output record of built-in aggregations as a template: every field present (in the
+/// map's order), so an output is one clone and one pass over its values, with no field
+/// names to build and no searches. Fields written later win, as they would by insertion:
+/// the key, the aggregations in order, `window_start`, `window_end`.
+#[derive(Clone, Debug)]
+pub(crate) struct OutputShape {
+    template: Map,
+    slots: Vec<Slot>,
+}
+
+impl OutputShape {
+    fn new(key_field: &str, aggs: &[super::aggregate::Aggregation]) -> Self {
+        let mut by_name: std::collections::BTreeMap<&str, Slot> = std::collections::BTreeMap::new();
+        by_name.insert(key_field, Slot::Key);
+        for (i, a) in aggs.iter().enumerate() {
+            by_name.insert(a.output_name(), Slot::Aggregation(i));
+        }
+        by_name.insert("window_start", Slot::Start);
+        by_name.insert("window_end", Slot::End);
+        let template: Map = by_name.keys().map(|k| ((*k).into(), Dynamic::UNIT)).collect();
+        // `Map` orders its fields as the `BTreeMap` of `&str` above does (byte order).
+        let slots = by_name.values().copied().collect();
+        Self { template, slots }
+    }
 }
 
 impl WindowConfig {
@@ -138,6 +175,7 @@ impl WindowConfig {
             key_field: spec.key_field.clone(),
             late_output: spec.late.is_some(),
             heap: false,
+            shape: None,
         }
     }
 
@@ -232,8 +270,11 @@ struct Applied {
 
 impl WindowOperator {
     /// A window over `acc`'s accumulators.
-    pub fn new(acc: Accumulator, config: WindowConfig) -> Self {
+    pub fn new(acc: Accumulator, mut config: WindowConfig) -> Self {
         let aligned = !matches!(config.assigner, Assigner::Session { .. });
+        if let Accumulator::Builtin(aggs) = &acc {
+            config.shape = Some(OutputShape::new(&config.key_field, aggs));
+        }
         Self {
             acc,
             buckets: (config.heap && aligned).then(Buckets::default),
@@ -254,17 +295,32 @@ impl WindowOperator {
             .ok_or_else(|| RunError::Internal("window used before open".into()))
     }
 
-    /// The event time of `r`, or why it has none.
     /// The output record of one window.
     fn output(
         acc: &mut Accumulator,
-        key_field: &str,
+        config: &WindowConfig,
         key: &Key,
         start: i64,
         end: i64,
         value: &Dynamic,
     ) -> std::result::Result<Dynamic, String> {
-        let mut o = acc.output(key_field, key, value)?;
+        if let (Some(shape), Accumulator::Builtin(aggs)) = (&config.shape, &*acc) {
+            let slots = value.as_array_ref().ok();
+            let mut m = shape.template.clone();
+            for (v, slot) in m.values_mut().zip(&shape.slots) {
+                *v = match *slot {
+                    Slot::Key => key.to_dynamic(),
+                    Slot::Aggregation(i) => match slots.as_ref().and_then(|s| s.get(i)) {
+                        Some(s) => aggs[i].result(s),
+                        None => Dynamic::UNIT,
+                    },
+                    Slot::Start => Dynamic::from(start),
+                    Slot::End => Dynamic::from(end),
+                };
+            }
+            return Ok(Dynamic::from_map(m));
+        }
+        let mut o = acc.output(&config.key_field, key, value)?;
         if let Ok(mut m) = o.as_map_mut() {
             m.insert("window_start".into(), Dynamic::from(start));
             m.insert("window_end".into(), Dynamic::from(end));
@@ -361,7 +417,7 @@ impl WindowOperator {
                     break;
                 }
                 if on_update || config.fired(end, watermark) {
-                    let out = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
+                    let out = Self::output(acc, config, key, start, end, &pair[1]);
                     applied.outputs.push(out);
                 }
                 if new {
@@ -501,7 +557,7 @@ impl WindowOperator {
                 created.push(end);
             }
             if on_update || config.fired(end, watermark) {
-                let o = Self::output(acc, &config.key_field, key, start, end, &value);
+                let o = Self::output(acc, config, key, start, end, &value);
                 applied.outputs.push(o);
             }
             let mut v =
@@ -551,7 +607,7 @@ impl WindowOperator {
                     && WindowConfig::fire_time(end) == time
                     && let Ok(pair) = v.as_array_ref()
                 {
-                    let o = Self::output(acc, &config.key_field, key, start, end, &pair[1]);
+                    let o = Self::output(acc, config, key, start, end, &pair[1]);
                     outputs.push((start, o));
                 }
                 config.cleanup_time(end) > time
@@ -593,6 +649,38 @@ impl WindowOperator {
             };
             self.fire(time, &key, out, ctx)?;
         }
+    }
+}
+
+impl WindowOperator {
+    /// Sets the timers of the windows the last record created and deletes those of the
+    /// sessions it merged away (backend windows).
+    fn add_timers(&mut self, k: &Key, watermark: i64, ctx: &mut OperatorContext) -> Result<()> {
+        if self.stale.is_empty() && self.created.is_empty() {
+            return Ok(());
+        }
+        let domain = self.config.domain();
+        let timers = self
+            .timers
+            .as_mut()
+            .ok_or_else(|| RunError::Internal("window used before open".into()))?;
+        let state = ctx.state_mut()?.as_mut();
+        for &t in &self.stale {
+            timers.delete(state, domain, k, t)?;
+        }
+        for &end in &self.created {
+            let fire = WindowConfig::fire_time(end);
+            // A window created after it would have fired emitted already.
+            if domain == TimeDomain::Processing || fire > watermark {
+                timers.set(state, domain, k, fire)?;
+            }
+            let cleanup = self.config.cleanup_time(end);
+            if cleanup != fire {
+                timers.set(state, domain, k, cleanup)?;
+            }
+        }
+        self.stale.clear();
+        Ok(())
     }
 }
 
@@ -674,7 +762,6 @@ impl Operator for WindowOperator {
             WindowTime::Processing => (ctx.clock.now_ms(), WATERMARK_MIN),
         };
         let exact = ctx.keeps_failed_records() && matches!(self.acc, Accumulator::Script(_));
-        let domain = self.config.domain();
         for (r, k) in records.into_iter().zip(keys) {
             let time = match &self.config.time {
                 WindowTime::Event(extractor) => match extractor.extract(&r) {
@@ -709,26 +796,10 @@ impl Operator for WindowOperator {
                 self.late(r, ctx);
                 continue;
             }
-            let timers = self
-                .timers
-                .as_mut()
-                .ok_or_else(|| RunError::Internal("window used before open".into()))?;
-            let state = ctx.state_mut()?.as_mut();
-            for &t in &self.stale {
-                timers.delete(state, domain, &k, t)?;
+            // Heap windows need no timer per key (see the module docs).
+            if self.buckets.is_none() {
+                self.add_timers(&k, watermark, ctx)?;
             }
-            for &end in &self.created {
-                let fire = WindowConfig::fire_time(end);
-                // A window created after it would have fired emitted already.
-                if domain == TimeDomain::Processing || fire > watermark {
-                    timers.set(state, domain, &k, fire)?;
-                }
-                let cleanup = self.config.cleanup_time(end);
-                if cleanup != fire {
-                    timers.set(state, domain, &k, cleanup)?;
-                }
-            }
-            self.stale.clear();
             for o in applied.outputs {
                 match o {
                     Ok(o) => batch.records.push(o),
@@ -819,6 +890,7 @@ mod tests {
             key_field: "key".to_owned(),
             late_output: false,
             heap: false,
+            shape: None,
         }
     }
 

@@ -865,6 +865,7 @@ mod tests {
                         key_field: "key".to_owned(),
                         late_output: false,
                         heap: false,
+                        shape: None,
                     };
                     (
                         Box::new(WindowOperator::new(aggregate::Accumulator::scripted(s()), config)),

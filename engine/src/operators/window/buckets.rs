@@ -130,7 +130,7 @@ impl Buckets {
             if (on_update || bucket.fired)
                 && let Some(e) = bucket.entries.get(key)
             {
-                let out = super::WindowOperator::output(acc, &config.key_field, key, start, end, &e.acc);
+                let out = super::WindowOperator::output(acc, config, key, start, end, &e.acc);
                 applied.outputs.push(out);
             }
         }
@@ -162,7 +162,7 @@ impl Buckets {
                     for (key, e) in keys {
                         match super::WindowOperator::output(
                             acc,
-                            &config.key_field,
+                            config,
                             key,
                             start,
                             bucket.end,
