@@ -57,17 +57,6 @@ pub enum RunError {
         /// The parse error.
         message: String,
     },
-    /// An external system a connector talks to (a Kafka broker) failed or refused: what,
-    /// where, and how to fix it.
-    #[error("pipeline `{pipeline}`, `{element}`: {message}")]
-    External {
-        /// Pipeline id.
-        pipeline: String,
-        /// The source or sink.
-        element: String,
-        /// What went wrong and what to check.
-        message: String,
-    },
     /// An I/O failure.
     #[error("pipeline `{pipeline}`, `{element}`: {what} `{}`: {source}", path.display())]
     Io {
@@ -82,14 +71,15 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// An external system (a database, a broker) failed or could not be reached.
+    /// An external system a connector talks to (a database, a broker) failed, refused or
+    /// could not be reached: what, where, and how to fix it.
     #[error("pipeline `{pipeline}`, `{element}`: {system}: {message}")]
     External {
         /// Pipeline id.
         pipeline: String,
         /// Element id.
         element: String,
-        /// The system (`PostgreSQL`).
+        /// The system (`PostgreSQL`, `Kafka`).
         system: &'static str,
         /// What went wrong, with the system's own message.
         message: String,

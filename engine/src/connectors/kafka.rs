@@ -225,6 +225,7 @@ fn external(pipeline: &str, element: &str, message: String) -> RunError {
     RunError::External {
         pipeline: pipeline.to_owned(),
         element: element.to_owned(),
+        system: "Kafka",
         message,
     }
 }
