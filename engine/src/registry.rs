@@ -302,18 +302,12 @@ fn window_event_time(
     w: &weir_schema::WindowSpec,
     ctx: &BuildContext<'_>,
 ) -> Result<weir_schema::EventTimeSpec> {
-    let mut found: Vec<Option<&weir_schema::EventTimeSpec>> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut todo = vec![node.index];
-    while let Some(n) = todo.pop() {
-        if !seen.insert(n) {
-            continue;
-        }
-        if let NodeKind::Source(s) = &ctx.plan.nodes[n.0].kind {
-            found.push(s.event_time());
-        }
-        todo.extend(ctx.plan.inputs_of(n).filter(|e| !e.dead_letter).map(|e| e.from));
-    }
+    let spec = &ctx.plan.spec;
+    let found: Vec<Option<&weir_schema::EventTimeSpec>> = spec
+        .upstream_sources(&node.id)
+        .into_iter()
+        .map(|si| spec.sources[si].event_time())
+        .collect();
     let declared: Vec<&weir_schema::EventTimeSpec> = found.iter().flatten().copied().collect();
     let same = |f: &dyn Fn(&weir_schema::EventTimeSpec) -> String| {
         declared.windows(2).all(|p| f(p[0]) == f(p[1]))

@@ -132,6 +132,28 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
+    /// The sources (their indexes in `sources`, ascending) that the element named `id` reads
+    /// from, directly or through operators. Dead-letter outputs and names that match nothing
+    /// lead nowhere. The one walk that validation, the script checks and the runtime's window
+    /// builder share.
+    pub fn upstream_sources(&self, id: &str) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![id];
+        let mut out = Vec::new();
+        while let Some(at) = todo.pop() {
+            if !seen.insert(at) {
+                continue;
+            }
+            if let Some(si) = self.sources.iter().position(|s| s.id() == at) {
+                out.push(si);
+            } else if let Some(o) = self.operators.iter().find(|o| o.id() == at) {
+                todo.extend(o.wiring().names().into_iter().map(|(name, _)| name));
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// The number of key groups, with Flink's default rule applied when unset.
     pub fn effective_max_parallelism(&self) -> u32 {
         self.max_parallelism

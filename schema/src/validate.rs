@@ -1218,7 +1218,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
     /// An event-time window needs `event_time` on every source upstream (its watermarks close
     /// the windows) and, without `time_field`, their fields must agree.
     fn check_window_event_time(&mut self, w: &WindowSpec, path: &YamlPath, oi: usize) {
-        let sources = self.upstream_sources(oi);
+        let sources = self.p.upstream_sources(self.p.operators[oi].id());
         let mut fields: Vec<&str> = Vec::new();
         let mut without: Vec<&str> = Vec::new();
         for &si in &sources {
@@ -1263,34 +1263,6 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 .help("set `time_field:` on the window to the field its records carry the event time in")
                 .push(&mut self.cx.out);
         }
-    }
-
-    /// The sources operator `oi` reads from, directly or through other operators.
-    fn upstream_sources(&self, oi: usize) -> Vec<usize> {
-        let mut seen: HashSet<Elem> = HashSet::new();
-        let mut stack = vec![Elem {
-            section: Section::Operators,
-            index: oi,
-        }];
-        let mut out = Vec::new();
-        while let Some(e) = stack.pop() {
-            if !seen.insert(e) {
-                continue;
-            }
-            match e.section {
-                Section::Sources => out.push(e.index),
-                Section::Operators => {
-                    for (name, _) in self.p.operators[e.index].wiring().names() {
-                        if let Some(up) = self.ids.get(name) {
-                            stack.push(*up);
-                        }
-                    }
-                }
-                Section::Sinks => {}
-            }
-        }
-        out.sort_unstable();
-        out
     }
 
     fn check_sources(&mut self) {

@@ -317,8 +317,10 @@ fn check_event_timers(
     if !matches!(op, OperatorSpec::Process(_)) || !calls(text, "register_event_timer") {
         return;
     }
-    let without: Vec<String> = upstream_sources(pipeline, op.id())
+    let without: Vec<String> = pipeline
+        .upstream_sources(op.id())
         .into_iter()
+        .map(|si| &pipeline.sources[si])
         .filter(|s| s.event_time().is_none())
         .map(|s| format!("`{}`", s.id()))
         .collect();
@@ -352,27 +354,6 @@ fn calls(text: &str, name: &str) -> bool {
         let after = text[at + name.len()..].trim_start();
         !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && after.starts_with('(')
     })
-}
-
-/// The sources operator `id` reads from, directly or through other operators.
-fn upstream_sources<'a>(
-    pipeline: &'a weir_schema::PipelineSpec,
-    id: &str,
-) -> Vec<&'a weir_schema::SourceSpec> {
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![id.to_owned()];
-    let mut out = Vec::new();
-    while let Some(at) = stack.pop() {
-        if !seen.insert(at.clone()) {
-            continue;
-        }
-        if let Some(s) = pipeline.sources.iter().find(|s| s.id() == at) {
-            out.push(s);
-        } else if let Some(o) = pipeline.operators.iter().find(|o| o.id() == at) {
-            stack.extend(o.wiring().names().into_iter().map(|(n, _)| n.to_owned()));
-        }
-    }
-    out
 }
 
 fn syntax_help(e: &ParseError) -> String {
