@@ -131,6 +131,14 @@ impl Accumulator {
         Self::Script(ScriptAggregate { script, has_finish })
     }
 
+    /// The script of the scripted form (`None` for built-ins).
+    pub(crate) fn script_mut(&mut self) -> Option<&mut ScriptFn> {
+        match self {
+            Self::Builtin(_) => None,
+            Self::Script(s) => Some(&mut s.script),
+        }
+    }
+
     /// The output record of accumulator `acc` under `key`: `{<key_field>: key, <as>: value,
     /// ...}` for built-ins, `{<key_field>: key, ...finish(acc)}` for a script (a map).
     ///

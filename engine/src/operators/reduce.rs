@@ -38,11 +38,7 @@ pub fn migrate_keyed_state(
     if !ctx.migrate {
         return Ok(());
     }
-    let with_name = if script.defines("migrate", 1) {
-        false
-    } else if script.defines("migrate", 2) {
-        true
-    } else {
+    let Some(with_name) = migrate_form(script) else {
         return Ok(());
     };
     let mut migrated = 0_u64;
@@ -59,12 +55,7 @@ pub fn migrate_keyed_state(
                 set_key(Some(k.clone()));
                 state.update(*id, &k, &mut |slot| {
                     let Some(old) = slot.take() else { return };
-                    let result = if with_name {
-                        script.call("migrate", (Dynamic::from(name.clone()), old.clone()))
-                    } else {
-                        script.call("migrate", (old.clone(),))
-                    };
-                    match result {
+                    match call_migrate(script, with_name, name, &old) {
                         Ok(new) if new.is_unit() => removed = true,
                         Ok(new) => match shape_error(*kind, &new) {
                             None => *slot = Some(new),
@@ -81,18 +72,7 @@ pub fn migrate_keyed_state(
                 })
             })?;
             if let Some((message, old)) = failure {
-                let key = excerpt(&k.to_dynamic());
-                return Err(RunError::Operator {
-                    pipeline: ctx.pipeline.to_string(),
-                    operator: ctx.operator.to_string(),
-                    subtask: ctx.subtask,
-                    message: format!(
-                        "`fn migrate` failed on the value of key {key} in state `{name}` while \
-                         restoring a savepoint: {message}; fix `migrate` (or remove it to keep \
-                         the old values) and restore again"
-                    ),
-                    record: excerpt(&old),
-                });
+                return Err(migrate_failure(ctx, &k, name, &message, &old));
             }
             if removed {
                 deleted += 1;
@@ -101,6 +81,60 @@ pub fn migrate_keyed_state(
             }
         }
     }
+    migrated_log(ctx, migrated, deleted);
+    Ok(())
+}
+
+/// Which `migrate` a script defines: `Some(false)` for `migrate(old)` (preferred),
+/// `Some(true)` for `migrate(name, old)`, `None` for neither.
+pub(crate) fn migrate_form(script: &ScriptFn) -> Option<bool> {
+    if script.defines("migrate", 1) {
+        Some(false)
+    } else if script.defines("migrate", 2) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Calls the script's `migrate` (in the form [`migrate_form`] found) on one old value.
+pub(crate) fn call_migrate(
+    script: &mut ScriptFn,
+    with_name: bool,
+    name: &str,
+    old: &Dynamic,
+) -> std::result::Result<Dynamic, String> {
+    if with_name {
+        script.call("migrate", (Dynamic::from(name.to_owned()), old.clone()))
+    } else {
+        script.call("migrate", (old.clone(),))
+    }
+}
+
+/// The error of a failed `migrate` call: the operator, the state, the key and the old value.
+pub(crate) fn migrate_failure(
+    ctx: &OperatorContext,
+    key: &Key,
+    name: &str,
+    message: &str,
+    old: &Dynamic,
+) -> RunError {
+    let key = excerpt(&key.to_dynamic());
+    RunError::Operator {
+        pipeline: ctx.pipeline.to_string(),
+        operator: ctx.operator.to_string(),
+        subtask: ctx.subtask,
+        message: format!(
+            "`fn migrate` failed on the value of key {key} in state `{name}` while restoring a \
+             savepoint: {message}; fix `migrate` (or remove it to keep the old values) and \
+             restore again"
+        ),
+        record: excerpt(old),
+    }
+}
+
+/// Logs how many restored values `migrate` rewrote and deleted.
+pub(crate) fn migrated_log(ctx: &OperatorContext, migrated: u64, deleted: u64) {
     tracing::info!(
         pipeline = %ctx.pipeline,
         operator = %ctx.operator,
@@ -109,7 +143,6 @@ pub fn migrate_keyed_state(
         deleted,
         "Migrated restored state through `fn migrate`."
     );
-    Ok(())
 }
 
 /// Why `value` cannot be stored in a state of `kind`, if it cannot.

@@ -6,10 +6,11 @@
 //! (`on_close`) or after every change (`on_update`).
 //!
 //! State: every open window of a key is one entry of the map state [`WINDOWS`] under that key
-//! (field = the window's start in decimal, value = `[end, accumulator]`), and every pending
-//! firing and clean-up is a keyed timer of [`Timers`]. Both are keyed backend state, so
-//! checkpoints, savepoints, every backend and rescaling carry open windows with no extra
-//! code; [`Operator::state_restored`] rebuilds the timer queue.
+//! (field = the window's start in decimal, value = `[end, accumulator]`). That is keyed
+//! backend state, so checkpoints, savepoints, every backend and rescaling carry open windows
+//! with no extra code; the firings and clean-ups follow from the windows' ends and are derived
+//! again by [`Operator::state_restored`]. A scripted accumulator's `fn migrate` rewrites the
+//! restored windows first ([`Operator::migrate_state`]).
 //!
 //! Semantics are Flink's: a window `[start, end)` fires when the watermark reaches `end - 1`;
 //! a record is late for a window when `end - 1 + allowed_lateness <= watermark` on arrival; a
@@ -39,7 +40,8 @@ use weir_schema::{
 };
 
 use super::aggregate::Accumulator;
-use super::reduce::require_keys;
+use super::reduce::{call_migrate, migrate_failure, migrate_form, migrated_log, require_keys};
+use crate::script::runtime::{set_key, with_frame};
 use crate::base::error::{Result, RunError};
 use crate::base::message::{Batch, WATERMARK_MIN};
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
@@ -703,6 +705,67 @@ impl Operator for WindowOperator {
         Ok(())
     }
 
+    /// A scripted accumulator's `fn migrate(old)` (or `migrate(name, old)`, with the state's
+    /// name `windows`) rewrites every restored open window's accumulator; `()` drops that
+    /// window. It runs before [`Self::state_restored`], so buckets and timers follow from the
+    /// migrated windows.
+    fn migrate_state(&mut self, ctx: &mut OperatorContext) -> Result<()> {
+        let id = self.handles()?;
+        let Some(script) = self.acc.script_mut() else {
+            return Ok(());
+        };
+        let Some(with_name) = migrate_form(script) else {
+            return Ok(());
+        };
+        let (mut migrated, mut deleted) = (0_u64, 0_u64);
+        for key in ctx.state_mut()?.keys(id)? {
+            // `(message, old accumulator)` of a failed call.
+            let mut failure: Option<(String, Dynamic)> = None;
+            let mut no_frame_state = None;
+            let state = ctx.state_mut()?;
+            with_frame(&mut no_frame_state, &[], 0, || {
+                set_key(Some(key.clone()));
+                state.update(id, &key, &mut |slot| {
+                    let Some(mut windows) = slot.take().and_then(|v| v.try_cast::<Map>()) else {
+                        return;
+                    };
+                    let mut gone = Vec::new();
+                    for (start, window) in &mut windows {
+                        let Some(mut pair) = window.write_lock::<rhai::Array>() else {
+                            continue;
+                        };
+                        let Some(old) = pair.get(1).cloned() else {
+                            continue;
+                        };
+                        match call_migrate(script, with_name, WINDOWS, &old) {
+                            Ok(new) if new.is_unit() => gone.push(start.clone()),
+                            Ok(new) => pair[1] = new,
+                            Err(e) => {
+                                failure = Some((e, old));
+                                break;
+                            }
+                        }
+                    }
+                    if failure.is_none() {
+                        deleted += gone.len() as u64;
+                        migrated += (windows.len() - gone.len()) as u64;
+                        for start in &gone {
+                            windows.remove(start);
+                        }
+                    }
+                    if !windows.is_empty() {
+                        *slot = Some(Dynamic::from_map(windows));
+                    }
+                })
+            })?;
+            if let Some((message, old)) = failure {
+                return Err(migrate_failure(ctx, &key, WINDOWS, &message, &old));
+            }
+        }
+        migrated_log(ctx, migrated, deleted);
+        Ok(())
+    }
+
     /// Rebuilds what follows from the restored windows: the buckets (heap), or the timers
     /// (their ends give the firing and clean-up times; stored timers of builds that kept
     /// them as state are read too, then dropped on the heap, which needs none).
@@ -1224,7 +1287,7 @@ mod tests {
         steps
     }
 
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, Debug)]
     enum Kind {
         Memory,
         Rocksdb,
@@ -1377,6 +1440,87 @@ mod tests {
                 WindowOperator::new(Accumulator::scripted(s), config(assigner).on_heap(heap))
             };
             equivalence(&scripted);
+        }
+    }
+
+    /// Restores the open windows of a scripted tumbling window (cut by a snapshot) into an
+    /// operator whose script is `new_script`, with `migrate` on, on either backend; returns
+    /// what the rest of the run emits, or the restore's error.
+    fn restore_with(new_script: &str, kind: Kind) -> std::result::Result<Vec<String>, String> {
+        let old = |heap: bool| {
+            let s = script("fn init() { 0 } fn add(acc, r) { acc + r.v }");
+            WindowOperator::new(
+                Accumulator::scripted(s),
+                config(Assigner::Tumbling { size: 10 }).on_heap(heap),
+            )
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut first = subtask_harness(&old, kind, 1, 0, dir.path());
+        first.push(batch(&[("a", 1, 2), ("a", 3, 5), ("b", 4, 8), ("c", 12, 1)])).expect("push");
+        assert!(first.operator.snapshot(1, &mut first.ctx).expect("snapshot").is_none());
+        let snap = first
+            .ctx
+            .state_mut()
+            .expect("state")
+            .snapshot(KeyGroupRange::all(MAX))
+            .expect("snapshot");
+        drop(first);
+        let text = new_script.to_owned();
+        let new = move |heap: bool| {
+            WindowOperator::new(
+                Accumulator::scripted(script(&text)),
+                config(Assigner::Tumbling { size: 10 }).on_heap(heap),
+            )
+        };
+        let mut h = subtask_harness(&new, kind, 1, 0, dir.path());
+        h.ctx.state_mut().expect("state").restore(&[&snap]).expect("restore");
+        h.ctx.migrate = true;
+        h.operator.migrate_state(&mut h.ctx).map_err(|e| e.to_string())?;
+        h.operator.state_restored(&mut h.ctx).expect("restored");
+        h.push(batch(&[("a", 5, 1)])).expect("push");
+        Ok(lines(&watermark(&mut h, WATERMARK_END)))
+    }
+
+    #[test]
+    fn fn_migrate_rewrites_or_drops_every_restored_window_on_either_backend() {
+        let row = |k: &str, start: i64, v: &str| {
+            format!(r#"{{"key":"{k}","value":{v},"window_end":{},"window_start":{start}}}"#, start + 10)
+        };
+        for kind in [Kind::Memory, Kind::Rocksdb] {
+            // The new accumulator is a map; the old ones were numbers.
+            let got = restore_with(
+                "fn init() { #{n: 0} } fn add(acc, r) { acc.n += r.v; acc } \
+                 fn finish(acc) { acc.n } \
+                 fn migrate(old) { if old == 8 { () } else { #{n: old * 10} } }",
+                kind,
+            )
+            .expect("migrated");
+            // `a`: (2 + 5) * 10 + 1; `b` (8) dropped; `c`: 1 * 10.
+            assert_eq!(got, vec![row("a", 0, "71"), row("c", 10, "10")], "{kind:?}");
+            // The two-parameter form gets the state's name.
+            let got = restore_with(
+                "fn init() { 0 } fn add(acc, r) { acc + r.v } \
+                 fn migrate(name, old) { if name == \"windows\" { old + 100 } else { old } }",
+                kind,
+            )
+            .expect("migrated");
+            assert_eq!(
+                got,
+                vec![row("a", 0, "108"), row("b", 0, "108"), row("c", 10, "101")],
+                "{kind:?}"
+            );
+            // Without `migrate`, the windows are kept as they were.
+            let got = restore_with("fn init() { 0 } fn add(acc, r) { acc + r.v }", kind)
+                .expect("kept");
+            assert_eq!(got, vec![row("a", 0, "8"), row("b", 0, "8"), row("c", 10, "1")]);
+            // A failing `migrate` fails the restore, naming the state and the value.
+            let err = restore_with(
+                "fn init() { 0 } fn add(acc, r) { acc + r.v } \
+                 fn migrate(old) { if old == 8 { throw \"no\" } old }",
+                kind,
+            )
+            .expect_err("fails");
+            assert!(err.contains("`fn migrate` failed") && err.contains("`windows`"), "{err}");
         }
     }
 

@@ -509,14 +509,16 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
         emits: r#"{"key":"u","value":6,"window_end":1700000060000,"window_start":1700000000000}"#,
     },
     EntryPoint {
-        operator: "reduce, aggregate, process",
+        operator: "reduce, aggregate, process, window",
         name: "migrate",
         params: &["old"],
         required: false,
         meaning: "On a restore from a savepoint or checkpoint, called once per stored value \
-                  (accumulator or state entry) with the old value; returns the new one, or \
-                  `()` to delete it. A `migrate(name, old)` form also receives the state's \
-                  name; the one-parameter form wins when both are defined.",
+                  (accumulator or state entry; in a `window`, each open window's accumulator) \
+                  with the old value; returns the new one, or `()` to delete it (a window: \
+                  drop that window). A `migrate(name, old)` form also receives the state's \
+                  name (`windows` in a window); the one-parameter form wins when both are \
+                  defined.",
         errors: "A failure stops the restore, naming the state and the value.",
         example: "fn reduce(acc, r) { #{n: acc.n + r.n} }\nfn migrate(old) { #{n: old.n * 10} }",
         emits: "",
