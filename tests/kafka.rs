@@ -2,10 +2,15 @@
 //! `scripts/services/kafka.sh`; nothing is mocked): Kafka → file exactly-once under repeated
 //! SIGKILLs equals the failure-free run; file → Kafka at-least-once loses nothing under
 //! SIGKILLs; a source rescaled 2 → 3 → 1 through savepoints reads every message exactly once;
-//! messages that do not parse become dead letters with their topic, partition and offset.
+//! messages that do not parse become dead letters with their topic, partition and offset; the
+//! start positions (earliest, latest, the group's committed offsets, a timestamp) read exactly
+//! the expected messages; topics matching `topic_pattern` that appear mid-run are read from
+//! their start; `weir status` shows each partition's offset and lag; the broker going down
+//! mid-run (and a run starting while it is down) loses and repeats nothing.
 //!
 //! Every test works on topics of its own (named after the test, the process and the time), so
-//! test binaries running at once share one broker safely.
+//! test binaries running at once share one broker safely; the broker-down test has a broker of
+//! its own. Nothing here asserts on timing.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
