@@ -232,7 +232,7 @@ mod tests {
     #[test]
     fn renders_the_partitions_of_kafka_sources() {
         // The partitions from JSON, as `weir status` receives them from the API.
-        let parts = |v: serde_json::Value| serde_json::from_value(v).unwrap();
+        let parts = |v: serde_json::Value| serde_json::from_value(v).expect("partitions");
         let subtask = |subtask, partitions| SubtaskStatus {
             subtask,
             partitions,
