@@ -170,16 +170,19 @@ impl PrivateBroker {
         (me, broker)
     }
 
-    fn script(&self, cmd: &str) -> BTreeMap<String, String> {
+    fn command(&self, cmd: &str) -> std::io::Result<std::process::Output> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services/kafka.sh");
-        let out = Command::new("bash")
+        Command::new("bash")
             .arg(&script)
             .arg(cmd)
             .env("WEIR_KAFKA_INSTANCE", &self.name)
             .env("WEIR_KAFKA_PORT", self.port.to_string())
             .env("WEIR_KAFKA_STORAGE", "s3")
             .output()
-            .unwrap();
+    }
+
+    fn script(&self, cmd: &str) -> BTreeMap<String, String> {
+        let out = self.command(cmd).unwrap();
         assert!(
             out.status.success(),
             "kafka.sh {cmd} ({}): {}",
@@ -206,7 +209,8 @@ impl PrivateBroker {
 
 impl Drop for PrivateBroker {
     fn drop(&mut self) {
-        let _ = std::panic::catch_unwind(|| self.script("stop"));
+        // Best effort, and never a panic here (this may run while a failed test unwinds).
+        let _ = self.command("stop");
         let root = std::env::var_os("WEIR_SERVICES_DIR")
             .map_or_else(|| PathBuf::from("/var/tmp/weir-services"), PathBuf::from);
         let _ = std::fs::remove_dir_all(root.join("kafka/instances").join(&self.name));
