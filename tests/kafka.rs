@@ -2,10 +2,15 @@
 //! `scripts/services/kafka.sh`; nothing is mocked): Kafka → file exactly-once under repeated
 //! SIGKILLs equals the failure-free run; file → Kafka at-least-once loses nothing under
 //! SIGKILLs; a source rescaled 2 → 3 → 1 through savepoints reads every message exactly once;
-//! messages that do not parse become dead letters with their topic, partition and offset.
+//! messages that do not parse become dead letters with their topic, partition and offset; the
+//! start positions (earliest, latest, the group's committed offsets, a timestamp) read exactly
+//! the expected messages; topics matching `topic_pattern` that appear mid-run are read from
+//! their start; `weir status` shows each partition's offset and lag; the broker going down
+//! mid-run (and a run starting while it is down) loses and repeats nothing.
 //!
 //! Every test works on topics of its own (named after the test, the process and the time), so
-//! test binaries running at once share one broker safely.
+//! test binaries running at once share one broker safely; the broker-down test has a broker of
+//! its own. Nothing here asserts on timing.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
@@ -13,156 +18,17 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
+use common::kafka::{Broker, brokers, orders, unique_topic};
 use common::kill::{
     KillPlan, Recovery, Rng, Runner, Scratch, assert_exactly, file_sinks, kill_loop, log_excerpt,
     read_log, restores_in, with_recovery,
 };
 use common::output::{OutputDiff, committed, committed_marking_torn, describe_counted};
 use common::run::{Run, beside, pipeline_of, run_to_end};
-
-/// The broker's address, starting it (and installing it, the first time) when needed.
-fn brokers() -> String {
-    common::services::ensure("kafka")["WEIR_TEST_KAFKA_BROKERS"].clone()
-}
-
-/// A topic name no other test (or run of this one) uses.
-fn unique_topic(what: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("weir-{what}-{}-{nanos}", std::process::id())
-}
-
-/// Creates `topic` with `partitions` partitions through the broker's own CLI.
-fn create_topic(topic: &str, partitions: u32) {
-    let settings = common::services::ensure("kafka");
-    let out = Command::new(&settings["WEIR_TEST_KAFKA_TANSU"])
-        .args(["topic", "create", topic, "--partitions"])
-        .arg(partitions.to_string())
-        .arg("--broker")
-        .arg(format!("tcp://{}", settings["WEIR_TEST_KAFKA_BROKERS"]))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cannot create topic {topic}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The partition of a key: every message of a key goes to one partition, chosen here rather
-/// than by the producer so that [`produce`] can seal each partition.
-fn partition_of(key: &str, partitions: i32) -> i32 {
-    let sum: u32 = key.bytes().map(u32::from).sum();
-    (sum % partitions.unsigned_abs()) as i32
-}
-
-/// Produces `(key, value)` messages to `topic` (with `partitions` partitions) and waits until
-/// the broker has them all. Each partition's last message goes alone in a batch of its own,
-/// after the others are acknowledged: tansu 0.6 answers a "latest offset" request with the
-/// first offset of the partition's last batch plus one (not its last offset plus one), so a
-/// single-message last batch makes that answer, which `stop_at: latest` reads, the true end.
-fn produce(topic: &str, partitions: i32, messages: &[(String, String)]) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .unwrap();
-    let send = |p: i32, key: &str, value: &str| {
-        let mut record = BaseRecord::to(topic).partition(p).key(key).payload(value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
-    };
-    let mut last: BTreeMap<i32, usize> = BTreeMap::new();
-    for (i, (key, _)) in messages.iter().enumerate() {
-        last.insert(partition_of(key, partitions), i);
-    }
-    for (i, (key, value)) in messages.iter().enumerate() {
-        let p = partition_of(key, partitions);
-        if last[&p] != i {
-            send(p, key, value);
-        }
-    }
-    producer.flush(Duration::from_secs(60)).unwrap();
-    for (p, i) in last {
-        send(p, &messages[i].0, &messages[i].1);
-        producer.flush(Duration::from_secs(60)).unwrap();
-    }
-}
-
-/// Every message of `topic`, as `(partition, offset, key, value)`, read from the start until
-/// every partition reported its end (from the fetch responses' high watermark, which tansu
-/// gets right, unlike its answer to a "latest offset" request).
-fn consume_all(topic: &str) -> Vec<(i32, i64, String, String)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", format!("{topic}-reader"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create()
-        .unwrap();
-    let meta = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut open = std::collections::BTreeSet::new();
-    for p in meta.topics()[0].partitions() {
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-            .unwrap();
-        open.insert(p.id());
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !open.is_empty() {
-        assert!(Instant::now() < deadline, "reading {topic} back timed out");
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
-                open.remove(&p);
-            }
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
-            Some(Ok(m)) => out.push((
-                m.partition(),
-                m.offset(),
-                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-            )),
-        }
-    }
-    out
-}
-
-/// `n` orders `{user, amount, seq}` keyed by user (a user's orders share a partition).
-fn orders(from: usize, n: usize) -> Vec<(String, String)> {
-    (from..from + n)
-        .map(|i| {
-            let user = format!("u{}", (i * 7919) % 53);
-            let value = json!({"user": user, "amount": (i * 31) % 100, "seq": i});
-            (user, value.to_string())
-        })
-        .collect()
-}
 
 fn write_job(dir: &Path, job: &Value) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -215,11 +81,12 @@ fn totals_reference(orders: &[(String, String)]) -> Vec<String> {
 
 #[test]
 fn kafka_to_file_is_exactly_once_under_repeated_sigkill() {
+    let kafka = Broker::shared();
     let started = Instant::now();
     let topic = unique_topic("eo");
-    create_topic(&topic, 3);
+    kafka.create_topic(&topic, 3);
     let input = orders(0, 150_000);
-    produce(&topic, 3, &input);
+    kafka.produce(&topic, 3, &input);
     let reference = totals_reference(&input);
     let scratch = Scratch::new();
     let tmp = scratch.path();
@@ -294,8 +161,9 @@ fn kafka_to_file_is_exactly_once_under_repeated_sigkill() {
 
 #[test]
 fn file_to_kafka_at_least_once_loses_nothing_under_sigkill() {
+    let kafka = Broker::shared();
     let topic = unique_topic("alo");
-    create_topic(&topic, 2);
+    kafka.create_topic(&topic, 2);
     let scratch = Scratch::new();
     let tmp = scratch.path();
     let n = 200_000;
@@ -339,7 +207,7 @@ fn file_to_kafka_at_least_once_loses_nothing_under_sigkill() {
         },
     );
     let (_, log) = runner.run_to_end();
-    let got = consume_all(&topic);
+    let got = kafka.consume_all(&topic);
     let mut seen = vec![0u32; n];
     for (_, _, key, value) in &got {
         let v: Value = serde_json::from_str(value).unwrap();
@@ -367,8 +235,9 @@ fn file_to_kafka_at_least_once_loses_nothing_under_sigkill() {
 
 #[test]
 fn a_kafka_source_rescaled_2_to_3_to_1_reads_every_message_exactly_once() {
+    let kafka = Broker::shared();
     let topic = unique_topic("rescale");
-    create_topic(&topic, 5);
+    kafka.create_topic(&topic, 5);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let with_checkpoints = |mut job: Value| {
@@ -385,7 +254,7 @@ fn a_kafka_source_rescaled_2_to_3_to_1_reads_every_message_exactly_once() {
     // savepoint that the next step, at another parallelism, restores.
     for (step, parallelism) in [2u32, 3, 1].into_iter().enumerate() {
         let batch = orders(all.len(), 4_000);
-        produce(&topic, 5, &batch);
+        kafka.produce(&topic, 5, &batch);
         all.extend(batch);
         let yaml = write_job(d, &with_checkpoints(totals_job(&topic, parallelism, false)));
         let extra: Vec<&str> = match &savepoint {
@@ -442,12 +311,13 @@ fn a_kafka_source_rescaled_2_to_3_to_1_reads_every_message_exactly_once() {
 
 #[test]
 fn messages_that_do_not_parse_become_dead_letters_with_partition_and_offset() {
+    let kafka = Broker::shared();
     let topic = unique_topic("dlq");
-    create_topic(&topic, 1);
+    kafka.create_topic(&topic, 1);
     let mut messages = orders(0, 10);
     messages.insert(3, ("bad".into(), "{not json".into()));
     messages.insert(7, ("bad".into(), "[1, 2]".into()));
-    produce(&topic, 1, &messages);
+    kafka.produce(&topic, 1, &messages);
     let dir = tempfile::tempdir().unwrap();
     let job = json!({
         "version": 1,
@@ -500,4 +370,446 @@ fn messages_that_do_not_parse_become_dead_letters_with_partition_and_offset() {
         vec![(3, "{not json".to_owned()), (7, "[1, 2]".to_owned())],
         "{bad:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start positions, discovery, the broker going away.
+
+/// A Kafka → file job (no operator) reading `source` (a `kafka` source spec without id and
+/// type), checkpointing every 200 ms into `dir`, restarting for ever after 200 ms.
+fn copy_job(dir: &Path, source: Value) -> std::path::PathBuf {
+    let mut source = source;
+    source["id"] = json!("in");
+    source["type"] = json!("kafka");
+    write_job(
+        dir,
+        &json!({
+            "version": 1,
+            "pipelines": [{
+                "id": "copy",
+                "parallelism": 2,
+                "state": {"backend": "fs"},
+                "checkpoints": {"interval": "200ms", "mode": "exactly_once",
+                                "storage": dir.join("checkpoints").to_str().unwrap()},
+                "restart": {"strategy": "fixed_delay", "attempts": 100000, "delay": "200ms"},
+                "sources": [source],
+                "sinks": [{"id": "out", "type": "file", "input": "in", "path": "out"}],
+            }],
+        }),
+    )
+}
+
+/// The sorted `seq` of every committed output line of `dir` (a record read twice shows twice).
+fn seqs_in(dir: &Path) -> Vec<u64> {
+    let mut seqs: Vec<u64> = committed(dir)
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    seqs.sort_unstable();
+    seqs
+}
+
+/// The sorted `seq` of `orders`.
+fn seqs_of<'a>(orders: impl IntoIterator<Item = &'a (String, String)>) -> Vec<u64> {
+    let mut seqs: Vec<u64> = orders
+        .into_iter()
+        .map(|(_, v)| {
+            serde_json::from_str::<Value>(v).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    seqs.sort_unstable();
+    seqs
+}
+
+/// Each partition's end (last offset + 1) as the topic holds it, read back independently of
+/// Weir.
+fn ends_of(kafka: &Broker, topic: &str) -> BTreeMap<i32, i64> {
+    let mut ends = BTreeMap::new();
+    for (p, offset, _, _) in kafka.consume_all(topic) {
+        let end = ends.entry(p).or_insert(0);
+        *end = (*end).max(offset + 1);
+    }
+    ends
+}
+
+/// `partition → (offset, lag)` of source `source` in a `weir status --json` answer.
+fn partitions_in(status: &Value, pipeline: &str, source: &str) -> BTreeMap<String, (i64, Value)> {
+    pipeline_of(status, pipeline)["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["id"] == source)
+        .flat_map(|o| o["subtasks"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| s["partitions"].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            (
+                p["partition"].as_str().unwrap().to_owned(),
+                (p["offset"].as_i64().unwrap(), p["lag"].clone()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn start_earliest_reads_every_message_and_start_latest_only_those_produced_after_the_start() {
+    let kafka = Broker::shared();
+    // Earliest (bounded): every message already in the topic.
+    let topic = unique_topic("earliest");
+    kafka.create_topic(&topic, 2);
+    let before = orders(0, 700);
+    kafka.produce(&topic, 2, &before);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = copy_job(
+        dir.path(),
+        json!({"brokers": kafka.brokers, "topics": [topic], "start": "earliest",
+               "stop_at": "latest"}),
+    );
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "{log}");
+    assert_eq!(seqs_in(&dir.path().join("out")), seqs_of(&before));
+
+    // Latest (unbounded): the run starts at each partition's end (which `weir status` shows,
+    // in JSON and as text) and reads exactly what is produced after.
+    let topic = unique_topic("latest");
+    kafka.create_topic(&topic, 2);
+    kafka.produce(&topic, 2, &before);
+    let ends_before = ends_of(&kafka, &topic);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = copy_job(
+        dir.path(),
+        json!({"brokers": kafka.brokers, "topics": [topic], "start": "latest"}),
+    );
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    let at = |ends: &BTreeMap<i32, i64>| -> BTreeMap<String, i64> {
+        ends.iter()
+            .map(|(p, e)| (format!("{topic}/{p}"), *e))
+            .collect()
+    };
+    let status = run.wait_for("both partitions resolved", |s| {
+        partitions_in(s, "copy", "in").len() == 2
+    });
+    let started_at: BTreeMap<String, i64> = partitions_in(&status, "copy", "in")
+        .into_iter()
+        .map(|(p, (o, _))| (p, o))
+        .collect();
+    assert_eq!(
+        started_at,
+        at(&ends_before),
+        "`start: latest` is each partition's end"
+    );
+    let after = orders(700, 500);
+    kafka.produce(&topic, 2, &after);
+    let ends_after = ends_of(&kafka, &topic);
+    let want: BTreeMap<String, (i64, Value)> = at(&ends_after)
+        .into_iter()
+        .map(|(p, e)| (p, (e, json!(0))))
+        .collect();
+    // Read to the end, and librdkafka's statistics have caught up with it (lag 0).
+    run.wait_for("every partition read to its end", |s| {
+        partitions_in(s, "copy", "in") == want
+    });
+    let out = run.cli(&["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let table: Vec<String> = text
+        .lines()
+        .skip_while(|l| *l != "partitions of copy/in:")
+        .skip(2)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    // The rows: each partition with the subtask the JSON answer has it under, its end and lag
+    // 0, in partition order.
+    let json_status = run.status().unwrap();
+    let mut rows: Vec<(i32, String)> = pipeline_of(&json_status, "copy")["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["id"] == "in")
+        .flat_map(|o| o["subtasks"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| {
+            let subtask = s["subtask"].as_u64().unwrap();
+            s["partitions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |p| (subtask, p))
+        })
+        .map(|(subtask, p)| {
+            let name = p["partition"].as_str().unwrap();
+            let n: i32 = name.rsplit_once('/').unwrap().1.parse().unwrap();
+            (n, format!("{name} {subtask} {} 0", ends_after[&n]))
+        })
+        .collect();
+    rows.sort();
+    let rows: Vec<String> = rows.into_iter().map(|(_, r)| r).collect();
+    assert_eq!(rows.len(), 2, "{json_status}");
+    assert_eq!(table, rows, "`weir status`:\n{text}");
+    run.terminate();
+    assert_eq!(seqs_in(&dir.path().join("out")), seqs_of(&after));
+}
+
+#[test]
+fn start_committed_reads_from_the_groups_offsets_and_earliest_where_it_has_none() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let kafka = Broker::shared();
+    let topic = unique_topic("committed");
+    kafka.create_topic(&topic, 3);
+    let first = orders(0, 900);
+    kafka.produce(&topic, 3, &first);
+    let ends = ends_of(&kafka, &topic);
+    // The group has offsets for partitions 0 and 1 (their ends: every batch after them starts
+    // there) and none for partition 2.
+    let group = format!("{topic}-group");
+    let committer: BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", &kafka.brokers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in [0, 1] {
+        tpl.add_partition_offset(&topic, p, Offset::Offset(ends[&p]))
+            .unwrap();
+    }
+    committer.commit(&tpl, CommitMode::Sync).unwrap();
+    let then = orders(900, 600);
+    kafka.produce(&topic, 3, &then);
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = copy_job(
+        dir.path(),
+        json!({"brokers": kafka.brokers, "topics": [topic], "start": "committed",
+               "group": group, "stop_at": "latest"}),
+    );
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "{log}");
+    let want = seqs_of(
+        first
+            .iter()
+            .filter(|(key, _)| common::kafka::partition_of(key, 3) == 2)
+            .chain(&then),
+    );
+    assert_eq!(seqs_in(&dir.path().join("out")), want);
+}
+
+#[test]
+fn start_at_a_timestamp_reads_the_messages_from_that_time_on() {
+    let kafka = Broker::shared();
+    let topic = unique_topic("timestamp");
+    kafka.create_topic(&topic, 2);
+    let first = orders(0, 800);
+    kafka.produce(&topic, 2, &first);
+    // A moment strictly between the two batches: every message before it was stored (and
+    // stamped) before, every message after it after.
+    let now_ms = || {
+        i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap()
+    };
+    let before = now_ms();
+    let mut at = now_ms();
+    while at <= before + 20 {
+        std::thread::sleep(Duration::from_millis(5));
+        at = now_ms();
+    }
+    while now_ms() <= at + 20 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let then = orders(800, 500);
+    kafka.produce(&topic, 2, &then);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = copy_job(
+        dir.path(),
+        json!({"brokers": kafka.brokers, "topics": [topic], "start": {"timestamp": at},
+               "stop_at": "latest"}),
+    );
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "{log}");
+    assert_eq!(seqs_in(&dir.path().join("out")), seqs_of(&then));
+}
+
+#[test]
+fn topics_that_appear_mid_run_and_match_the_pattern_are_discovered_and_read_from_their_start() {
+    let kafka = Broker::shared();
+    let base = unique_topic("discover");
+    let (old, new, other) = (
+        format!("{base}-old"),
+        format!("{base}-new"),
+        format!("{base}x-other"),
+    );
+    kafka.create_topic(&old, 2);
+    let first = orders(0, 600);
+    kafka.produce(&old, 2, &first);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = copy_job(
+        dir.path(),
+        json!({"brokers": kafka.brokers, "topic_pattern": format!("{}-.*", regex_escape(&base)),
+               "discovery_interval": "200ms"}),
+    );
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    run.wait_for("the first topic read", |s| {
+        pipeline_of(s, "copy")["sink_records"].as_u64().unwrap_or(0) >= 600
+    });
+    // A matching topic appears with messages already in it (read from its start, as Flink
+    // does), more come to both, and a topic that does not match is left alone.
+    kafka.create_topic(&new, 3);
+    let second = orders(600, 900);
+    kafka.produce(&new, 3, &second);
+    kafka.create_topic(&other, 1);
+    kafka.produce(&other, 1, &orders(10_000, 50));
+    let third = orders(1500, 300);
+    kafka.produce(&old, 2, &third);
+    let want: BTreeMap<String, (i64, Value)> = [(&old, 2), (&new, 3)]
+        .into_iter()
+        .flat_map(|(t, _)| {
+            ends_of(&kafka, t)
+                .into_iter()
+                .map(move |(p, e)| (format!("{t}/{p}"), (e, json!(0))))
+        })
+        .collect();
+    assert_eq!(want.len(), 5, "{want:?}");
+    run.wait_for("every partition of both topics read to its end", |s| {
+        partitions_in(s, "copy", "in") == want
+    });
+    run.terminate();
+    assert_eq!(
+        seqs_in(&dir.path().join("out")),
+        seqs_of(first.iter().chain(&second).chain(&third))
+    );
+}
+
+/// `text` with the regular-expression metacharacters escaped (topic names here only have
+/// `-`, letters and digits, which need none; kept honest anyway).
+fn regex_escape(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
+        })
+        .collect()
+}
+
+#[test]
+fn the_broker_going_down_mid_run_loses_and_repeats_nothing() {
+    // A broker of this test's own, keeping its topics on the S3 service across a restart.
+    let (server, kafka) = common::kafka::PrivateBroker::start_new("down");
+    let topic = unique_topic("down");
+    kafka.create_topic(&topic, 2);
+    let mut all = orders(0, 3000);
+    kafka.produce(&topic, 2, &all);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut job = totals_job(&topic, 2, false);
+    job["pipelines"][0]["sources"][0]["brokers"] = json!(kafka.brokers);
+    job["pipelines"][0]["state"] = json!({"backend": "fs"});
+    job["pipelines"][0]["checkpoints"] = json!({
+        "interval": "200ms", "mode": "exactly_once",
+        "storage": d.join("checkpoints").to_str().unwrap(),
+    });
+    job["pipelines"][0]["restart"] =
+        json!({"strategy": "fixed_delay", "attempts": 100000, "delay": "300ms"});
+    let yaml = write_job(d, &job);
+    let read_to_end = |run: &mut Run, what: &str| {
+        let want: BTreeMap<String, (i64, Value)> = ends_of(&kafka, &topic)
+            .into_iter()
+            .map(|(p, e)| (format!("{topic}/{p}"), (e, json!(0))))
+            .collect();
+        run.wait_for(what, |s| partitions_in(s, "totals", "orders") == want);
+    };
+
+    // 1. The broker goes away while a run reads, and comes back: librdkafka reconnects.
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    read_to_end(&mut run, "the first messages read");
+    server.stop();
+    let noticed = wait_log(&run, "the run noticing the broker is gone", |l| {
+        l.lines().any(mentions_broker_failure)
+    });
+    assert!(
+        run.try_wait().is_none(),
+        "the run ended with the broker down:\n{}",
+        run.log()
+    );
+    let kafka = server.start();
+    let more = orders(3000, 2000);
+    kafka.produce(&topic, 2, &more);
+    all.extend(more);
+    read_to_end(&mut run, "the messages produced after the broker came back");
+    run.terminate();
+
+    // 2. A run (restored from the last checkpoint) starts while the broker is down: its start
+    // fails, the restart strategy retries until the broker is back.
+    server.stop();
+    let mut run = Run::start(beside(&yaml), &yaml, &[]);
+    let failed = wait_log(&run, "a failed start", |l| {
+        l.contains("cannot read the topics of brokers")
+    });
+    let kafka = server.start();
+    let last = orders(5000, 1000);
+    kafka.produce(&topic, 2, &last);
+    all.extend(last);
+    read_to_end(&mut run, "every message after the restarts");
+    let log = run.terminate();
+    assert!(
+        log.contains("Resuming from the latest completed checkpoint"),
+        "the second run did not restore:\n{log}"
+    );
+
+    let got = committed(&d.join("out"));
+    let diff = OutputDiff::of(&got, &totals_reference(&all));
+    assert!(
+        diff.is_empty(),
+        "after the broker went down twice: {}",
+        diff.describe()
+    );
+    let first = |log: &str, pick: &dyn Fn(&str) -> bool| {
+        log.lines().find(|l| pick(l)).unwrap_or_default().to_owned()
+    };
+    println!(
+        "the broker went down twice; the reading run saw: {}\nthe run started while it was \
+         down: {}",
+        first(&noticed, &mentions_broker_failure),
+        first(&failed, &|l| l
+            .contains("cannot read the topics of brokers"))
+    );
+}
+
+/// Whether a line of a run's log shows that it lost the broker (librdkafka's errors, logged
+/// through `tracing`, or a failed poll).
+fn mentions_broker_failure(l: &str) -> bool {
+    (l.contains("librdkafka") || l.contains("Kafka reported an error"))
+        && (l.contains("refused") || l.contains("Disconnected") || l.contains("down"))
+}
+
+/// Waits until the log of `run` satisfies `ready` (at most two minutes); returns that log.
+fn wait_log(run: &Run, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let log = run.log();
+        if ready(&log) {
+            return log;
+        }
+        assert!(Instant::now() < until, "waited too long for {what}:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

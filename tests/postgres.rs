@@ -16,12 +16,13 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
-use common::binary::{signal, weir};
+use common::binary::weir;
 use common::kill::{Rng, Scratch, log_excerpt, read_log, restores_in, wait_bounded};
+use common::pg::{Pg, SETTLE, db_name, settle_and_stop};
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,81 +35,11 @@ const URL_ENV: &str = "WEIR_TEST_PG_SINK_URL";
 const RECORDS: u64 = 20_000;
 /// The input grows in this many chunks.
 const CHUNKS: u64 = 40;
-/// Longest wait for a run to commit everything.
-const SETTLE: Duration = Duration::from_secs(180);
 
 // ---------------------------------------------------------------------------------------------
-// The server and its databases.
-
-/// A PostgreSQL server reached through `psql`.
-struct Pg {
-    /// `postgres://user@host:port`, without a database.
-    base: String,
-    psql: PathBuf,
-}
+// The table `events` of these tests.
 
 impl Pg {
-    /// The shared test server.
-    fn shared() -> Self {
-        Self::from_settings(&common::services::ensure("postgres"))
-    }
-
-    fn from_settings(s: &std::collections::BTreeMap<String, String>) -> Self {
-        let get = |k: &str| {
-            s.get(k)
-                .unwrap_or_else(|| panic!("postgres.sh printed no {k}: {s:?}"))
-                .clone()
-        };
-        Self {
-            base: format!(
-                "postgres://{}@{}:{}",
-                get("WEIR_TEST_POSTGRES_USER"),
-                get("WEIR_TEST_POSTGRES_HOST"),
-                get("WEIR_TEST_POSTGRES_PORT")
-            ),
-            psql: Path::new(&get("WEIR_TEST_POSTGRES_BIN")).join("psql"),
-        }
-    }
-
-    fn url(&self, db: &str) -> String {
-        format!("{}/{db}", self.base)
-    }
-
-    /// Runs `sql` in database `db`; returns the rows, one line each, columns joined by `|`.
-    fn sql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new(&self.psql)
-            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d"])
-            .arg(self.url(db))
-            .arg("-c")
-            .arg(sql)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql {db}: {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// Makes an empty database `name` (dropping an old one and its prepared transactions)
-    /// holding table `events`, created by `ddl`.
-    fn fresh_db(&self, name: &str, ddl: &str) {
-        for gid in self
-            .sql(
-                "postgres",
-                &format!("SELECT gid FROM pg_prepared_xacts WHERE database = '{name}'"),
-            )
-            .lines()
-        {
-            // ROLLBACK PREPARED must run in the transaction's database.
-            self.sql(name, &format!("ROLLBACK PREPARED '{gid}'"));
-        }
-        self.sql("postgres", &format!("DROP DATABASE IF EXISTS {name}"));
-        self.sql("postgres", &format!("CREATE DATABASE {name}"));
-        self.sql(name, ddl);
-    }
-
     fn count(&self, db: &str) -> u64 {
         self.sql(db, "SELECT count(*) FROM events")
             .trim()
@@ -126,21 +57,6 @@ impl Pg {
         rows.sort();
         rows
     }
-
-    fn prepared(&self, db: &str) -> Vec<String> {
-        self.sql(
-            "postgres",
-            &format!("SELECT gid FROM pg_prepared_xacts WHERE database = '{db}'"),
-        )
-        .lines()
-        .map(str::to_owned)
-        .collect()
-    }
-}
-
-/// A database name unique to this test process.
-fn db_name(test: &str) -> String {
-    format!("weir_{test}_{}", std::process::id())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,36 +191,6 @@ impl Runs {
             .unwrap();
         (child, err)
     }
-}
-
-/// Waits until the run started and `done()` holds (checked every 50 ms), at most [`SETTLE`];
-/// then stops the run
-/// with SIGTERM (a final checkpoint, committed) and returns its exit status.
-fn settle_and_stop(
-    child: &mut Child,
-    log: &Path,
-    what: &str,
-    done: impl Fn() -> bool,
-) -> ExitStatus {
-    let until = Instant::now() + SETTLE;
-    // SIGTERM stops a run gracefully only once it handles signals: wait for its start (the
-    // table may be complete already, committed by earlier runs).
-    while !done() || !read_log(log).contains("Pipeline started.") {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!(
-                "{what}: the run ended with {status} before settling\n{}",
-                log_excerpt(log)
-            );
-        }
-        assert!(
-            Instant::now() < until,
-            "{what}: not settled within {SETTLE:?}\n{}",
-            log_excerpt(log)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(signal(child.id(), "TERM"));
-    wait_bounded(child, SETTLE, log)
 }
 
 /// Runs `file` with all of the input present until the table has every record, then stops it;

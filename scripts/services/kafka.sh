@@ -22,24 +22,33 @@
 #   WEIR_SERVICES_DIR   the cache (default /var/tmp/weir-services); this script uses <it>/kafka/
 #   WEIR_KAFKA_PORT     the loopback port the broker listens on (default 19092)
 #   WEIR_TANSU_VERSION  the crate version to install (default 0.6.0)
+#   WEIR_KAFKA_INSTANCE a name for a broker of its own (a test's, which it stops and starts
+#                       again): its pid file and log go to <cache>/kafka/instances/<name>/ and
+#                       the shared broker is left alone; give it its own WEIR_KAFKA_PORT too.
+#                       The binary is the shared one. Default: the shared broker.
+#   WEIR_KAFKA_STORAGE  `memory` (default: tansu's in-memory engine; a restart empties it) or
+#                       `s3`: topics and messages kept in the bucket `weir-kafka-<instance>` of
+#                       the S3 service (scripts/services/s3.sh, started here when needed; tansu's
+#                       `s3://` engine), so they survive `stop` and the next `ensure`, as long as
+#                       the S3 service runs (moto keeps its objects in memory).
 #
-# Safe to run from several processes at once: every command holds a lock file in the cache.
+# Safe to run from several processes at once: every command holds a lock file in the cache
+# (a named instance's start and stop hold a lock of its own after the install).
 set -euo pipefail
 
-say() { printf 'kafka.sh: %s\n' "$*" >&2; }
-die() {
-  say "error: $1"
-  shift
-  for line in "$@"; do printf '  %s\n' "$line" >&2; done
-  exit 1
-}
+service=kafka
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 dir=${WEIR_SERVICES_DIR:-/var/tmp/weir-services}/kafka
 port=${WEIR_KAFKA_PORT:-19092}
 version=${WEIR_TANSU_VERSION:-0.6.0}
 bin=$dir/bin/tansu
-pidfile=$dir/broker.pid
-log=$dir/broker.log
+instance=${WEIR_KAFKA_INSTANCE:-}
+storage=${WEIR_KAFKA_STORAGE:-memory}
+run=$dir${instance:+/instances/$instance}
+pidfile=$run/broker.pid
+log=$run/broker.log
 
 command=${1:-}
 case "$command" in
@@ -47,9 +56,15 @@ case "$command" in
   *) die "usage: $0 ensure|install|stop" ;;
 esac
 
-mkdir -p "$dir"
-exec 9>"$dir/lock"
-flock 9
+case "$storage" in
+  memory | s3) ;;
+  *) die "WEIR_KAFKA_STORAGE is \`$storage\`; use memory or s3." ;;
+esac
+case "$instance" in
+  *[!a-z0-9-]*) die "WEIR_KAFKA_INSTANCE is \`$instance\`; use lowercase letters, digits and -." ;;
+esac
+
+lock_cache "$dir"
 
 install() {
   [ -x "$bin" ] && return 0
@@ -68,11 +83,32 @@ install() {
 }
 
 running() {
-  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+  pid_running "$pidfile"
 }
 
 answers() {
   (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+}
+
+# Sets `engine`, the broker's `--storage-engine`; with s3, exports the S3 service's AWS_*
+# settings for the broker and makes its bucket.
+storage_engine() {
+  if [ "$storage" = memory ]; then
+    engine=memory://tansu/
+    return 0
+  fi
+  local settings bucket=weir-kafka-${instance:-shared} code
+  settings=$(bash "$(dirname "${BASH_SOURCE[0]}")/s3.sh" ensure) ||
+    die "the S3 service (scripts/services/s3.sh) did not start; the broker's s3 storage needs it."
+  set -a
+  eval "$settings"
+  set +a
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT "$AWS_ENDPOINT_URL/$bucket") || code=000
+  case "$code" in
+    2?? | 409) ;;
+    *) die "cannot make the bucket $bucket on $AWS_ENDPOINT_URL (HTTP $code)." ;;
+  esac
+  engine=s3://$bucket/
 }
 
 start() {
@@ -82,36 +118,40 @@ start() {
     die "something else listens on 127.0.0.1:$port, not a broker this script started." \
       "Stop it, or choose another port with WEIR_KAFKA_PORT."
   else
-    say "starting the broker on 127.0.0.1:$port (log: $log)"
-    # setsid: the broker outlives the test binary that asked for it (other tests reuse it).
-    # 9>&-: it must not inherit the lock, or every later call would wait for it forever.
-    setsid "$bin" broker \
+    local engine
+    storage_engine
+    mkdir -p "$run"
+    say "starting the broker on 127.0.0.1:$port with storage $engine (log: $log)"
+    start_detached "$pidfile" "$log" "$bin" broker \
       --listener-url "tcp://127.0.0.1:$port" \
       --advertised-listener-url "tcp://127.0.0.1:$port" \
-      --storage-engine memory://tansu/ \
-      >"$log" 2>&1 </dev/null 9>&- &
-    echo $! >"$pidfile"
+      --storage-engine "$engine"
   fi
-  local i
-  for i in $(seq 1 300); do
-    answers && return 0
-    running || {
+  local rc=0
+  wait_answering 300 0.1 "$pidfile" || rc=$?
+  case $rc in
+    0) return 0 ;;
+    2)
       tail -n 30 "$log" >&2
       die "the broker exited while starting (log: $log)."
-    }
-    sleep 0.1
-  done
+      ;;
+  esac
   tail -n 30 "$log" >&2
   die "the broker did not answer on 127.0.0.1:$port within 30 s (log: $log)."
 }
+
+if [ -n "$instance" ] && [ "$command" != install ]; then
+  [ "$command" = stop ] || install
+  # From here on the instance's own lock (taking it releases the install's).
+  lock_cache "$run"
+fi
 
 case "$command" in
   install) install ;;
   ensure)
     install
     start
-    echo "WEIR_TEST_KAFKA_BROKERS=127.0.0.1:$port"
-    echo "WEIR_TEST_KAFKA_TANSU=$bin"
+    print_settings "WEIR_TEST_KAFKA_BROKERS=127.0.0.1:$port" "WEIR_TEST_KAFKA_TANSU=$bin"
     ;;
   stop)
     if running; then

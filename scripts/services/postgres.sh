@@ -23,13 +23,9 @@
 #   WEIR_TEST_POSTGRES_BIN=<dir of psql, pg_ctl, ...>
 set -euo pipefail
 
-say() { printf 'postgres.sh: %s\n' "$*" >&2; }
-die() {
-  say "error: $1"
-  shift
-  for line in "$@"; do printf '  %s\n' "$line" >&2; done
-  exit 1
-}
+service=postgres
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cache=${WEIR_SERVICES_DIR:-/var/tmp/weir-services}/postgres
 port=${WEIR_POSTGRES_PORT:-15432}
@@ -80,11 +76,11 @@ answers() {
 }
 
 settings() {
-  printf 'WEIR_TEST_POSTGRES_URL=postgres://%s@127.0.0.1:%s/postgres\n' "$user" "$port"
-  printf 'WEIR_TEST_POSTGRES_HOST=127.0.0.1\n'
-  printf 'WEIR_TEST_POSTGRES_PORT=%s\n' "$port"
-  printf 'WEIR_TEST_POSTGRES_USER=%s\n' "$user"
-  printf 'WEIR_TEST_POSTGRES_BIN=%s\n' "$bin"
+  print_settings "WEIR_TEST_POSTGRES_URL=postgres://$user@127.0.0.1:$port/postgres" \
+    "WEIR_TEST_POSTGRES_HOST=127.0.0.1" \
+    "WEIR_TEST_POSTGRES_PORT=$port" \
+    "WEIR_TEST_POSTGRES_USER=$user" \
+    "WEIR_TEST_POSTGRES_BIN=$bin"
 }
 
 ensure() {
@@ -122,14 +118,10 @@ ensure() {
     die "PostgreSQL did not start (its log is above, in $log)." \
       "Is port $port taken? Set WEIR_POSTGRES_PORT to another one."
   }
-  local i
-  for i in $(seq 1 120); do
-    if answers; then
-      settings
-      return 0
-    fi
-    sleep 0.5
-  done
+  if wait_answering 120 0.5; then
+    settings
+    return 0
+  fi
   tail -n 30 "$log" >&2 || true
   die "PostgreSQL started but does not answer on 127.0.0.1:$port (log above, in $log)."
 }
@@ -145,7 +137,5 @@ case "$cmd" in
   ensure | stop) ;;
   *) die "usage: $0 ensure|stop" ;;
 esac
-mkdir -p "$cache"
-exec 9>"$cache/.lock"
-flock 9
+lock_cache "$cache" .lock
 "$cmd"

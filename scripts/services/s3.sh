@@ -11,6 +11,10 @@
 # test binaries at once (a flock on a lock file in the cache dir).
 set -euo pipefail
 
+service=s3
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 DIR="${WEIR_SERVICES_DIR:-/var/tmp/weir-services}/s3"
 PORT="${WEIR_S3_PORT:-15055}"
 VENV="$DIR/venv"
@@ -18,30 +22,28 @@ PIDFILE="$DIR/moto.pid"
 LOG="$DIR/moto.log"
 ENDPOINT="http://127.0.0.1:$PORT"
 
-log() { echo "s3.sh: $*" >&2; }
-
 answers() {
     curl -s -o /dev/null --max-time 2 "$ENDPOINT/moto-api/" 2>/dev/null
 }
 
 running() {
-    [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null
+    pid_running "$PIDFILE"
 }
 
 install() {
     if [[ -x "$VENV/bin/moto_server" ]]; then
         return
     fi
-    log "installing moto[server] into $VENV (from PyPI)"
+    say "installing moto[server] into $VENV (from PyPI)"
     if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-        log "python3-venv is missing; installing it with apt-get"
+        say "python3-venv is missing; installing it with apt-get"
         DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv >&2 \
-            || { log "cannot install python3-venv (run: apt-get install python3-venv)"; exit 1; }
+            || { say "cannot install python3-venv (run: apt-get install python3-venv)"; exit 1; }
     fi
     rm -rf "$VENV"
     python3 -m venv "$VENV" >&2
     "$VENV/bin/pip" install --quiet --disable-pip-version-check 'moto[server]>=5,<6' >&2 \
-        || { log "pip install 'moto[server]' failed (is PyPI reachable?)"; rm -rf "$VENV"; exit 1; }
+        || { say "pip install 'moto[server]' failed (is PyPI reachable?)"; rm -rf "$VENV"; exit 1; }
 }
 
 start() {
@@ -49,54 +51,39 @@ start() {
         return
     fi
     if answers; then
-        log "port $PORT already answers but was not started by this script; using it"
+        say "port $PORT already answers but was not started by this script; using it"
         return
     fi
-    log "starting moto on $ENDPOINT (log: $LOG)"
-    # setsid: the server outlives the test binary that started it, and is not in its
-    # process group; fd 9 (the lock) is closed so that it does not hold the lock.
-    setsid "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" >"$LOG" 2>&1 </dev/null 9>&- &
-    echo $! >"$PIDFILE"
-    for _ in $(seq 1 150); do
-        if answers; then
-            return
-        fi
-        if ! running; then
-            log "moto exited while starting; its log ($LOG):"
-            tail -n 20 "$LOG" >&2 || true
-            exit 1
-        fi
-        sleep 0.2
-    done
-    log "moto did not answer on $ENDPOINT within 30 s; its log ($LOG):"
+    say "starting moto on $ENDPOINT (log: $LOG)"
+    start_detached "$PIDFILE" "$LOG" "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT"
+    local rc=0
+    wait_answering 150 0.2 "$PIDFILE" || rc=$?
+    case $rc in
+        0) return ;;
+        2) say "moto exited while starting; its log ($LOG):" ;;
+        *) say "moto did not answer on $ENDPOINT within 30 s; its log ($LOG):" ;;
+    esac
     tail -n 20 "$LOG" >&2 || true
     exit 1
 }
 
 settings() {
-    echo "AWS_ENDPOINT_URL=$ENDPOINT"
-    echo "AWS_ALLOW_HTTP=true"
-    echo "AWS_ACCESS_KEY_ID=weir-test"
-    echo "AWS_SECRET_ACCESS_KEY=weir-test"
-    echo "AWS_REGION=us-east-1"
-    echo "WEIR_TEST_S3_ENDPOINT=$ENDPOINT"
+    print_settings "AWS_ENDPOINT_URL=$ENDPOINT" "AWS_ALLOW_HTTP=true" \
+        "AWS_ACCESS_KEY_ID=weir-test" "AWS_SECRET_ACCESS_KEY=weir-test" \
+        "AWS_REGION=us-east-1" "WEIR_TEST_S3_ENDPOINT=$ENDPOINT"
 }
 
 case "${1:-}" in
     ensure)
-        mkdir -p "$DIR"
-        exec 9>"$DIR/lock"
-        flock 9
+        lock_cache "$DIR"
         install
         start
         settings
         ;;
     stop)
-        mkdir -p "$DIR"
-        exec 9>"$DIR/lock"
-        flock 9
+        lock_cache "$DIR"
         if running; then
-            log "stopping moto (pid $(cat "$PIDFILE"))"
+            say "stopping moto (pid $(cat "$PIDFILE"))"
             kill "$(cat "$PIDFILE")"
         fi
         rm -f "$PIDFILE"

@@ -1,6 +1,7 @@
 //! `weir status [--json]`: the pipelines of a running `weir run` as a table (state, records,
-//! checkpoints, restarts, what each restored from), its reload count and last reload; or the
-//! API's `JobStatus` as JSON.
+//! checkpoints, restarts, what each restored from), the partitions of sources that have them
+//! (Kafka: each partition's next offset and lag, per subtask), its reload count and last
+//! reload; or the API's `JobStatus` as JSON.
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -83,6 +84,7 @@ pub fn render(status: &JobStatus) -> String {
             out.push('\n');
         }
     }
+    out.push_str(&partitions(status));
     for p in &status.pipelines {
         if let Some(error) = &p.error {
             out.push_str(&format!("pipeline {} failed: {error}\n", p.id));
@@ -121,11 +123,52 @@ pub fn render(status: &JobStatus) -> String {
     out
 }
 
+/// One table per source with partitions (Kafka): each partition's subtask, next offset and
+/// lag (`-` when the end is not known yet); empty when no source has partitions.
+fn partitions(status: &JobStatus) -> String {
+    let mut out = String::new();
+    for p in &status.pipelines {
+        for op in p.operators.iter().filter(|o| o.role == "source") {
+            let mut parts: Vec<_> = op
+                .subtasks
+                .iter()
+                .flat_map(|s| s.partitions.iter().map(move |part| (s.subtask, part)))
+                .map(|(subtask, part)| {
+                    // `topic/number`: ordered by topic, then by number.
+                    let (topic, n) = part
+                        .partition
+                        .rsplit_once('/')
+                        .unwrap_or((&part.partition, ""));
+                    (topic, n.parse::<i64>().unwrap_or(-1), subtask, part)
+                })
+                .collect();
+            if parts.is_empty() {
+                continue;
+            }
+            parts.sort_by_key(|(topic, n, subtask, _)| (*topic, *n, *subtask));
+            let mut rows = vec![["PARTITION", "SUBTASK", "OFFSET", "LAG"].map(str::to_owned)];
+            for (_, _, subtask, part) in parts {
+                rows.push([
+                    part.partition.clone(),
+                    subtask.to_string(),
+                    part.offset.to_string(),
+                    part.lag.map_or("-".to_owned(), |l| l.to_string()),
+                ]);
+            }
+            out.push_str(&format!("partitions of {}/{}:\n", p.id, op.id));
+            for line in api_args::table_lines(&rows, [false, true, true, true]) {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
-    use weir_engine::control::{PipelineStatus, ReloadOutcome};
+    use weir_engine::control::{OperatorStatus, PipelineStatus, ReloadOutcome, SubtaskStatus};
 
     use super::*;
 
@@ -183,6 +226,67 @@ mod tests {
              reloads: 1; last reload rolled back at 1970-01-01T00:00:00Z, longest pause 1.5 s\n\
              \x20 x failed\n\
              \x20 y\n"
+        );
+    }
+
+    #[test]
+    fn renders_the_partitions_of_kafka_sources() {
+        // The partitions from JSON, as `weir status` receives them from the API.
+        let parts = |v: serde_json::Value| serde_json::from_value(v).expect("partitions");
+        let subtask = |subtask, partitions| SubtaskStatus {
+            subtask,
+            partitions,
+            ..SubtaskStatus::default()
+        };
+        let op = |id: &str, role: &str, subtasks| OperatorStatus {
+            id: id.into(),
+            role: role.into(),
+            subtasks,
+            ..OperatorStatus::default()
+        };
+        let status = JobStatus {
+            file: PathBuf::from("k.yaml"),
+            pipelines: vec![PipelineStatus {
+                id: "totals".into(),
+                state: "running".into(),
+                operators: vec![
+                    op(
+                        "orders",
+                        "source",
+                        vec![
+                            subtask(
+                                0,
+                                parts(serde_json::json!([
+                                    {"partition": "orders/0", "offset": 120, "lag": 3},
+                                    {"partition": "orders/10", "offset": 5, "lag": null},
+                                ])),
+                            ),
+                            subtask(
+                                1,
+                                parts(serde_json::json!([
+                                    {"partition": "orders/2", "offset": 1_000_000, "lag": 0},
+                                ])),
+                            ),
+                        ],
+                    ),
+                    op("files", "source", vec![subtask(0, Vec::new())]),
+                    op("out", "sink", vec![subtask(0, Vec::new())]),
+                ],
+                ..PipelineStatus::default()
+            }],
+            ..JobStatus::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.ends_with(
+                "partitions of totals/orders:\n\
+                 \x20 PARTITION  SUBTASK   OFFSET  LAG\n\
+                 \x20 orders/0         0      120    3\n\
+                 \x20 orders/2         1  1000000    0\n\
+                 \x20 orders/10        0        5    -\n\
+                 reloads: 0\n"
+            ),
+            "{text}"
         );
     }
 }

@@ -7,8 +7,10 @@
 //! pipelines and their golden output), [`kill`] (SIGKILL loops over `weir run` and their
 //! exactly-once check), [`control`] (a recording fake
 //! `JobControl` behind the real API server), [`memory`] (peak RSS from `/proc`),
-//! [`browser`] (headless Chromium through chromedriver, for the web page) and [`services`]
-//! (real Kafka-API, PostgreSQL and S3-compatible servers, started by `scripts/services/`).
+//! [`browser`] (headless Chromium through chromedriver, for the web page), [`services`]
+//! (real Kafka-API, PostgreSQL and S3-compatible servers, started by `scripts/services/`),
+//! [`kafka`] (topics, producing and reading back, a private broker that can go down) and
+//! [`pg`] (databases, `psql`, a run stopped once its table is complete).
 //!
 //! Each test binary compiles the whole kit and uses part of it, hence `dead_code`.
 #![allow(clippy::unwrap_used, dead_code)]
@@ -18,10 +20,13 @@ pub mod browser;
 pub mod control;
 pub mod files;
 pub mod in_process;
+pub mod kafka;
 #[cfg(unix)]
 pub mod kill;
 pub mod memory;
 pub mod output;
+#[cfg(unix)]
+pub mod pg;
 pub mod run;
 pub mod running;
 pub mod services;
