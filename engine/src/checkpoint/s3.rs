@@ -408,7 +408,21 @@ impl CheckpointStore for S3Store {
 
     fn delete_dir(&self, path: &str) -> Result<()> {
         validate_path(path)?;
-        for key in self.list_keys(Some(path))? {
+        self.delete_keys(self.list_keys(Some(path))?)
+    }
+}
+
+impl S3Store {
+    /// Deletes every object under the store's root (a savepoint that is removed).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Unavailable`] when S3 does not answer.
+    pub fn delete_all(&self) -> Result<()> {
+        self.delete_keys(self.list_keys(None)?)
+    }
+
+    fn delete_keys(&self, keys: Vec<ObjectPath>) -> Result<()> {
+        for key in keys {
             let store = Arc::clone(&self.store);
             let rel = self.relative(&key).unwrap_or_else(|| key.to_string());
             match self.run("cannot delete", &rel, async move { store.delete(&key).await }) {
