@@ -595,11 +595,7 @@ impl PrivateServer {
             "postgres.sh {cmd}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
+        common::services::parse_service_settings(&out.stdout)
     }
 }
 

@@ -459,13 +459,11 @@ pub(crate) mod testing {
                 "s3.sh ensure failed:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect()
+            parse_service_settings(&out.stdout).into_iter().collect()
         })
     }
+
+    include!("../../../scripts/services/settings.rs");
 
     /// Creates bucket `name` on the local server (moto accepts unsigned requests).
     pub(crate) fn create_bucket(name: &str) {
