@@ -645,3 +645,228 @@ fn a_checkpoint_on_s3_is_restored_with_from_checkpoint() {
         "restored from a checkpoint on S3",
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 4. Savepoints written directly to S3 (`savepoints.dir: s3://...`, or a request naming one).
+
+/// `KEYED` with its savepoints going to `savepoints` (a directory or an `s3://` location),
+/// its generator paced at `rate` records/s (the same records, over a longer time).
+fn keyed_saving_to(dir: &Path, state: &str, storage: &str, savepoints: &str, rate: u32) -> PathBuf {
+    let path = keyed_at(dir, state, storage);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(
+            "    sources:\n",
+            &format!("    savepoints: {{ dir: '{savepoints}' }}\n    sources:\n"),
+        )
+        .replace("rate: 5000", &format!("rate: {rate}"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Replaces directory `to` with a copy of `from`.
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A running job writes its savepoints straight to S3: `weir savepoint` (the job goes on)
+/// and `weir stop --savepoint` answer with `s3://` URLs, nothing lands on the local disk,
+/// `weir inspect` reads them in place, and the stop's savepoint restores both into local
+/// checkpoint storage and into S3 checkpoint storage, each to the output of a straight run.
+#[test]
+fn savepoints_are_written_to_s3_and_restore_locally_and_into_s3_storage() {
+    use common::output::{assert_exactly_once, committed};
+    use common::run::{Run, beside, run_to_end_with};
+
+    let settings = s3();
+    let env: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let bucket = fresh_bucket(&settings, "sp-direct");
+    let savepoints = format!("s3://{bucket}/savepoints");
+
+    let straight_dir = tempfile::tempdir().unwrap();
+    let yaml = keyed_at(straight_dir.path(), "rocksdb", "ck");
+    let (status, log) = run_to_end_with(beside(&yaml), &yaml, &["--no-api"], &[]);
+    assert!(status.success(), "the straight run failed:\n{log}");
+    let straight = committed(&straight_dir.path().join("out"));
+
+    // 1. Local checkpoints (RocksDB), savepoints to S3.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = keyed_saving_to(dir.path(), "rocksdb", "ck", &savepoints, 2000);
+    let mut run = Run::start_with(beside(&yaml), &yaml, &["--api-port", "0"], &env);
+    run.wait_mid_run("totals", 2000);
+    let out = run.cli(&["savepoint", "totals"]);
+    assert!(
+        out.status.success(),
+        "weir savepoint: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        run.log()
+    );
+    let first = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        first.starts_with(&format!("{savepoints}/savepoint-totals-")),
+        "the savepoint went to S3: {first}"
+    );
+    // A directory named in the request, relative to the S3 root.
+    let out = run.cli(&["savepoint", "totals", "--dir", "nightly"]);
+    assert!(
+        out.status.success(),
+        "weir savepoint --dir: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let named = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        named.starts_with(&format!("{savepoints}/nightly/savepoint-totals-")),
+        "{named}"
+    );
+    run.wait_checkpoints(&["totals"], 1);
+    let out = run.cli(&["stop", "totals", "--savepoint"]);
+    assert!(
+        out.status.success(),
+        "weir stop --savepoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    run.finish_ok();
+    assert!(
+        !dir.path().join(".weir/savepoints").exists(),
+        "a savepoint went to the local disk"
+    );
+    for url in [&first, &named, &last] {
+        let report = inspect_json(&settings, url);
+        assert_eq!(report["pipeline"], "totals", "{url}: {report:#}");
+        assert_eq!(report["layout"], "savepoint", "{url}: {report:#}");
+        assert_eq!(report["problems"], json!([]), "{url}: {report:#}");
+        let prefix = url.strip_prefix(&format!("s3://{bucket}/")).unwrap();
+        let stored = keys(&settings, &bucket, &format!("{prefix}/"));
+        assert!(
+            stored.iter().any(|k| k.ends_with("/_metadata"))
+                && stored.iter().any(|k| k.ends_with(".keyed")),
+            "{url}: {stored:?}"
+        );
+        assert!(
+            stored.iter().all(|k| !k.contains("/shared/")),
+            "a savepoint is self-contained: {stored:?}"
+        );
+    }
+    let stopped = dir.path().join("out-at-stop");
+    copy_dir(&dir.path().join("out"), &stopped);
+
+    // 2. Restored into local checkpoint storage (the fs backend), to the end.
+    let yaml = keyed_saving_to(dir.path(), "fs", "ck-local", &savepoints, 5000);
+    let (status, log) = run_to_end_with(
+        beside(&yaml),
+        &yaml,
+        &["--no-api", "--from-savepoint", &last],
+        &env,
+    );
+    assert!(status.success(), "the local restore failed:\n{log}");
+    assert!(log.contains("Restoring from a savepoint"), "{log}");
+    assert_exactly_once(
+        &committed(&dir.path().join("out")),
+        &straight,
+        "savepoint on S3 -> local checkpoint storage",
+    );
+
+    // 3. The same savepoint into S3 checkpoint storage, from the output as it was at the stop.
+    copy_dir(&stopped, &dir.path().join("out"));
+    let yaml = keyed_saving_to(
+        dir.path(),
+        "rocksdb",
+        &format!("s3://{bucket}/ck"),
+        &savepoints,
+        5000,
+    );
+    let (status, log) = run_to_end_with(
+        beside(&yaml),
+        &yaml,
+        &["--no-api", "--from-savepoint", &last],
+        &env,
+    );
+    assert!(
+        status.success(),
+        "the restore into S3 storage failed:\n{log}"
+    );
+    assert!(
+        keys(&settings, &bucket, "ck/totals/")
+            .iter()
+            .any(|k| k.ends_with("/_metadata")),
+        "checkpoints went to S3"
+    );
+    assert_exactly_once(
+        &committed(&dir.path().join("out")),
+        &straight,
+        "savepoint on S3 -> S3 checkpoint storage",
+    );
+}
+
+/// A savepoint that cannot be written (a bucket that does not exist; an endpoint that does
+/// not answer) fails with an error naming the target, and the job goes on to its normal
+/// end: a failed savepoint never kills the job.
+#[test]
+fn a_savepoint_to_an_unwritable_s3_target_fails_clearly_and_the_job_goes_on() {
+    use common::output::committed;
+    use common::run::{Run, beside};
+
+    let settings = s3();
+    for (case, endpoint_override) in [
+        ("missing bucket", None),
+        ("unreachable", Some("http://127.0.0.1:9")),
+    ] {
+        let env: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| match endpoint_override {
+                Some(e) if k == "AWS_ENDPOINT_URL" => (k.clone(), e.to_owned()),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let bucket = format!("weir-never-created-{}", std::process::id());
+        let target = format!("s3://{bucket}/sp");
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = keyed_saving_to(dir.path(), "fs", "ck", &target, 1000);
+        let mut run = Run::start_with(beside(&yaml), &yaml, &["--api-port", "0"], &env);
+        run.wait_mid_run("totals", 2000);
+        let out = run.cli(&["savepoint", "totals"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{case}: the savepoint cannot succeed"
+        );
+        assert!(
+            stderr.contains("could not be written") && stderr.contains(&target),
+            "{case}: the error names the target: {stderr}"
+        );
+        if let Some(e) = endpoint_override {
+            assert!(
+                stderr.contains(e),
+                "{case}: the error names the endpoint: {stderr}"
+            );
+        }
+        assert!(
+            run.try_wait().is_none(),
+            "{case}: the job died:\n{}",
+            run.log()
+        );
+        // The job goes on: more checkpoints, then its normal end with every record.
+        run.wait_checkpoints(&["totals"], 1);
+        let log = run.finish_ok();
+        assert!(log.contains("Savepoint failed."), "{case}: {log}");
+        let lines = committed(&dir.path().join("out"));
+        assert_eq!(
+            lines.len(),
+            20000,
+            "{case}: one update per generated record"
+        );
+    }
+}

@@ -11,7 +11,8 @@
 #   eo-upsert     exactly_once, upsert on a primary key `id`
 # and, as the limit, `copy`: psql's `\copy` of the same rows as CSV into the same table (one
 # connection, one transaction). Each run starts from an empty table in a database of its own
-# and is checked (row count, sum of `amount`). Prints rows/s per label and run.
+# and is checked (row count, sum of `amount`). Prints rows/s per label and run, then the
+# median per label and its ratio to COPY's.
 #
 # Env: WORK (/tmp/weirbench/postgres), RUNS (2), ONLY (labels to run; default all),
 # BATCH (the sink's batch_size, default 1000), SKIP_BUILD (set: use the binary already in
@@ -95,6 +96,8 @@ YAML
 now() { date +%s.%N; }
 rate() { python3 -c "print(f'{$N / ($2 - $1):,.0f}')"; }
 
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
 for run in $(seq 1 "$RUNS"); do
   for label in $ONLY; do
     db=weir_bench_${label//-/_}
@@ -128,5 +131,20 @@ for run in $(seq 1 "$RUNS"); do
     check "$db" "$label"
     printf '%-11s run %d: %s rows/s (%.2f s)\n' "$label" "$run" "$(rate "$t0" "$t1")" \
       "$(python3 -c "print($t1 - $t0)")"
+    printf '%s\t%s\n' "$label" "$(python3 -c "print($N / ($t1 - $t0))")" >>"$RESULTS"
   done
 done
+
+# Medians per label, and each against COPY (the limit).
+python3 - "$RESULTS" <<'PY'
+import statistics, sys
+rates = {}
+for line in open(sys.argv[1]):
+    label, rate = line.split()
+    rates.setdefault(label, []).append(float(rate))
+copy = statistics.median(rates["copy"]) if "copy" in rates else None
+for label, rs in rates.items():
+    m = statistics.median(rs)
+    vs = f": {m / copy:.0%} of COPY" if copy and label != "copy" else ""
+    print(f"median {label:<11} {m:>12,.0f} rows/s{vs}")
+PY

@@ -469,7 +469,8 @@ pub struct SavepointRequest {
     /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
     /// `.weir/savepoints` next to the file). A relative path is relative to that savepoint
     /// root; unless `weir run` was started with `--allow-any-savepoint-dir`, the directory
-    /// must lie inside the root (no `..`, symlinks resolved).
+    /// must lie inside the root (no `..`, symlinks resolved). A root on S3 takes `s3://`
+    /// URLs under it, and a relative path goes below it.
     pub dir: Option<PathBuf>,
 }
 

@@ -321,8 +321,9 @@ impl Default for CheckpointSpec {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SavepointSpec {
-    /// Directory for savepoints (relative paths are relative to the pipeline file). Default:
-    /// `.weir/savepoints` next to the file.
+    /// Directory for savepoints (relative paths are relative to the pipeline file), or
+    /// `s3://bucket/prefix` on S3-compatible object storage (configured as S3 checkpoint
+    /// storage is). Default: `.weir/savepoints` next to the file.
     #[serde(default = "default_savepoint_dir")]
     pub dir: String,
 }

@@ -238,6 +238,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         self.check_parallelism();
         self.check_delivery();
         self.check_checkpoints();
+        self.check_savepoints();
         self.check_restart();
         self.check_state();
         self.check_no_effect();
@@ -1606,6 +1607,52 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         }
     }
 
+    /// `url` (`s3://` + `rest`) at `at` must name a bucket and a prefix without empty, `.`
+    /// or `..` components.
+    fn check_s3_location(&mut self, at: &YamlPath, url: &str, rest: &str) {
+        let bucket = rest.split('/').next().unwrap_or_default();
+        let prefix = rest
+            .get(bucket.len()..)
+            .unwrap_or_default()
+            .trim_matches('/');
+        let bad_prefix = !prefix.is_empty()
+            && prefix
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..");
+        if bucket.is_empty() || bad_prefix {
+            self.cx
+                .error(
+                    codes::INVALID_VALUE,
+                    at,
+                    format!("`{url}` is not a valid S3 location"),
+                    "invalid S3 location",
+                )
+                .help("write `s3://bucket/prefix`: a bucket, then a prefix without empty, `.` or `..` components")
+                .push(&mut self.cx.out);
+        }
+    }
+
+    /// `savepoints.dir`: a directory, or an `s3://` location checked as checkpoint storage's.
+    fn check_savepoints(&mut self) {
+        let at = self.base.join("savepoints").join("dir");
+        let dir = self.p.savepoints.dir.trim().to_owned();
+        if let Some((scheme, rest)) = dir.split_once("://") {
+            if scheme == "s3" {
+                self.check_s3_location(&at, &dir, rest);
+            } else {
+                self.cx
+                    .error(
+                        codes::UNSUPPORTED_STORAGE,
+                        &at,
+                        format!("`{scheme}://` savepoint directories are not supported"),
+                        "unsupported scheme",
+                    )
+                    .help("use a local directory, or `s3://bucket/prefix`")
+                    .push(&mut self.cx.out);
+            }
+        }
+    }
+
     fn check_checkpoints(&mut self) {
         let c = &self.p.checkpoints;
         let base = self.base.join("checkpoints");
@@ -1647,26 +1694,7 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
         let storage = c.storage.trim();
         if let Some((scheme, rest)) = storage.split_once("://") {
             if scheme == "s3" {
-                let bucket = rest.split('/').next().unwrap_or_default();
-                let prefix = rest
-                    .get(bucket.len()..)
-                    .unwrap_or_default()
-                    .trim_matches('/');
-                let bad_prefix = !prefix.is_empty()
-                    && prefix
-                        .split('/')
-                        .any(|c| c.is_empty() || c == "." || c == "..");
-                if bucket.is_empty() || bad_prefix {
-                    self.cx
-                        .error(
-                            codes::INVALID_VALUE,
-                            &base.join("storage"),
-                            format!("`{storage}` is not a valid S3 location"),
-                            "invalid S3 location",
-                        )
-                        .help("write `s3://bucket/prefix`: a bucket, then a prefix without empty, `.` or `..` components")
-                        .push(&mut self.cx.out);
-                }
+                self.check_s3_location(&base.join("storage"), storage, rest);
             } else if scheme != "file" {
                 self.cx
                     .error(

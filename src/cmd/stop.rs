@@ -26,7 +26,8 @@ pub struct StopArgs {
     /// The directory to create the savepoint in (default: the pipeline's `savepoints.dir`,
     /// `.weir/savepoints` next to the file). A relative DIR is relative to that savepoint root,
     /// not to this shell's directory; an absolute one must lie inside the root unless
-    /// `weir run` was started with --allow-any-savepoint-dir.
+    /// `weir run` was started with --allow-any-savepoint-dir. On S3 (`savepoints.dir:
+    /// s3://bucket/prefix`) the same holds for `s3://` URLs under that location.
     #[arg(long, value_name = "DIR", requires = "savepoint")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]

@@ -36,11 +36,9 @@ pub fn ensure(name: &str) -> BTreeMap<String, String> {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    let settings: BTreeMap<String, String> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
+    let settings = parse_service_settings(&output.stdout);
     seen.insert(name.to_string(), settings.clone());
     settings
 }
+
+include!("../../scripts/services/settings.rs");

@@ -408,7 +408,21 @@ impl CheckpointStore for S3Store {
 
     fn delete_dir(&self, path: &str) -> Result<()> {
         validate_path(path)?;
-        for key in self.list_keys(Some(path))? {
+        self.delete_keys(self.list_keys(Some(path))?)
+    }
+}
+
+impl S3Store {
+    /// Deletes every object under the store's root (a savepoint that is removed).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Unavailable`] when S3 does not answer.
+    pub fn delete_all(&self) -> Result<()> {
+        self.delete_keys(self.list_keys(None)?)
+    }
+
+    fn delete_keys(&self, keys: Vec<ObjectPath>) -> Result<()> {
+        for key in keys {
             let store = Arc::clone(&self.store);
             let rel = self.relative(&key).unwrap_or_else(|| key.to_string());
             match self.run("cannot delete", &rel, async move { store.delete(&key).await }) {
@@ -445,13 +459,11 @@ pub(crate) mod testing {
                 "s3.sh ensure failed:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect()
+            parse_service_settings(&out.stdout).into_iter().collect()
         })
     }
+
+    include!("../../../scripts/services/settings.rs");
 
     /// Creates bucket `name` on the local server (moto accepts unsigned requests).
     pub(crate) fn create_bucket(name: &str) {

@@ -8,9 +8,15 @@
 //! format). Nothing in it points into
 //! checkpoint storage: savepoint barriers make every backend write the canonical format, so
 //! no `shared/` file is ever referenced. The directory is assembled under a temporary name
-//! and renamed into place, so a savepoint directory that exists is complete. A savepoint
-//! directory copied to S3 as it is (`s3://bucket/prefix/savepoint-...`) is read in place
-//! ([`open_savepoint`]).
+//! and renamed into place, so a savepoint directory that exists is complete.
+//!
+//! The parent may also be an S3 location (`savepoints.dir: s3://bucket/prefix`, or a request
+//! naming one): the same layout is written as objects under
+//! `s3://bucket/prefix/savepoint-...`, through the checkpoint store on S3
+//! ([`super::s3::S3Store`]). Object storage has no rename, so there `_metadata` is written
+//! last, with a conditional put: a savepoint whose `_metadata` exists is complete, and a
+//! failed write removes the files it wrote. A savepoint on S3 (written there, or a local one
+//! copied there as it is) is read in place ([`open_savepoint`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -25,10 +31,10 @@ use crate::base::error::CheckpointError;
 /// The metadata file of a savepoint directory.
 pub const SAVEPOINT_METADATA: &str = "_metadata";
 
-/// A savepoint written to disk.
+/// A savepoint written to disk or to S3.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WrittenSavepoint {
-    /// Its directory.
+    /// Its directory (for S3, its `s3://bucket/prefix/savepoint-...` URL).
     pub path: PathBuf,
     /// Bytes of its state files.
     pub size: u64,
@@ -52,17 +58,28 @@ fn io<'a>(
 
 /// Copies completed checkpoint `meta` out of `store` into a new savepoint directory
 /// `parent/name` (files on the same local disk are hard-linked, others copied), verifying
-/// every copied file's size and checksum against the metadata.
+/// every copied file's size and checksum against the metadata. `parent` may be an `s3://`
+/// location: the savepoint is then written there as objects (see the module docs).
 ///
 /// # Errors
 /// A file referencing shared storage (the checkpoint was not taken as a savepoint), a
-/// directory that already exists, storage failures, a file whose content does not match.
+/// directory that already exists, storage failures, a file whose content does not match,
+/// an invalid `s3://` location, [`CheckpointError::Unavailable`] when S3 does not answer.
 pub fn write_savepoint(
     store: &dyn CheckpointStore,
     meta: &CheckpointMetadata,
     parent: &Path,
     name: &str,
 ) -> Result<WrittenSavepoint> {
+    if let Some(location) = S3Location::parse(&parent.to_string_lossy()) {
+        let location = location.map_err(|reason| CheckpointError::Io {
+            what: "invalid savepoint location",
+            path: parent.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, reason),
+        })?;
+        return write_savepoint_s3(store, meta, &location, name);
+    }
+    check_self_contained(meta)?;
     let target = parent.join(name);
     if target.exists() {
         return Err(CheckpointError::Io {
@@ -80,13 +97,6 @@ pub fn write_savepoint(
         let mut size = 0;
         for st in &mut out.subtasks {
             for f in &mut st.files {
-                if is_shared_path(&f.path) {
-                    return Err(CheckpointError::Protocol(format!(
-                        "checkpoint {} references shared file `{}`: only savepoint-kind \
-                         checkpoints (canonical snapshots) can become savepoints",
-                        meta.checkpoint, f.path
-                    )));
-                }
                 let dest = LocalStore::at(&staging).resolve(&f.path)?;
                 if let Some(d) = dest.parent() {
                     fs::create_dir_all(d).map_err(io("cannot create directory", d))?;
@@ -113,6 +123,86 @@ pub fn write_savepoint(
             Err(e)
         }
     }
+}
+
+/// Refuses a checkpoint that references shared files: only savepoint-kind checkpoints
+/// (canonical snapshots) are self-contained.
+fn check_self_contained(meta: &CheckpointMetadata) -> Result<()> {
+    match meta.files().find(|f| is_shared_path(&f.path)) {
+        Some(f) => Err(CheckpointError::Protocol(format!(
+            "checkpoint {} references shared file `{}`: only savepoint-kind checkpoints \
+             (canonical snapshots) can become savepoints",
+            meta.checkpoint, f.path
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// [`write_savepoint`] into `parent/name` on S3: every state file (read back from `store`
+/// and verified), then `_metadata` with a conditional put. On failure the state files
+/// written are deleted again (best effort; without `_metadata` they are never read).
+fn write_savepoint_s3(
+    store: &dyn CheckpointStore,
+    meta: &CheckpointMetadata,
+    parent: &S3Location,
+    name: &str,
+) -> Result<WrittenSavepoint> {
+    check_self_contained(meta)?;
+    let location = parent.join(name);
+    let url = PathBuf::from(location.to_string());
+    let target = S3Store::at(location)?;
+    match target.size(SAVEPOINT_METADATA) {
+        Ok(_) => {
+            return Err(CheckpointError::Io {
+                what: "savepoint directory already exists",
+                path: url,
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        Err(CheckpointError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let mut written = Vec::new();
+    let result = (|| {
+        let mut size = 0;
+        for f in meta.files() {
+            let bytes = read_verified(store, f)?;
+            written.push(f.path.clone());
+            target.put(&f.path, &bytes)?;
+            size += f.size;
+        }
+        target.put_new(SAVEPOINT_METADATA, &meta.encode()?)?;
+        Ok(size)
+    })();
+    match result {
+        Ok(size) => Ok(WrittenSavepoint { path: url, size }),
+        Err(e) => {
+            for path in written {
+                let _ = target.delete(&path);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Deletes savepoint `path` (a local directory or an `s3://` location); one that does not
+/// exist is no error. `_metadata` goes first, so a half-deleted savepoint is never read.
+///
+/// # Errors
+/// Storage failures.
+pub fn delete_savepoint(path: &Path) -> Result<()> {
+    let Some(location) = S3Location::parse(&path.to_string_lossy()) else {
+        return match fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io("cannot delete", path)(e))
+            }
+            _ => Ok(()),
+        };
+    };
+    let location = location.map_err(|reason| CheckpointError::NotFound { path: reason })?;
+    let store = S3Store::at(location)?;
+    store.delete(SAVEPOINT_METADATA)?;
+    store.delete_all()
 }
 
 fn copy_file(store: &dyn CheckpointStore, f: &FileRef, dest: &Path) -> Result<()> {

@@ -287,11 +287,10 @@ impl Job {
             list.drain(..excess).collect()
         };
         for path in old {
-            match std::fs::remove_dir_all(&path) {
+            match crate::checkpoint::savepoint::delete_savepoint(&path) {
                 Ok(()) => {
                     tracing::info!(pipeline, path = %path.display(), kept = RELOAD_SAVEPOINTS_KEPT, "Removed the savepoint of an older reload.");
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
                     tracing::warn!(pipeline, path = %path.display(), error = %e, "Cannot remove the savepoint of an older reload; delete it by hand.");
                 }

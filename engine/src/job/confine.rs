@@ -8,7 +8,9 @@
 //! - a savepoint goes under the pipeline's savepoint root, `savepoints.dir`
 //!   ([`savepoint_dir`]): a relative directory is relative to the root, an absolute one must
 //!   lie inside it, `..` is refused and symlinks are resolved before the check; `weir run
-//!   --allow-any-savepoint-dir` lifts the confinement.
+//!   --allow-any-savepoint-dir` lifts the confinement. The same holds for a root on S3
+//!   (`s3://bucket/prefix`): a relative directory goes below it, an `s3://` URL must lie
+//!   under it (same bucket, below its prefix).
 //!
 //! Both return the resolved path, which is what the job then uses: the path checked is the
 //! path written or read.
@@ -16,6 +18,8 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use crate::checkpoint::s3::S3Location;
+use crate::checkpoint::storage::validate_path;
 use crate::control::ControlError;
 use crate::plan::PipelinePlan;
 
@@ -47,6 +51,43 @@ pub(crate) fn savepoint_dir(
             root.display()
         ))
     };
+    let remote_root = S3Location::parse(&root.to_string_lossy());
+    let remote_requested = S3Location::parse(&requested.to_string_lossy());
+    if remote_root.is_some() || remote_requested.is_some() {
+        let invalid = |reason: String| {
+            ControlError::Invalid(format!(
+                "savepoint directory `{}`: {reason}",
+                requested.display()
+            ))
+        };
+        let root = remote_root.transpose().map_err(invalid)?;
+        let wanted = match (remote_requested.transpose().map_err(invalid)?, &root) {
+            (Some(location), _) => location,
+            (None, Some(root)) if requested.is_relative() => {
+                let text = requested.to_string_lossy();
+                let text = text.trim_end_matches('/');
+                validate_path(text)
+                    .map_err(|_| forbidden("has an empty, `.` or `..` component"))?;
+                root.join(text)
+            }
+            (None, _) if allow_any => return Ok(requested.to_path_buf()),
+            (None, _) => return Err(forbidden("is outside the savepoint root")),
+        };
+        let inside = root.as_ref().is_some_and(|root| {
+            wanted.bucket == root.bucket
+                && (root.prefix.is_empty()
+                    || wanted.prefix == root.prefix
+                    || wanted
+                        .prefix
+                        .strip_prefix(root.prefix.as_str())
+                        .is_some_and(|rest| rest.starts_with('/')))
+        });
+        return if inside || allow_any {
+            Ok(PathBuf::from(wanted.to_string()))
+        } else {
+            Err(forbidden("is outside the savepoint root"))
+        };
+    }
     if !allow_any
         && requested
             .components()
@@ -198,6 +239,32 @@ mod tests {
             savepoint_dir("p", &root, Path::new("/elsewhere/sp"), true).expect("allowed"),
             PathBuf::from("/elsewhere/sp")
         );
+    }
+
+    #[test]
+    fn savepoint_dirs_on_s3_stay_under_an_s3_root() {
+        let root = Path::new("s3://bucket/sp");
+        let ok = |requested: &str, allow_any: bool| {
+            savepoint_dir("p", root, Path::new(requested), allow_any)
+                .expect("allowed")
+                .to_string_lossy()
+                .into_owned()
+        };
+        assert_eq!(ok("nightly/1", false), "s3://bucket/sp/nightly/1");
+        assert_eq!(ok("s3://bucket/sp/x/", false), "s3://bucket/sp/x");
+        assert_eq!(ok("s3://bucket/sp", false), "s3://bucket/sp");
+        for outside in ["s3://bucket/spx", "s3://other/sp/x", "/tmp/sp", "a/../b"] {
+            forbidden(savepoint_dir("p", root, Path::new(outside), false));
+        }
+        assert_eq!(ok("s3://other/x", true), "s3://other/x");
+        assert_eq!(ok("/tmp/sp", true), "/tmp/sp");
+        // An S3 URL under a local root only with the flag; a malformed one never.
+        let local = Path::new("/jobs/.weir/savepoints");
+        forbidden(savepoint_dir("p", local, Path::new("s3://bucket/x"), false));
+        assert!(matches!(
+            savepoint_dir("p", local, Path::new("s3:///x"), true),
+            Err(ControlError::Invalid(_))
+        ));
     }
 
     #[cfg(unix)]

@@ -61,8 +61,9 @@ pub struct PipelinePaths {
     /// The checkpoint storage root (`checkpoints.storage`); the pipeline's checkpoints are in
     /// `<root>/<pipeline>/`.
     pub checkpoint_root: CheckpointRoot,
-    /// The savepoint root (`savepoints.dir`, default `.weir/savepoints`), absolute: where
-    /// savepoints go by default, and under which control requests must name theirs.
+    /// The savepoint root (`savepoints.dir`, default `.weir/savepoints`), absolute, or an
+    /// `s3://bucket/prefix` URL kept as written: where savepoints go by default, and under
+    /// which control requests must name theirs.
     pub savepoints: PathBuf,
     /// The local working directory of the pipeline's RocksDB instances
     /// (`<state.path or .weir/rocksdb>/<pipeline>`), when its state backend is RocksDB.
@@ -72,7 +73,13 @@ pub struct PipelinePaths {
 impl PipelinePaths {
     /// The paths of `spec`, resolved against `base_dir`.
     pub fn resolve(spec: &PipelineSpec, base_dir: &Path) -> Self {
-        let savepoints = resolve_path(base_dir, &spec.savepoints.dir);
+        let savepoints = match S3Location::parse(&spec.savepoints.dir) {
+            Some(Ok(location)) => PathBuf::from(location.to_string()),
+            _ => {
+                let dir = resolve_path(base_dir, &spec.savepoints.dir);
+                std::path::absolute(&dir).unwrap_or(dir)
+            }
+        };
         let rocksdb = match &spec.state {
             weir_schema::StateSpec::Rocksdb(r) => {
                 let base = r.path.as_deref().unwrap_or(Path::new(".weir/rocksdb"));
@@ -82,7 +89,7 @@ impl PipelinePaths {
         };
         Self {
             checkpoint_root: CheckpointRoot::resolve(base_dir, &spec.checkpoints.storage),
-            savepoints: std::path::absolute(&savepoints).unwrap_or(savepoints),
+            savepoints,
             rocksdb,
         }
     }
@@ -361,6 +368,14 @@ mod tests {
             "    savepoints: { dir: backups/sp }\n    sources:",
         );
         assert_eq!(paths(&configured).savepoints, Path::new("/jobs/backups/sp"));
+        let remote = TEST_JOB.replace(
+            "    sources:",
+            "    savepoints: { dir: 's3://bucket/sp/' }\n    sources:",
+        );
+        assert_eq!(
+            paths(&remote).savepoints.to_string_lossy(),
+            "s3://bucket/sp"
+        );
     }
 
     #[test]
