@@ -41,6 +41,13 @@ pub trait Operator: Send {
     /// A failure under `on_error: fail`, or an I/O failure.
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()>;
 
+    /// Whether the records that leave [`process`](Self::process) are the ones that entered,
+    /// unchanged and in order, so that their event times ([`Batch::times`]) still hold
+    /// (`key_by`). The task drops the times after every operator that says no.
+    fn keeps_times(&self) -> bool {
+        false
+    }
+
     /// Whether one input record may become many output records (`flat_map`, `process`):
     /// the task then drives the operator through [`process_some`](Self::process_some), so
     /// that what it produces goes downstream in pieces rather than as one giant batch.

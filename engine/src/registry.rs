@@ -265,9 +265,11 @@ fn build_operator(
             })
         }
         OperatorSpec::Window(w) => {
-            let event_time = window_event_time(node, w, ctx)?;
+            let (event_time, carried) = window_event_time(node, w, ctx)?;
             let heap = matches!(ctx.plan.spec.state, StateSpec::Memory | StateSpec::Fs);
-            let config = WindowConfig::from_spec(w, &event_time).on_heap(heap);
+            let config = WindowConfig::from_spec(w, &event_time)
+                .on_heap(heap)
+                .with_carried_times(carried);
             if w.aggregations.is_empty() {
                 let f = ctx.script_factory(node)?;
                 Box::new(move |_, _| {
@@ -296,12 +298,13 @@ fn build_operator(
 /// How an event-time window reads a record's event time: the field is its `time_field`, else
 /// the one `event_time.field` of the sources upstream (validation insists there is one); the
 /// unit or format is the sources' when they agree, else epoch milliseconds. Unused (a default)
-/// for processing-time windows.
+/// for processing-time windows. Also whether the event times the sources read and the records
+/// carry ([`Batch::times`](crate::base::message::Batch::times)) are the window's.
 fn window_event_time(
     node: &PlanNode,
     w: &weir_schema::WindowSpec,
     ctx: &BuildContext<'_>,
-) -> Result<weir_schema::EventTimeSpec> {
+) -> Result<(weir_schema::EventTimeSpec, bool)> {
     let spec = &ctx.plan.spec;
     let found: Vec<Option<&weir_schema::EventTimeSpec>> = spec
         .upstream_sources(&node.id)
@@ -328,13 +331,22 @@ fn window_event_time(
         }
     };
     let how = same(&|e| format!("{:?}{:?}", e.unit, e.format));
-    Ok(weir_schema::EventTimeSpec {
-        field,
-        unit: first.filter(|_| how).and_then(|e| e.unit),
-        format: first.filter(|_| how).and_then(|e| e.format),
-        max_out_of_orderness: None,
-        idle_timeout: None,
-    })
+    // The times the sources read travel with the records; they are the window's own when
+    // every source upstream reads this very field the same way.
+    let carried = w.time == weir_schema::WindowTimeSpec::Event
+        && how
+        && !found.is_empty()
+        && found.iter().all(|e| e.is_some_and(|e| e.field == field));
+    Ok((
+        weir_schema::EventTimeSpec {
+            field,
+            unit: first.filter(|_| how).and_then(|e| e.unit),
+            format: first.filter(|_| how).and_then(|e| e.format),
+            max_out_of_orderness: None,
+            idle_timeout: None,
+        },
+        carried,
+    ))
 }
 
 /// Every built-in aggregation that reads a field names one.

@@ -16,13 +16,19 @@ pub const BATCH_SIZE: usize = 1024;
 pub const CHANNEL_CAPACITY: usize = 16;
 
 /// A batch of records. After a `key_by`, `keys[i]` is the key of `records[i]`; otherwise
-/// `keys` is empty.
+/// `keys` is empty. `times[i]`, when present, is the event time of `records[i]` as its source
+/// read it (Flink's record timestamp): a source with `event_time` sets them, operators that
+/// leave records as they are keep them (the task clears them after any other operator), and a
+/// window reads them instead of the record's field. Both vectors are either empty or as long as
+/// `records`.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     /// The records.
     pub records: Vec<Dynamic>,
     /// Their keys, when keyed.
     pub keys: Vec<Key>,
+    /// Their event times (epoch milliseconds), when carried.
+    pub times: Vec<i64>,
 }
 
 impl Batch {
@@ -31,7 +37,13 @@ impl Batch {
         Self {
             records,
             keys: Vec::new(),
+            times: Vec::new(),
         }
+    }
+
+    /// Whether the records carry their event times.
+    pub fn has_times(&self) -> bool {
+        !self.times.is_empty() && self.times.len() == self.records.len()
     }
 
     /// Number of records.
@@ -49,8 +61,14 @@ impl Batch {
         !self.keys.is_empty() && self.keys.len() == self.records.len()
     }
 
-    /// Appends `other`'s records (and keys) to this batch.
+    /// Appends `other`'s records (and keys; times only when both carry them) to this batch.
     pub fn append(&mut self, other: &mut Batch) {
+        if self.has_times() && other.has_times() {
+            self.times.append(&mut other.times);
+        } else {
+            self.times.clear();
+            other.times.clear();
+        }
         self.records.append(&mut other.records);
         self.keys.append(&mut other.keys);
     }
@@ -65,19 +83,28 @@ pub struct Pending {
     records: std::vec::IntoIter<Dynamic>,
     /// Empty when the batch is not keyed.
     keys: std::vec::IntoIter<Key>,
+    /// Empty when the batch carries no event times.
+    times: std::vec::IntoIter<i64>,
 }
 
 impl Pending {
     /// Every record of `batch`, front first.
     pub fn new(batch: Batch) -> Self {
-        let keys = if batch.is_keyed() {
+        let (keyed, timed) = (batch.is_keyed(), batch.has_times());
+        let keys = if keyed {
             batch.keys
+        } else {
+            Vec::new()
+        };
+        let times = if timed {
+            batch.times
         } else {
             Vec::new()
         };
         Self {
             records: batch.records.into_iter(),
             keys: keys.into_iter(),
+            times: times.into_iter(),
         }
     }
 
@@ -105,6 +132,7 @@ impl Pending {
     /// Takes the next record and its key (`None` when the batch is not keyed).
     pub fn next_record(&mut self) -> Option<(Dynamic, Option<Key>)> {
         let r = self.records.next()?;
+        self.times.next();
         Some((r, self.keys.next()))
     }
 
@@ -115,13 +143,20 @@ impl Pending {
             return Batch {
                 records: std::mem::take(&mut self.records).collect(),
                 keys: std::mem::take(&mut self.keys).collect(),
+                times: std::mem::take(&mut self.times).collect(),
             };
         }
         let keyed = self.keys.len() > 0;
+        let timed = self.times.len() > 0;
         Batch {
             records: self.records.by_ref().take(n).collect(),
             keys: if keyed {
                 self.keys.by_ref().take(n).collect()
+            } else {
+                Vec::new()
+            },
+            times: if timed {
+                self.times.by_ref().take(n).collect()
             } else {
                 Vec::new()
             },
@@ -191,3 +226,38 @@ pub enum Message {
     /// The sender will send nothing more.
     EndOfStream,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed(n: i64) -> Batch {
+        let mut b = Batch::new((0..n).map(Dynamic::from).collect());
+        b.times = (0..n).map(|i| 1000 + i).collect();
+        b
+    }
+
+    #[test]
+    fn event_times_stay_with_their_records_through_steps_and_appends() {
+        let mut p = Pending::new(timed(5));
+        let (first, _) = p.next_record().expect("a record");
+        assert_eq!(first.as_int(), Ok(0));
+        let two = p.take(2);
+        assert_eq!(two.times, vec![1001, 1002]);
+        assert!(two.has_times());
+        let rest = p.take(10);
+        assert_eq!(rest.times, vec![1003, 1004]);
+        // Both carry times: they are kept; one does not: none are.
+        let mut a = timed(2);
+        a.append(&mut timed(3));
+        assert_eq!(a.times, vec![1000, 1001, 1000, 1001, 1002]);
+        a.append(&mut Batch::new(vec![Dynamic::from(9_i64)]));
+        assert!(!a.has_times() && a.times.is_empty() && a.len() == 6);
+        // Times that do not line up with the records are not handed on.
+        let mut odd = timed(3);
+        odd.times.pop();
+        assert!(!odd.has_times());
+        assert!(Pending::new(odd).take(3).times.is_empty());
+    }
+}
+

@@ -291,6 +291,7 @@ impl EventTimeSource {
                         None => *split.insert(self.generator.split(split_id)),
                     };
                     self.generator.observe(s, ts, now);
+                    ctx.times.push(ts);
                     out.swap(keep, i);
                     keep += 1;
                 }
@@ -341,6 +342,8 @@ impl Source for EventTimeSource {
     fn poll(&mut self, out: &mut Vec<Dynamic>, ctx: &mut SourceContext) -> Result<Poll> {
         let from = out.len();
         ctx.split_marks.clear();
+        // Times line up with the records from `from` on, after the ones already there.
+        ctx.times.truncate(from);
         let poll = self.inner.poll(out, ctx)?;
         self.stamp(out, from, ctx)?;
         Ok(poll)

@@ -68,6 +68,10 @@ pub struct SourceContext {
     pub split_marks: Vec<(usize, u64)>,
     /// Splits finished during the poll.
     pub ended_splits: Vec<u64>,
+    /// The event times of the poll's records, in order, when the source declares
+    /// `event_time` (its wrapper reads them for the watermarks); the task hands them on with
+    /// the records ([`Batch::times`](crate::base::message::Batch::times)).
+    pub times: Vec<i64>,
     /// Splits assigned to this subtask and not read yet, as the source last listed them
     /// ([`assign_splits`](Self::assign_splits)): they hold the watermark back until their
     /// first record, so that reading them later never makes their records late.
@@ -96,6 +100,7 @@ impl SourceContext {
             track_splits: false,
             split_marks: Vec::new(),
             ended_splits: Vec::new(),
+            times: Vec::new(),
             assigned_splits: Vec::new(),
         }
     }

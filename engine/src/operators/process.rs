@@ -407,6 +407,7 @@ mod tests {
         )?;
         let records = [("u", 1_i64), ("u", 2), ("v", 7)];
         first.push(Batch {
+            times: Vec::new(),
             records: records.iter().map(|(_, n)| Dynamic::from(*n)).collect(),
             keys: records.iter().map(|(k, _)| key(k)).collect(),
         })?;
@@ -498,6 +499,7 @@ mod tests {
 
     fn keyed(values: &[Dynamic]) -> Batch {
         Batch {
+            times: Vec::new(),
             records: values.to_vec(),
             keys: values.iter().map(|_| key("u")).collect(),
         }
@@ -701,6 +703,7 @@ mod tests {
 
         fn pairs(items: &[(&str, i64)]) -> Batch {
             Batch {
+                times: Vec::new(),
                 records: items.iter().map(|(_, n)| Dynamic::from(*n)).collect(),
                 keys: items.iter().map(|(k, _)| key(k)).collect(),
             }

@@ -346,6 +346,7 @@ pub(crate) mod tests {
         )?;
         let records = [("a", 1_i64), ("a", 2), ("b", 5)];
         first.push(Batch {
+            times: Vec::new(),
             records: records.iter().map(|(_, n)| Dynamic::from(*n)).collect(),
             keys: records.iter().map(|(k, _)| key(k)).collect(),
         })?;
@@ -375,6 +376,7 @@ pub(crate) mod tests {
         assert_eq!(value(&mut h, "b").as_deref(), Some("50"));
         let out = h
             .push(Batch {
+                times: Vec::new(),
                 records: vec![Dynamic::from(1_i64)],
                 keys: vec![key("a")],
             })

@@ -10,6 +10,11 @@ use crate::element::{Operator, OperatorContext};
 pub struct UnionOperator;
 
 impl Operator for UnionOperator {
+    /// Batches pass through as they are, event times included.
+    fn keeps_times(&self) -> bool {
+        true
+    }
+
     fn process(&mut self, _batch: &mut Batch, _ctx: &mut OperatorContext) -> Result<()> {
         Ok(())
     }

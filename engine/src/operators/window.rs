@@ -122,6 +122,9 @@ pub struct WindowConfig {
     /// Whether the state backend keeps state on the heap (`memory`, `fs`): aligned windows
     /// then live in [`buckets`] between snapshots.
     pub heap: bool,
+    /// Whether the event times records carry from their sources ([`Batch::times`]) are the
+    /// ones this window would read (same field, same unit): then it reads no field.
+    pub carried_times: bool,
     /// The output template of built-in aggregations (set by [`WindowOperator::new`]).
     pub(crate) shape: Option<OutputShape>,
 }
@@ -177,6 +180,7 @@ impl WindowConfig {
             key_field: spec.key_field.clone(),
             late_output: spec.late.is_some(),
             heap: false,
+            carried_times: false,
             shape: None,
         }
     }
@@ -185,6 +189,13 @@ impl WindowConfig {
     #[must_use]
     pub fn on_heap(mut self, heap: bool) -> Self {
         self.heap = heap;
+        self
+    }
+
+    /// With `carried_times` set as the sources upstream allow (see the field).
+    #[must_use]
+    pub fn with_carried_times(mut self, carried: bool) -> Self {
+        self.carried_times = carried;
         self
     }
 
@@ -818,23 +829,27 @@ impl Operator for WindowOperator {
 
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
         require_keys(batch, ctx)?;
+        let carried = self.config.carried_times && batch.has_times();
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
+        let mut times = std::mem::take(&mut batch.times).into_iter();
         let (now, watermark) = match self.config.time {
             WindowTime::Event(_) => (0, ctx.watermark),
             WindowTime::Processing => (ctx.clock.now_ms(), WATERMARK_MIN),
         };
         let exact = ctx.keeps_failed_records() && matches!(self.acc, Accumulator::Script(_));
         for (r, k) in records.into_iter().zip(keys) {
-            let time = match &self.config.time {
-                WindowTime::Event(extractor) => match extractor.extract(&r) {
+            let carried_time = times.next().filter(|_| carried);
+            let time = match (&self.config.time, carried_time) {
+                (WindowTime::Event(_), Some(t)) => t,
+                (WindowTime::Event(extractor), None) => match extractor.extract(&r) {
                     Ok(t) => t,
                     Err(e) => {
                         ctx.record_failed(r, e)?;
                         continue;
                     }
                 },
-                WindowTime::Processing => now,
+                (WindowTime::Processing, _) => now,
             };
             if let Err(e) = self.acc.extract(&r, &mut self.values) {
                 ctx.record_failed(r, e)?;
@@ -946,6 +961,7 @@ mod tests {
 
     fn config(assigner: Assigner) -> WindowConfig {
         WindowConfig {
+            carried_times: false,
             assigner,
             time: WindowTime::Event(TimeExtractor::new(&ts_millis())),
             allowed_lateness: 0,
@@ -1522,6 +1538,27 @@ mod tests {
             .expect_err("fails");
             assert!(err.contains("`fn migrate` failed") && err.contains("`windows`"), "{err}");
         }
+    }
+
+    #[test]
+    fn carried_event_times_are_read_only_when_they_are_the_windows_own() {
+        both(|| {
+            // The records' `ts` says one window; the times they carry say another.
+            let mut b = batch(&[("a", 1, 2), ("a", 3, 5)]);
+            b.times = vec![15, 17];
+            let mut carried = harness(
+                count_and_sum(),
+                config(Assigner::Tumbling { size: 10 }).with_carried_times(true),
+            );
+            carried.push(b.clone()).expect("push");
+            assert_eq!(
+                lines(&watermark(&mut carried, WATERMARK_END)),
+                vec![row("a", 10, 20, 2, 7)]
+            );
+            let mut own = harness(count_and_sum(), config(Assigner::Tumbling { size: 10 }));
+            own.push(b).expect("push");
+            assert_eq!(lines(&watermark(&mut own, WATERMARK_END)), vec![row("a", 0, 10, 2, 7)]);
+        });
     }
 
     #[test]

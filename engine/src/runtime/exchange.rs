@@ -124,18 +124,24 @@ impl Output {
             }
             Partitioning::Hash => {
                 let per = batch.len() / n + 16;
+                let timed = batch.has_times();
                 let mut parts: Vec<Batch> = (0..n)
                     .map(|_| Batch {
                         records: Vec::with_capacity(per),
                         keys: Vec::with_capacity(per),
+                        times: Vec::with_capacity(if timed { per } else { 0 }),
                     })
                     .collect();
                 let p = n as u32;
+                let mut times = batch.times.into_iter().filter(|_| timed);
                 for (r, k) in batch.records.into_iter().zip(batch.keys) {
                     let kg = k.key_group(self.max_parallelism);
                     let t = subtask_for_key_group(kg, p, self.max_parallelism) as usize;
                     parts[t].records.push(r);
                     parts[t].keys.push(k);
+                    if let Some(time) = times.next() {
+                        parts[t].times.push(time);
+                    }
                 }
                 for (t, part) in parts.into_iter().enumerate() {
                     if !part.is_empty() {
@@ -181,3 +187,34 @@ impl Output {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Key;
+    use rhai::Dynamic;
+
+    #[tokio::test]
+    async fn a_hash_exchange_routes_each_event_time_with_its_record() {
+        let (senders, mut receivers): (Vec<_>, Vec<_>) =
+            (0..3).map(|_| tokio::sync::mpsc::channel(4)).unzip();
+        let targets = senders.into_iter().map(|sender| Target { sender }).collect();
+        let mut out = Output::new(Partitioning::Hash, targets, 128, "p".into(), "e".into());
+        let mut batch = Batch::new((0..200_i64).map(Dynamic::from).collect());
+        batch.keys = (0..200_i64).map(|i| Key::from_dynamic(&Dynamic::from(i))).collect();
+        batch.times = (0..200_i64).map(|i| 5000 + i).collect();
+        out.send(batch).await.expect("send");
+        let mut seen = 0;
+        for r in &mut receivers {
+            while let Ok(Message::Records(part)) = r.try_recv() {
+                assert!(part.has_times());
+                for (record, time) in part.records.iter().zip(&part.times) {
+                    assert_eq!(record.as_int().expect("int") + 5000, *time);
+                    seen += 1;
+                }
+            }
+        }
+        assert_eq!(seen, 200);
+    }
+}
+

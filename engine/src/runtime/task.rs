@@ -204,7 +204,12 @@ impl ChainTask {
             };
             let n_in = (before - input.len()) as u64;
             let mut batch = match processed {
-                Ok(batch) => batch,
+                Ok(mut batch) => {
+                    if !node.operator.keeps_times() {
+                        batch.times.clear();
+                    }
+                    batch
+                }
                 Err(e) => {
                     // The records that entered before the failure still count.
                     node.metrics.add(n_in, 0, node.ctx.errors - errors_before);
@@ -968,7 +973,13 @@ pub async fn run_source(
                 ChainTask::flush_dead_letters(head).await?;
             }
             if !out.is_empty() {
-                chain.push(0, Batch::new(out)).await?;
+                let mut batch = Batch::new(out);
+                // The event times the source read, when it read one for every record.
+                if sctx.times.len() == batch.len() {
+                    batch.times = std::mem::take(&mut sctx.times);
+                }
+                sctx.times.clear();
+                chain.push(0, batch).await?;
                 env.produced();
             }
             if let Some(w) = source.take_watermark() {

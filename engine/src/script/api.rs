@@ -742,6 +742,7 @@ mod tests {
 
     fn keyed(records: Vec<Dynamic>) -> Batch {
         Batch {
+            times: Vec::new(),
             keys: records.iter().map(|_| key("u")).collect(),
             records,
         }
@@ -768,6 +769,7 @@ mod tests {
                 keyed(vec![r.clone()])
             } else {
                 Batch {
+                    times: Vec::new(),
                     records: vec![r.clone()],
                     keys: Vec::new(),
                 }
@@ -860,6 +862,7 @@ mod tests {
                         Assigner::Tumbling { size: 60_000 }
                     };
                     let config = WindowConfig {
+                        carried_times: false,
                         assigner,
                         time: WindowTime::Processing,
                         allowed_lateness: 0,
