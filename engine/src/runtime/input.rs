@@ -1,20 +1,24 @@
 //! The receiving side of a task: one bounded channel per upstream sender, read round-robin,
 //! skipping inputs that the barrier aligner parked and inputs that ended. Keeping inputs
 //! apart is what lets exactly-once alignment stop reading one input (its sender then blocks
-//! on the full channel: backpressure, not buffering) while the others catch up.
+//! on the full channel: backpressure, not buffering) while the others catch up. With
+//! unaligned checkpoints each input also has a priority lane, read before any channel, on
+//! which checkpoint barriers arrive ahead of the queued records.
 
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
-use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
 
-use crate::base::message::Message;
+use crate::base::message::{Barrier, Message};
 
 /// Every input channel of one task.
 #[derive(Debug)]
 pub struct InputSet {
     receivers: Vec<Receiver<Message>>,
+    /// Priority lanes, one per input (empty without unaligned checkpoints).
+    priority: Vec<UnboundedReceiver<Barrier>>,
     ended: Vec<bool>,
     next: usize,
 }
@@ -24,6 +28,9 @@ pub struct InputSet {
 pub enum Received {
     /// A message from input `.0`.
     Message(u32, Message),
+    /// A checkpoint barrier announced on an input's priority lane, ahead of the records
+    /// queued in its channel (unaligned checkpoints).
+    Priority(Barrier),
     /// Input `.0`'s sender vanished without end-of-stream (its task died).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     Closed(u32),
@@ -35,9 +42,16 @@ impl InputSet {
         let n = receivers.len();
         Self {
             receivers,
+            priority: Vec::new(),
             ended: vec![false; n],
             next: 0,
         }
+    }
+
+    /// The same inputs with priority lanes, indexed as the receivers.
+    pub fn with_priority(mut self, lanes: Vec<UnboundedReceiver<Barrier>>) -> Self {
+        self.priority = lanes;
+        self
     }
 
     /// Number of inputs.
@@ -75,11 +89,21 @@ impl InputSet {
     }
 
     /// Waits for the next message from an input that is neither ended nor `blocked`, taking
-    /// inputs in turn so that none starves. An end-of-stream marks its input ended.
+    /// inputs in turn so that none starves; a barrier on a priority lane of an input that has
+    /// not ended comes first, blocked or not. An end-of-stream marks its input ended.
     /// Pending forever when every input is ended or blocked (the caller checks first).
     pub async fn recv(&mut self, blocked: impl Fn(u32) -> bool) -> Received {
         poll_fn(|cx| {
             let n = self.receivers.len();
+            for k in 0..self.priority.len() {
+                let i = (self.next + k) % self.priority.len();
+                if self.ended.get(i).copied().unwrap_or(true) {
+                    continue;
+                }
+                if let Poll::Ready(Some(barrier)) = self.priority[i].poll_recv(cx) {
+                    return Poll::Ready(Received::Priority(barrier));
+                }
+            }
             for k in 0..n {
                 let i = (self.next + k) % n;
                 if self.ended[i] || blocked(i as u32) {
@@ -175,6 +199,30 @@ mod tests {
         drop(t0);
         assert!(matches!(inputs.recv(|_| false).await, Received::Closed(0)));
         assert!(inputs.all_ended());
+    }
+
+    #[tokio::test]
+    async fn priority_lanes_come_before_queued_records_even_when_blocked() {
+        use crate::base::message::BarrierKind;
+        let (t0, r0) = mpsc::channel(4);
+        let (p0, l0) = mpsc::unbounded_channel();
+        let mut inputs = InputSet::new(vec![r0]).with_priority(vec![l0]);
+        t0.send(Message::Records(Batch::default()))
+            .await
+            .expect("send");
+        let b = Barrier {
+            checkpoint: 3,
+            kind: BarrierKind::Checkpoint,
+        };
+        p0.send(b).expect("send");
+        assert!(matches!(
+            inputs.recv(|_| true).await,
+            Received::Priority(got) if got == b
+        ));
+        assert!(matches!(
+            inputs.recv(|_| false).await,
+            Received::Message(0, Message::Records(_))
+        ));
     }
 
     #[test]
