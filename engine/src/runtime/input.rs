@@ -5,6 +5,7 @@
 //! unaligned checkpoints each input also has a priority lane, read before any channel, on
 //! which checkpoint barriers arrive ahead of the queued records.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -19,6 +20,9 @@ pub struct InputSet {
     receivers: Vec<Receiver<Message>>,
     /// Priority lanes, one per input (empty without unaligned checkpoints).
     priority: Vec<UnboundedReceiver<Barrier>>,
+    /// Messages taken out of a channel ahead of time ([`InputSet::prefetch`]), served before
+    /// the channel's own.
+    buffered: Vec<VecDeque<Message>>,
     ended: Vec<bool>,
     next: usize,
 }
@@ -31,6 +35,9 @@ pub enum Received {
     /// A checkpoint barrier announced on an input's priority lane, ahead of the records
     /// queued in its channel (unaligned checkpoints).
     Priority(Barrier),
+    /// A message from input `.0` that [`InputSet::prefetch`] took out of its channel earlier
+    /// (and showed to its caller then).
+    Prefetched(u32, Message),
     /// Input `.0`'s sender vanished without end-of-stream (its task died).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     Closed(u32),
@@ -43,6 +50,7 @@ impl InputSet {
         Self {
             receivers,
             priority: Vec::new(),
+            buffered: (0..n).map(|_| VecDeque::new()).collect(),
             ended: vec![false; n],
             next: 0,
         }
@@ -88,6 +96,27 @@ impl InputSet {
         self.ended.get(i).copied().unwrap_or(true)
     }
 
+    /// Takes every message queued in input `i`'s channel into the task's own buffer for that
+    /// input, without waiting, showing each to `keep_going` in order; stops after the first
+    /// for which it returns false. The buffered messages are served by [`Self::recv`] (as
+    /// [`Received::Prefetched`]) before anything newer of the input. Emptying the channel
+    /// lets a sender blocked on it go on: an unaligned snapshot records the records its
+    /// barrier overtook this way, without waiting for the task to process them.
+    pub fn prefetch(&mut self, i: u32, mut keep_going: impl FnMut(&Message) -> bool) {
+        let i = i as usize;
+        if self.ended.get(i).copied().unwrap_or(true) {
+            return;
+        }
+        // Empty or disconnected: `recv` reports a disconnection when it gets there.
+        while let Ok(message) = self.receivers[i].try_recv() {
+            let go = keep_going(&message);
+            self.buffered[i].push_back(message);
+            if !go {
+                return;
+            }
+        }
+    }
+
     /// Waits for the next message from an input that is neither ended nor `blocked`, taking
     /// inputs in turn so that none starves; a barrier on a priority lane of an input that has
     /// not ended comes first, blocked or not. An end-of-stream marks its input ended.
@@ -108,6 +137,13 @@ impl InputSet {
                 let i = (self.next + k) % n;
                 if self.ended[i] || blocked(i as u32) {
                     continue;
+                }
+                if let Some(message) = self.buffered[i].pop_front() {
+                    self.next = (i + 1) % n;
+                    if matches!(message, Message::EndOfStream) {
+                        self.ended[i] = true;
+                    }
+                    return Poll::Ready(Received::Prefetched(i as u32, message));
                 }
                 match self.receivers[i].poll_recv(cx) {
                     Poll::Ready(Some(message)) => {
@@ -223,6 +259,47 @@ mod tests {
             inputs.recv(|_| false).await,
             Received::Message(0, Message::Records(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn prefetched_messages_come_first_in_order_and_free_the_channel() {
+        let (t0, r0) = mpsc::channel(2);
+        let mut inputs = InputSet::new(vec![r0]);
+        t0.send(batch_of(1)).await.expect("send");
+        t0.send(batch_of(2)).await.expect("send");
+        let mut seen = 0;
+        inputs.prefetch(0, |_| {
+            seen += 1;
+            seen < 1
+        });
+        assert_eq!(seen, 1, "stops where told");
+        inputs.prefetch(0, |_| {
+            seen += 1;
+            true
+        });
+        assert_eq!(seen, 2);
+        // The channel has room again: a sender blocked on it goes on.
+        t0.try_send(batch_of(3)).expect("room");
+        t0.try_send(Message::EndOfStream).expect("room");
+        for want in [1, 2] {
+            match inputs.recv(|_| false).await {
+                Received::Prefetched(0, Message::Records(b)) => assert_eq!(b.len(), want),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(matches!(
+            inputs.recv(|_| false).await,
+            Received::Message(0, Message::Records(_))
+        ));
+        assert!(matches!(
+            inputs.recv(|_| false).await,
+            Received::Message(0, Message::EndOfStream)
+        ));
+        assert!(inputs.all_ended());
+    }
+
+    fn batch_of(n: usize) -> Message {
+        Message::Records(Batch::new(vec![rhai::Dynamic::UNIT; n]))
     }
 
     #[test]

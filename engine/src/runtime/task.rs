@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::exchange::Output;
 use super::fault::{Fault, FaultKind};
-use super::input::{InputLease, Received};
+use super::input::{InputLease, InputSet, Received};
 use super::tap::{TapCursor, TapRegistry, TapSide};
 use super::watermark::{Advance, WatermarkCombiner};
 use crate::base::dispose::dispose;
@@ -1179,6 +1179,17 @@ pub async fn run_chain(
         let mut first_seen: Option<(Barrier, Instant)> = None;
         let clock = chain.nodes[0].ctx.clock.clone();
         while !inputs.get().all_ended() {
+            // An unaligned snapshot records what its barrier overtook as soon as it is queued,
+            // not when the task gets to process it: the checkpoint then completes without
+            // waiting for the queues to drain (and the senders blocked on them go on).
+            if let Some(u) = pending.as_mut() {
+                prefetch_channel_state(&mut u.log, inputs.get());
+                if u.log.is_complete()
+                    && let Some(u) = pending.take()
+                {
+                    finish_unaligned(u, &mut env);
+                }
+            }
             let wake = chain.next_processing_time();
             let deadline = match (unaligned, first_seen) {
                 (Some(t), Some((_, since))) if !t.is_zero() => Some(since + t),
@@ -1215,8 +1226,10 @@ pub async fn run_chain(
                 }
                 r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
             };
-            let (input, message) = match received {
-                Received::Message(i, m) => (i, m),
+            let (input, message, fresh) = match received {
+                Received::Message(i, m) => (i, m, true),
+                // Recorded when it was prefetched.
+                Received::Prefetched(i, m) => (i, m, false),
                 Received::Priority(b) => {
                     if let Some(timeout) = unaligned
                         && b.kind == BarrierKind::Checkpoint
@@ -1243,7 +1256,9 @@ pub async fn run_chain(
                 }
             };
             if let Some(u) = pending.as_mut() {
-                u.log.record(input, &message);
+                if fresh {
+                    u.log.record(input, &message);
+                }
                 match &message {
                     Message::Barrier(b) => u.log.on_barrier(input, b.checkpoint),
                     Message::EndOfStream => u.log.on_end(input),
@@ -1362,6 +1377,25 @@ async fn start_unaligned(
         Err(e) => decline_failed(env, barrier.checkpoint, &e),
     }
     Ok(())
+}
+
+/// Moves what is queued on every input an unaligned snapshot still records into the task's
+/// input buffers, recording it, up to each input's in-band barrier.
+fn prefetch_channel_state(log: &mut ChannelLog, inputs: &mut InputSet) {
+    for i in 0..inputs.len() as u32 {
+        if !log.is_logging(i) {
+            continue;
+        }
+        inputs.prefetch(i, |m| {
+            log.record(i, m);
+            match m {
+                Message::Barrier(b) => log.on_barrier(i, b.checkpoint),
+                Message::EndOfStream => log.on_end(i),
+                Message::Records(_) | Message::Watermark(_) => {}
+            }
+            log.is_logging(i)
+        });
+    }
 }
 
 /// Writes an unaligned snapshot whose channel state is complete, then acknowledges it.
