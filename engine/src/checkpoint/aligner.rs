@@ -13,6 +13,10 @@
 //! - Savepoint barriers are aligned as in `exactly_once` whatever the mode, so a savepoint is
 //!   always a consistent cut.
 //! - A finished input (end of stream) counts as aligned for every barrier.
+//! - Unaligned checkpoints: [`BarrierAligner::unaligned`] ends the alignment of a checkpoint
+//!   at once (its barrier was announced ahead of the queued records, or its alignment lasted
+//!   longer than `aligned_timeout`); the task then records the inputs it names as channel
+//!   state, and the in-band barriers of that checkpoint that come later are dropped.
 //! - Subsumption: when an input delivers barrier *m* while an older alignment *n < m* still
 //!   waits for that same input, *n* can never complete here (channels are FIFO, so that input
 //!   skipped *n*); *n* is aborted. Completing *m* also aborts every older alignment.

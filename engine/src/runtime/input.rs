@@ -117,6 +117,12 @@ impl InputSet {
         }
     }
 
+    /// The messages of input `i` taken out of its channel by [`Self::prefetch`] and not served
+    /// yet, oldest first.
+    pub fn buffered(&self, i: u32) -> impl Iterator<Item = &Message> {
+        self.buffered.get(i as usize).into_iter().flatten()
+    }
+
     /// Waits for the next message from an input that is neither ended nor `blocked`, taking
     /// inputs in turn so that none starves; a barrier on a priority lane of an input that has
     /// not ended comes first, blocked or not. An end-of-stream marks its input ended.

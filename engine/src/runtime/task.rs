@@ -8,7 +8,11 @@
 //! reads into a [`BarrierAligner`] and snapshots when the aligner says so. A snapshot has a
 //! synchronous half on the task (each operator's local state, each backend's frozen state)
 //! and an asynchronous half (writing the files) on the blocking pool, after which the task
-//! acknowledges with its file handles. Processing continues meanwhile. Where those files go
+//! acknowledges with its file handles. Processing continues meanwhile. With unaligned
+//! checkpoints a task also snapshots at a barrier announced on a priority lane (or when its
+//! alignment outlasts `aligned_timeout`), records what that barrier overtook in a
+//! [`ChannelLog`], and acknowledges once the log is complete; a restored task replays its
+//! channel state before its first new record. Where those files go
 //! and how they are read back (also after a change of parallelism) is
 //! [`crate::state::snapshot_files`]'s business, not the loop's.
 
@@ -1220,7 +1224,7 @@ pub async fn run_chain(
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
                     // The alignment lasted longer than `aligned_timeout`: go unaligned.
                     if let Some((barrier, since)) = first_seen.take() {
-                        start_unaligned(barrier, since, &mut aligner, &mut pending, &mut chain, &mut env).await?;
+                        start_unaligned(barrier, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
                     }
                     continue;
                 }
@@ -1241,7 +1245,7 @@ pub async fn run_chain(
                         };
                         if timeout.is_zero() {
                             first_seen = None;
-                            start_unaligned(b, since, &mut aligner, &mut pending, &mut chain, &mut env).await?;
+                            start_unaligned(b, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
                         } else if first_seen.is_none_or(|(f, _)| f.checkpoint < b.checkpoint) {
                             first_seen = Some((b, since));
                         }
@@ -1345,6 +1349,7 @@ async fn start_unaligned(
     since: Instant,
     aligner: &mut BarrierAligner,
     pending: &mut Option<Unaligned>,
+    inputs: &InputSet,
     chain: &mut ChainTask,
     env: &mut TaskEnv,
 ) -> Result<()> {
@@ -1363,11 +1368,12 @@ async fn start_unaligned(
     chain.forward_barrier(barrier).await?;
     match taken {
         Ok(snapshots) => {
-            let u = Unaligned {
+            let mut u = Unaligned {
                 log: ChannelLog::new(barrier.checkpoint, start.log),
                 snapshots,
                 alignment,
             };
+            log_buffered(&mut u.log, inputs);
             if u.log.is_complete() {
                 finish_unaligned(u, env);
             } else {
@@ -1379,22 +1385,40 @@ async fn start_unaligned(
     Ok(())
 }
 
+/// Records one message of input `i` in an open channel log; returns whether the input
+/// still logs after it.
+fn log_message(log: &mut ChannelLog, i: u32, m: &Message) -> bool {
+    log.record(i, m);
+    match m {
+        Message::Barrier(b) => log.on_barrier(i, b.checkpoint),
+        Message::EndOfStream => log.on_end(i),
+        Message::Records(_) | Message::Watermark(_) => {}
+    }
+    log.is_logging(i)
+}
+
 /// Moves what is queued on every input an unaligned snapshot still records into the task's
 /// input buffers, recording it, up to each input's in-band barrier.
 fn prefetch_channel_state(log: &mut ChannelLog, inputs: &mut InputSet) {
     for i in 0..inputs.len() as u32 {
-        if !log.is_logging(i) {
-            continue;
+        if log.is_logging(i) {
+            inputs.prefetch(i, |m| log_message(log, i, m));
         }
-        inputs.prefetch(i, |m| {
-            log.record(i, m);
-            match m {
-                Message::Barrier(b) => log.on_barrier(i, b.checkpoint),
-                Message::EndOfStream => log.on_end(i),
-                Message::Records(_) | Message::Watermark(_) => {}
+    }
+}
+
+/// A new channel log starts with what the task already took out of its channels but has not
+/// processed (prefetched for an earlier checkpoint): the snapshot has not seen it either, and
+/// it will not pass the log again when it is served.
+fn log_buffered(log: &mut ChannelLog, inputs: &InputSet) {
+    for i in 0..inputs.len() as u32 {
+        if log.is_logging(i) {
+            for m in inputs.buffered(i) {
+                if !log_message(log, i, m) {
+                    break;
+                }
             }
-            log.is_logging(i)
-        });
+        }
     }
 }
 
