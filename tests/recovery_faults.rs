@@ -255,6 +255,9 @@ fn unaligned_checkpoints_recover_in_process_on_memory() {
     let fault = Arc::new(Fault::new(90_000, FaultKind::Error));
     let options = JobOptions {
         faults: vec![("totals".into(), "sum".into(), Arc::clone(&fault))],
+        // A thread per task: with one per core the spinning reduce tasks starve the sources
+        // of their thread, the channels run dry and no barrier has anything to overtake.
+        worker_threads: Some(8),
         ..JobOptions::default()
     };
     let summary = job::run(plan, options).unwrap();
