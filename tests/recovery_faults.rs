@@ -4,6 +4,7 @@
 //! backend (checkpoints kept in the process) and on fs. A longer keyed job checks that the
 //! restore happens mid-stream from a completed checkpoint. Failover scopes (`region`,
 //! `full`, `individual`, `noop`) are checked on a pipeline with two disconnected parts.
+//! Unaligned checkpoints recover on the memory backend with their channel state replayed.
 //! Processes killed with SIGKILL are `recovery_kill.rs`'s business.
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -226,6 +227,66 @@ fn keyed_job_resumes_mid_stream_from_a_checkpoint() {
         assert_eq!(got.len(), expected.len(), "{state}: one line per user");
         assert_eq!(got, expected, "{state}: totals after recovery");
     }
+}
+
+/// Unaligned checkpoints on the memory backend (checkpoints kept in the process; SIGKILL
+/// runs are `recovery_kill.rs`'s, on fs and RocksDB): a slow keyed reduce keeps its input
+/// channels full, so barriers overtake queued records, which the checkpoints store as channel
+/// state; a fault then makes the pipeline restore from one, replaying it. The totals are exact.
+#[test]
+fn unaligned_checkpoints_recover_in_process_on_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = write_input(&tmp.path().join("in.jsonl"), 120_000, 2_000);
+    let yaml = keyed_job(tmp.path(), "memory", "region");
+    let text = std::fs::read_to_string(&yaml)
+        .unwrap()
+        .replace("input: in, field: user", "input: ones, field: user")
+        .replace(
+            "checkpoints: { interval: 20ms, storage: ck }",
+            "checkpoints: { interval: 20ms, storage: ck, unaligned: true }",
+        )
+        .replace(
+            "fn reduce(acc, r) { #",
+            "fn reduce(acc, r) { let x = 0; for i in 0..60 { x += i; } #",
+        );
+    assert!(text.contains("unaligned: true") && text.contains("0..60"));
+    std::fs::write(&yaml, text).unwrap();
+    let plan = plan_of(&yaml);
+    let fault = Arc::new(Fault::new(90_000, FaultKind::Error));
+    let options = JobOptions {
+        faults: vec![("totals".into(), "sum".into(), Arc::clone(&fault))],
+        // A thread per task: with one per core the spinning reduce tasks starve the sources
+        // of their thread, the channels run dry and no barrier has anything to overtake.
+        worker_threads: Some(8),
+        ..JobOptions::default()
+    };
+    let summary = job::run(plan, options).unwrap();
+    assert_ok(&summary, "unaligned");
+    assert!(fault.fired());
+    let p = &summary.pipelines[0];
+    assert_eq!(p.restarts, 1);
+    assert!(
+        p.checkpoint_stats.iter().any(|c| c.channel_state_bytes > 0),
+        "no completed checkpoint stored channel state: {:?}",
+        p.checkpoint_stats
+            .iter()
+            .map(|c| (c.checkpoint, c.channel_state_bytes))
+            .collect::<Vec<_>>()
+    );
+    let got: BTreeMap<String, (i64, i64)> = committed(&tmp.path().join("out"))
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["user"].as_str().unwrap().to_owned(),
+                (v["amount"].as_i64().unwrap(), v["n"].as_i64().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "totals after recovery with unaligned checkpoints"
+    );
 }
 
 /// Two disconnected parts in one pipeline; `a` fails once. `region` restarts only `a`'s

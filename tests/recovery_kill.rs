@@ -16,8 +16,9 @@ mod common;
 use common::binary::signal;
 use common::in_process::{copy_reference_pipelines, golden_path, reference_files};
 use common::kill::{
-    Backend, KillPlan, KillStats, Recovery, Rng, Runner, Scratch, assert_exactly, file_sinks,
-    kill_loop, kill_now, log_excerpt, read_log, restores_in, rocksdb_leftovers, with_recovery,
+    Backend, HANG, KillPlan, KillStats, Recovery, Rng, Runner, Scratch, assert_exactly,
+    checkpoints_with_channel_state, file_sinks, kill_loop, kill_now, log_excerpt, read_log,
+    restores_in, rocksdb_leftovers, wait_bounded, with_checkpoint_settings, with_recovery,
 };
 use common::output::{
     OutputDiff, canonical_lines_marking_torn, committed_marking_torn, describe_counted,
@@ -653,4 +654,228 @@ fn sink_parts_stay_whole_across_sigkills() {
         started.elapsed().as_secs_f64(),
         report.join("; ")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Unaligned checkpoints under backpressure: a slow keyed reduce keeps its input channels
+//    full, so checkpoint barriers overtake queued records, which the checkpoints store as
+//    channel state and restores replay. Exactly-once must hold all the same, and some
+//    checkpoint must really have stored channel state.
+
+/// `running`'s reduce, made slow on purpose (a busy loop per record).
+const SLOW_REDUCE: &str = "fn reduce(acc, r) { let x = 0; for i in 0..60 { x += i; } \
+                           #{user: acc.user, amount: acc.amount + r.amount, ts: r.ts} }";
+
+/// The running totals [`slow_job`] emits, one per order, sorted (a sequential reference).
+fn running_reference(orders: &[(String, i64, i64)]) -> BTreeMap<String, Vec<String>> {
+    let mut running: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut r: Vec<String> = orders
+        .iter()
+        .map(|(user, amount, ts)| {
+            let acc = running.entry(user).or_default();
+            *acc += amount;
+            json!({"key": user, "user": user, "amount": *acc, "ts": ts}).to_string()
+        })
+        .collect();
+    r.sort();
+    BTreeMap::from([("running/out".to_owned(), r)])
+}
+
+/// `running` of the long job over every order (more than the channels hold, so that the
+/// sources are still reading when checkpoints come) with [`SLOW_REDUCE`], at `parallelism`.
+fn slow_job(data: &Path, parallelism: u32) -> Value {
+    json!({
+        "version": 1,
+        "pipelines": [{
+            "id": "running",
+            "parallelism": parallelism,
+            "sources": [{"id": "orders", "type": "file", "path": data.join("all").to_str().unwrap()}],
+            "operators": [
+                {"id": "by_user", "type": "key_by", "input": "orders", "field": "user"},
+                {"id": "result", "type": "reduce", "input": "by_user", "emit": "updates",
+                 "script": SLOW_REDUCE},
+            ],
+            "sinks": [{"id": "out", "type": "file", "input": "result", "path": "out/running"}],
+        }],
+    })
+}
+
+/// Writes [`slow_job`] into `dir` with checkpoints every 50ms on `backend` and the extra
+/// checkpoint `settings` (unaligned ones); returns the file.
+fn prepare_slow_job(
+    dir: &Path,
+    data: &Path,
+    backend: Backend,
+    settings: &Value,
+) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let job = serde_json::to_string_pretty(&slow_job(data, 2)).unwrap();
+    std::fs::write(dir.join("job.yaml"), job).unwrap();
+    let file = with_recovery(
+        &dir.join("job.yaml"),
+        &Recovery {
+            backend,
+            mode: "exactly_once",
+            interval: "50ms",
+            root: dir,
+        },
+    );
+    with_checkpoint_settings(&file, settings);
+    file
+}
+
+fn unaligned_checkpoints_survive_sigkill(backend: Backend, settings: Value, seed: u64) {
+    let started = Instant::now();
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    let data = tmp.join("data");
+    let orders = write_orders(&data, seed);
+    let expected = running_reference(&orders);
+    drop(orders);
+
+    // Failure-free: the sequential reference.
+    let clean = tmp.join("clean");
+    let clean_file = prepare_slow_job(&clean, &data, backend, &settings);
+    let mut runner = Runner::new(&clean_file, &tmp.join("logs"), "clean");
+    let (wall, _) = runner.run_to_end();
+    assert_exactly(
+        "unaligned",
+        &expected,
+        &file_sinks(&clean_file),
+        "failure-free run with unaligned checkpoints vs the sequential reference",
+    );
+    let clean_channel = checkpoints_with_channel_state(&clean.join("checkpoints")).len();
+
+    // Killed again and again, then run to the end.
+    let crash = tmp.join("crash");
+    let file = prepare_slow_job(&crash, &data, backend, &settings);
+    let sinks = file_sinks(&file);
+    let mut runner = Runner::new(&file, &tmp.join("logs"), "crash");
+    let lo = Duration::from_millis(50);
+    let mut rng = Rng::new(seed);
+    let mut st = kill_loop(
+        &mut runner,
+        &mut rng,
+        &KillPlan {
+            random: 8,
+            window: (lo, wall.mul_f64(0.9).max(lo)),
+            targeted: 4,
+        },
+    );
+    let crash_channel = checkpoints_with_channel_state(&crash.join("checkpoints")).len();
+    let (final_wall, log) = runner.run_to_end();
+    st.restored.extend(restores_in(&read_log(&log)));
+    assert_exactly(
+        "unaligned",
+        &expected,
+        &sinks,
+        &format!(
+            "unaligned ({}, {settings}): output after {} SIGKILLs at {:?} ms differs from the \
+             sequential reference\n{}",
+            backend.name(),
+            st.kills,
+            st.moments,
+            log_excerpt(&log)
+        ),
+    );
+    assert!(
+        clean_channel + crash_channel > 0,
+        "no completed checkpoint stored channel state: the test did not exercise unaligned \
+         barriers ({settings})"
+    );
+    println!(
+        "unaligned_checkpoints_survive_sigkill_{} {settings} in {:.1}s: failure-free run {:.2}s; \
+         completed checkpoints with channel state: {clean_channel} failure-free, \
+         {crash_channel} in the crash runs; {}; final run {:.2}s",
+        backend.name(),
+        started.elapsed().as_secs_f64(),
+        wall.as_secs_f64(),
+        st.report("crash runs"),
+        final_wall.as_secs_f64(),
+    );
+}
+
+#[test]
+fn unaligned_checkpoints_stay_exactly_once_under_kills_with_a_slow_sink() {
+    let settings = json!({"unaligned": true, "retain": 1000});
+    unaligned_checkpoints_survive_sigkill(Backend::Fs, settings.clone(), 0x5EED_0061);
+    unaligned_checkpoints_survive_sigkill(Backend::Rocksdb, settings, 0x5EED_0062);
+}
+
+#[test]
+fn unaligned_checkpoints_with_an_aligned_timeout_stay_exactly_once() {
+    let settings = json!({"unaligned": true, "aligned_timeout": "5ms", "retain": 1000});
+    unaligned_checkpoints_survive_sigkill(Backend::Fs, settings.clone(), 0x5EED_0063);
+    unaligned_checkpoints_survive_sigkill(Backend::Rocksdb, settings, 0x5EED_0064);
+}
+
+/// A run killed right after a checkpoint that stored channel state, restored from that
+/// checkpoint at another parallelism: keyed channel state goes to the new subtask owning its
+/// key group, and the output is exactly the sequential reference.
+#[test]
+fn unaligned_channel_state_is_redistributed_on_rescale() {
+    for (backend, parallelism, seed) in [
+        (Backend::Fs, 3, 0x5EED_0071_u64),
+        (Backend::Rocksdb, 1, 0x5EED_0072),
+    ] {
+        let scratch = Scratch::new();
+        let tmp = scratch.path();
+        let data = tmp.join("data");
+        let orders = write_orders(&data, seed);
+        let expected = running_reference(&orders);
+        drop(orders);
+        let dir = tmp.join("crash");
+        let settings = json!({"unaligned": true, "retain": 1000});
+        let file = prepare_slow_job(&dir, &data, backend, &settings);
+        let sinks = file_sinks(&file);
+        let mut runner = Runner::new(&file, &tmp.join("logs"), "rescale");
+        // Run until a completed checkpoint holds channel state, then SIGKILL.
+        let mut from = None;
+        for _attempt in 0..5 {
+            let (mut child, log) = runner.spawn(&[]);
+            let found = loop {
+                let found = checkpoints_with_channel_state(&dir.join("checkpoints"));
+                if let Some(last) = found.last() {
+                    break Some(last.clone());
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            kill_now(&mut child, &log);
+            if found.is_some() {
+                from = found;
+                break;
+            }
+            // The run ended before any: start over on fresh storage and output.
+            let _ = std::fs::remove_dir_all(dir.join("checkpoints"));
+            let _ = std::fs::remove_dir_all(dir.join("out"));
+        }
+        let from = from.expect("no run stored channel state in a completed checkpoint");
+
+        // The same job at another parallelism, from that checkpoint, to the end.
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        v["pipelines"][0]["parallelism"] = json!(parallelism);
+        std::fs::write(&file, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        let (mut child, log) = runner.spawn(&["--from-checkpoint", from.to_str().unwrap()]);
+        let status = wait_bounded(&mut child, HANG, &log);
+        assert!(
+            status.success(),
+            "rescaled run exited with {status}\n{}",
+            log_excerpt(&log)
+        );
+        assert_exactly(
+            "rescale",
+            &expected,
+            &sinks,
+            &format!(
+                "{} restored from {} at parallelism {parallelism}: output differs from the \
+                 sequential reference\n{}",
+                backend.name(),
+                from.display(),
+                log_excerpt(&log)
+            ),
+        );
+    }
 }

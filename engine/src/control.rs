@@ -312,6 +312,10 @@ pub struct LastCheckpointStatus {
     pub new_bytes: u64,
     /// Barrier alignment per task (named by the head operator of its chain) and subtask.
     pub alignment: Vec<SubtaskAlignment>,
+    /// Bytes of channel state it persisted over every subtask (unaligned checkpoints; 0
+    /// otherwise).
+    #[serde(default)]
+    pub channel_state_bytes: u64,
 }
 
 /// How long one subtask aligned barriers for a checkpoint.
@@ -423,6 +427,9 @@ pub struct CheckpointInfo {
     pub new_bytes: u64,
     /// Longest alignment over its subtasks.
     pub alignment_ms: u64,
+    /// Bytes of channel state over its subtasks (unaligned checkpoints; 0 otherwise).
+    #[serde(default)]
+    pub channel_state_bytes: u64,
     /// Per subtask (of a failed one: the subtasks that acknowledged it before the failure).
     pub subtasks: Vec<SubtaskCheckpointInfo>,
 }
@@ -461,6 +468,10 @@ pub struct SubtaskCheckpointInfo {
     pub ack_ms: u64,
     /// From the first barrier to the last on its inputs (0 for sources).
     pub alignment_ms: u64,
+    /// Bytes of channel state it persisted: the in-flight records its unaligned barrier
+    /// overtook (0 for aligned checkpoints, and in answers of an older `weir run`).
+    #[serde(default)]
+    pub channel_state_bytes: u64,
 }
 
 /// Asks for a savepoint.

@@ -28,7 +28,8 @@ use weir_schema::StateKind;
 use crate::base::error::CheckpointError;
 use crate::base::error::RunError;
 use crate::checkpoint::metadata::{
-    METADATA_FILE, OperatorInfo, is_local_file, parse_checkpoint_dir,
+    METADATA_FILE, OperatorInfo, is_channel_file, is_keyed_file, is_local_file,
+    parse_checkpoint_dir,
 };
 use crate::checkpoint::s3::{S3Location, S3Store};
 use crate::checkpoint::storage::read_verified;
@@ -383,6 +384,11 @@ impl Snapshot {
                     }
                     continue;
                 }
+                if is_channel_file(&f.path) {
+                    // In-flight records of an unaligned checkpoint: counted in the
+                    // subtask's bytes, not keyed state.
+                    continue;
+                }
                 let mut current = None;
                 let result = self.read_keyed(f, |item| {
                     match item {
@@ -514,7 +520,7 @@ impl Snapshot {
         let mut seen_states: Vec<String> = Vec::new();
         let mut write_error = None;
         for st in parts {
-            for file in st.files.iter().filter(|f| !is_local_file(&f.path)) {
+            for file in st.files.iter().filter(|f| is_keyed_file(&f.path)) {
                 let mut current: Option<String> = None;
                 self.read_keyed(file, |item| {
                     match item {

@@ -287,13 +287,15 @@ pub struct CheckpointSpec {
     #[serde(default = "default_one")]
     #[schemars(range(min = 1))]
     pub retain: u32,
-    /// Unaligned checkpoints (barriers overtake in-flight records, which are stored in the
-    /// checkpoint). **Not supported yet**: `true` is rejected by validation; checkpoints are
-    /// always aligned. Default: `false`.
+    /// Unaligned checkpoints (`exactly_once` only): a checkpoint barrier overtakes the records
+    /// queued in front of it, each subtask snapshots as soon as the first barrier reaches it,
+    /// and the records overtaken are stored in the checkpoint as channel state and replayed
+    /// on restore. Checkpoints then complete quickly under backpressure. Savepoints stay
+    /// aligned. Requires `max_concurrent: 1`. Default: `false`.
     #[serde(default)]
     pub unaligned: bool,
-    /// With unaligned checkpoints, how long to try aligned first. **Not supported yet**:
-    /// validation rejects the field.
+    /// With `unaligned: true`, how long each checkpoint tries aligned first: a subtask whose
+    /// alignment lasts longer goes unaligned. `0ms` (the default): unaligned from the start.
     #[serde(default = "default_zero")]
     pub aligned_timeout: DurationSpec,
 }

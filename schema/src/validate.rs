@@ -1672,23 +1672,44 @@ impl<'a, 'c> PipelineCheck<'a, 'c> {
                 .help("checkpoints need at least `10ms` between them; `1s` to `1m` is usual")
                 .push(&mut self.cx.out);
         }
-        // Unaligned checkpoints are part of the model but not of the engine yet: refusing
-        // them beats a setting that is accepted and silently ignored.
-        if c.unaligned {
+        // Unaligned checkpoints are an exactly-once technique: at-least-once barriers never
+        // park an input, so there is nothing for them to overtake.
+        if c.unaligned && c.mode == CheckpointMode::AtLeastOnce {
+            let mut d = self
+                .cx
+                .error(
+                    codes::BAD_PARAMETER,
+                    &base.join("unaligned"),
+                    "unaligned checkpoints need `mode: exactly_once`",
+                    "unaligned under at-least-once",
+                )
+                .help("at-least-once barriers never wait for each other, so there is nothing to overtake: remove `unaligned`, or choose `mode: exactly_once` to take exactly-once checkpoints that stay fast under backpressure");
+            let mode = base.join("mode");
+            if self.cx.spans.exists(&mode) {
+                d = d.related(self.cx.spans.span(&mode), "at-least-once chosen here");
+            }
+            d.push(&mut self.cx.out);
+        }
+        if c.unaligned && c.max_concurrent > 1 {
             self.cx
-                .error(codes::NOT_SUPPORTED, &base.join("unaligned"), "unaligned checkpoints are not supported yet", "not supported yet")
-                .help("remove `unaligned` (or set it to `false`): checkpoints are aligned; under backpressure, a longer `timeout` keeps them from aborting")
+                .error(
+                    codes::BAD_PARAMETER,
+                    &base.join("max_concurrent"),
+                    format!("unaligned checkpoints are taken one at a time, not {} at once", c.max_concurrent),
+                    "more than one",
+                )
+                .help("remove `max_concurrent` (or set it to 1): a subtask records the in-flight records of one unaligned checkpoint at a time")
                 .push(&mut self.cx.out);
         }
-        if self.cx.spans.exists(&base.join("aligned_timeout")) {
+        if !c.unaligned && self.cx.spans.exists(&base.join("aligned_timeout")) {
             self.cx
                 .key_error(
-                    codes::NOT_SUPPORTED,
+                    codes::NO_EFFECT,
                     &base.join("aligned_timeout"),
-                    "`aligned_timeout` is not supported yet (it belongs to unaligned checkpoints)",
-                    "not supported yet",
+                    "`aligned_timeout` applies only to unaligned checkpoints",
+                    "no effect without `unaligned: true`",
                 )
-                .help("remove `aligned_timeout`: checkpoints are always aligned")
+                .help("add `unaligned: true` (each checkpoint then starts aligned and goes unaligned after `aligned_timeout`), or remove `aligned_timeout`")
                 .push(&mut self.cx.out);
         }
         let storage = c.storage.trim();

@@ -61,7 +61,9 @@ fn time(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-/// The history as a table, then one line per failed or aborted checkpoint with its reason.
+/// The history as a table, then one line per checkpoint that persisted channel state (unaligned
+/// checkpoints: bytes in all and per subtask), then one line per failed or aborted checkpoint
+/// with its reason.
 pub fn render(pipeline: &str, history: &[CheckpointInfo]) -> String {
     if history.is_empty() {
         return format!("pipeline {pipeline}: no checkpoint completed or failed yet\n");
@@ -118,6 +120,22 @@ pub fn render(pipeline: &str, history: &[CheckpointInfo]) -> String {
         out.push_str(line.trim_end());
         out.push('\n');
     }
+    // Unaligned checkpoints: the in-flight records they persisted, per subtask that had any.
+    for c in history.iter().filter(|c| c.channel_state_bytes > 0) {
+        let parts: Vec<String> = c
+            .subtasks
+            .iter()
+            .filter(|s| s.channel_state_bytes > 0)
+            .map(|s| format!("{} {}", s.task, api_args::bytes(s.channel_state_bytes)))
+            .collect();
+        out.push_str(&format!(
+            "{} {} channel state: {} ({})\n",
+            c.kind,
+            c.id,
+            api_args::bytes(c.channel_state_bytes),
+            parts.join(", ")
+        ));
+    }
     for c in history.iter().filter(|c| c.failed()) {
         out.push_str(&format!(
             "{} {} {}: {}\n",
@@ -143,6 +161,7 @@ mod tests {
             size: 10,
             ack_ms,
             alignment_ms,
+            channel_state_bytes: 0,
         }
     }
 
@@ -184,6 +203,25 @@ mod tests {
         assert_eq!(
             render("p", &[]),
             "pipeline p: no checkpoint completed or failed yet\n"
+        );
+    }
+
+    #[test]
+    fn renders_the_channel_state_of_unaligned_checkpoints() {
+        let mut with = subtask("sum[1]", 1, 30, 0);
+        with.channel_state_bytes = 2048;
+        let history = vec![CheckpointInfo {
+            id: 3,
+            kind: "checkpoint".into(),
+            status: "completed".into(),
+            channel_state_bytes: 2048,
+            subtasks: vec![subtask("sum[0]", 0, 20, 0), with],
+            ..CheckpointInfo::default()
+        }];
+        let text = render("p", &history);
+        assert!(
+            text.ends_with("checkpoint 3 channel state: 2.0 KiB (sum[1] 2.0 KiB)\n"),
+            "{text}"
         );
     }
 }

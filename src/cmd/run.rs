@@ -222,6 +222,19 @@ fn print_summary(s: &JobSummary) {
                 "{} checkpoints (median {median:.1}ms, last {} bytes, {} new bytes on average)",
                 p.checkpoints, last, new
             ));
+            // Unaligned checkpoints: the in-flight records they stored.
+            let channel: Vec<u64> = st
+                .iter()
+                .map(|c| c.channel_state_bytes)
+                .filter(|&b| b > 0)
+                .collect();
+            if !channel.is_empty() {
+                notes.push(format!(
+                    "{} with channel state ({} bytes on average)",
+                    channel.len(),
+                    channel.iter().sum::<u64>() / channel.len() as u64
+                ));
+            }
         }
         if p.restarts > 0 {
             notes.push(format!("{} restarts", p.restarts));

@@ -501,3 +501,52 @@ pub fn assert_exactly(
     }
     assert!(failures.is_empty(), "{why}\n{failures}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Unaligned checkpoints: settings and the channel state they stored.
+
+/// Merges `settings` into the `checkpoints:` of every pipeline of a file written by
+/// [`with_recovery`] (e.g. `{"unaligned": true}`), in place; `weir validate` must accept it.
+pub fn with_checkpoint_settings(file: &Path, settings: &Value) {
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    for p in v["pipelines"].as_array_mut().unwrap() {
+        for (k, x) in settings.as_object().unwrap() {
+            p["checkpoints"][k] = x.clone();
+        }
+    }
+    std::fs::write(file, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let out = plain().arg("validate").arg(file).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} does not validate:\n{}{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Completed checkpoints (`chk-<n>` with `_metadata`) under `root`, at any depth, that hold
+/// channel state (a `.channel` file: in-flight records of an unaligned checkpoint).
+pub fn checkpoints_with_channel_state(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        let mut channel = false;
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "channel") {
+                channel = true;
+            }
+        }
+        if channel && d.join("_metadata").is_file() {
+            out.push(d);
+        }
+    }
+    out.sort();
+    out
+}

@@ -335,6 +335,7 @@ mod tests {
                         subtask: 0,
                         alignment_ms: 20,
                     }],
+                    channel_state_bytes: 0,
                 }),
                 state_sizes: vec![StateSizeStatus {
                     operator: "count".into(),

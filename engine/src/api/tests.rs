@@ -107,12 +107,14 @@ fn checkpoint_fixture(id: u64) -> CheckpointInfo {
         size: 4096,
         new_bytes: 1024,
         alignment_ms: 3,
+        channel_state_bytes: 0,
         subtasks: vec![SubtaskCheckpointInfo {
             task: "sum".into(),
             subtask: 1,
             size: 2048,
             ack_ms: 30,
             alignment_ms: 3,
+            channel_state_bytes: 0,
         }],
     }
 }

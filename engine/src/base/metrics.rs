@@ -297,6 +297,8 @@ pub struct LastCheckpoint {
     pub size: u64,
     /// Bytes the previous one did not reference.
     pub new_bytes: u64,
+    /// Bytes of channel state (unaligned checkpoints), over every subtask.
+    pub channel_state_bytes: u64,
 }
 
 /// Keyed and local state held by one operator, as of the last completed checkpoint.
@@ -532,6 +534,7 @@ mod tests {
                 duration: Duration::from_millis(5),
                 size: 100,
                 new_bytes: 40,
+                channel_state_bytes: 0,
             },
             vec![("map".into(), 0, Duration::from_millis(1))],
         );

@@ -13,6 +13,10 @@
 //! - Savepoint barriers are aligned as in `exactly_once` whatever the mode, so a savepoint is
 //!   always a consistent cut.
 //! - A finished input (end of stream) counts as aligned for every barrier.
+//! - Unaligned checkpoints: [`BarrierAligner::unaligned`] ends the alignment of a checkpoint
+//!   at once (its barrier was announced ahead of the queued records, or its alignment lasted
+//!   longer than `aligned_timeout`); the task then records the inputs it names as channel
+//!   state, and the in-band barriers of that checkpoint that come later are dropped.
 //! - Subsumption: when an input delivers barrier *m* while an older alignment *n < m* still
 //!   waits for that same input, *n* can never complete here (channels are FIFO, so that input
 //!   skipped *n*); *n* is aborted. Completing *m* also aborts every older alignment.
@@ -74,6 +78,19 @@ impl AlignerStep {
     fn new(action: AlignerAction, aborted: Vec<CheckpointId>) -> Self {
         Self { action, aborted }
     }
+}
+
+/// An unaligned snapshot the task loop takes now ([`BarrierAligner::unaligned`]).
+#[must_use = "the task loop must snapshot, forward the barrier and record the channel state"]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnalignedStart {
+    /// The checkpoint.
+    pub barrier: Barrier,
+    /// Older alignments given up (declined, as in [`AlignerStep::aborted`]).
+    pub aborted: Vec<CheckpointId>,
+    /// `log[i]`: input `i` has not delivered the barrier yet; what it delivers until then
+    /// is channel state of the checkpoint.
+    pub log: Vec<bool>,
 }
 
 /// A barrier or end-of-stream that breaks the protocol; a bug in the task loop or upstream.
@@ -254,6 +271,43 @@ impl BarrierAligner {
         Ok(AlignerStep::new(action, aborted))
     }
 
+    /// Whether checkpoint `id` is completed or aborted here (a barrier of it is dropped).
+    pub fn is_done(&self, id: CheckpointId) -> bool {
+        self.done_up_to.is_some_and(|done| id <= done)
+    }
+
+    /// Unaligned checkpoints: takes checkpoint `barrier` now, without waiting for the
+    /// inputs that have not delivered it (ARCHITECTURE.md 6, "Unaligned checkpoints"). Older
+    /// alignments are aborted, the alignment of `barrier` (if one started) ends and its parked
+    /// inputs are released, and later in-band barriers of it are dropped. Returns `None` when
+    /// the checkpoint is already completed or aborted here.
+    pub fn unaligned(&mut self, barrier: Barrier) -> Option<UnalignedStart> {
+        let id = barrier.checkpoint;
+        if self.is_done(id) {
+            return None;
+        }
+        let older: Vec<CheckpointId> = self.pending.range(..id).map(|(&n, _)| n).collect();
+        for n in &older {
+            self.pending.remove(n);
+        }
+        let arrived = self
+            .pending
+            .remove(&id)
+            .map_or_else(|| vec![false; self.inputs.len()], |a| a.arrived);
+        self.mark_done(id);
+        let log = self
+            .inputs
+            .iter()
+            .zip(arrived)
+            .map(|(input, arrived)| !arrived && !input.finished)
+            .collect();
+        Some(UnalignedStart {
+            barrier,
+            aborted: older,
+            log,
+        })
+    }
+
     /// Records that `input` ended. A finished input counts as aligned, so this may complete
     /// the alignment in progress.
     ///
@@ -352,6 +406,27 @@ mod tests {
             AlignerAction::Snapshot(barrier(1)),
             "the snapshot is taken when the last barrier arrives"
         );
+    }
+
+    #[test]
+    fn an_unaligned_snapshot_releases_parked_inputs_and_logs_the_others() {
+        let mut a = BarrierAligner::new(3, AlignmentMode::ExactlyOnce);
+        assert_eq!(step(&mut a, 0, 1).action, AlignerAction::Park);
+        let _ = a.on_end_of_stream(2).expect("valid");
+        let start = a.unaligned(barrier(1)).expect("not done yet");
+        assert_eq!(start.log, vec![false, true, false]);
+        assert!(start.aborted.is_empty());
+        assert!((0..3).all(|i| !a.is_blocked(i)), "nothing parked any more");
+        assert!(a.is_done(1));
+        assert!(a.unaligned(barrier(1)).is_none(), "taken once");
+        // The in-band barrier that comes later is dropped.
+        assert_eq!(step(&mut a, 1, 1).action, AlignerAction::Continue);
+        // An announced barrier no input delivered yet logs every live input, and aborts an
+        // older alignment.
+        assert_eq!(step(&mut a, 0, 2).action, AlignerAction::Park);
+        let start = a.unaligned(barrier(3)).expect("new");
+        assert_eq!(start.aborted, vec![2]);
+        assert_eq!(start.log, vec![true, true, false]);
     }
 
     #[test]

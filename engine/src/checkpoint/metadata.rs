@@ -105,6 +105,22 @@ pub fn is_local_file(path: &str) -> bool {
     path.ends_with(LOCAL_SUFFIX)
 }
 
+/// File-name suffix of a subtask's channel state (`chk-<n>/<op>-<subtask>.channel`, `op` the
+/// head of the task's chain): the in-flight records an unaligned barrier overtook
+/// ([`super::channel_state`]).
+pub const CHANNEL_SUFFIX: &str = ".channel";
+
+/// Whether a store-relative path is a subtask's channel-state file.
+pub fn is_channel_file(path: &str) -> bool {
+    path.ends_with(CHANNEL_SUFFIX)
+}
+
+/// Whether a store-relative path belongs to a subtask's keyed state (neither local state
+/// nor channel state).
+pub fn is_keyed_file(path: &str) -> bool {
+    !is_local_file(path) && !is_channel_file(path)
+}
+
 /// Whether a store-relative path is in `shared/`.
 pub fn is_shared_path(path: &str) -> bool {
     path.strip_prefix(SHARED_DIR)

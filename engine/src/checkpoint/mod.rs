@@ -2,6 +2,8 @@
 //! facts, plus the small storage trait it writes through.
 //!
 //! - [`aligner`]: barrier alignment for one task with several input channels.
+//! - [`channel_state`]: the in-flight records an unaligned barrier overtook: recording,
+//!   encoding, and their share per subtask after a rescale.
 //! - [`coordinator`]: the per-pipeline state machine that triggers checkpoints and savepoints,
 //!   collects acknowledgements, completes, aborts and subsumes them, and asks for a failover
 //!   when too many fail in a row.
@@ -25,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::base::error::CheckpointError;
 
 pub mod aligner;
+pub mod channel_state;
 pub mod coordinator;
 pub mod metadata;
 pub mod restore_plan;

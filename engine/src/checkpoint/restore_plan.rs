@@ -43,7 +43,7 @@ use std::fmt;
 use weir_schema::{OperatorSpec, SinkSpec, SourceSpec, StateKind};
 
 use super::metadata::{
-    BackendKind, CheckpointMetadata, NodeType, OperatorInfo, Section, is_local_file,
+    BackendKind, CheckpointMetadata, NodeType, OperatorInfo, Section, is_keyed_file, is_local_file,
 };
 pub use crate::plan::declared::keyed_state_of;
 use crate::plan::{NodeKind, PipelinePlan, PlanNode};
@@ -190,7 +190,7 @@ impl PipelineShape {
                         s.operator == o.id && s.files.iter().any(|f| is_local_file(&f.path))
                     }),
                     keyed_files: meta.subtasks.iter().any(|s| {
-                        s.operator == o.id && s.files.iter().any(|f| !is_local_file(&f.path))
+                        s.operator == o.id && s.files.iter().any(|f| is_keyed_file(&f.path))
                     }),
                     migrate: false,
                 })

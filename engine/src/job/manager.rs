@@ -645,6 +645,7 @@ fn checkpoint_status(
                 alignment_ms: d.as_millis() as u64,
             })
             .collect(),
+        channel_state_bytes: l.channel_state_bytes,
     });
     let sizes = store
         .state_sizes()

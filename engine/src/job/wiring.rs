@@ -3,15 +3,18 @@
 //! belong to the pipeline, not to tasks: the supervisor keeps every sender and every input
 //! set, so a task that dies does not close its neighbours' channels, a task restarted alone
 //! (failover `individual`) reads the same channels, and a restarted region gets fresh ones.
+//! With unaligned checkpoints every channel also has a priority lane for barriers.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc::{self, Sender};
+use tokio::sync::mpsc;
+use weir_schema::CheckpointMode;
 
-use crate::base::message::{CHANNEL_CAPACITY, Message};
+use crate::base::message::CHANNEL_CAPACITY;
 use crate::checkpoint::TaskId;
 use crate::plan::{NodeKind, Partitioning, PipelinePlan};
+use crate::runtime::exchange::Target;
 use crate::runtime::input::{InputSet, InputSlot};
 
 /// One edge leaving one upstream subtask.
@@ -33,12 +36,18 @@ pub struct Topology {
     pub inputs: HashMap<TaskId, u32>,
     /// Tasks whose chain starts with a source.
     pub sources: BTreeSet<TaskId>,
+    /// Unaligned checkpoints: every channel gets a priority lane for barriers.
+    pub unaligned: bool,
 }
 
 impl Topology {
     /// Numbers every channel of the plan.
     pub fn of(plan: &PipelinePlan) -> Self {
-        let mut t = Topology::default();
+        let ck = &plan.spec.checkpoints;
+        let mut t = Topology {
+            unaligned: ck.enabled && ck.unaligned && ck.mode == CheckpointMode::ExactlyOnce,
+            ..Topology::default()
+        };
         for (ci, chain) in plan.chains.iter().enumerate() {
             let is_source = chain
                 .nodes
@@ -101,7 +110,7 @@ impl Topology {
 /// The channels of a pipeline: every input's sender, and every task's input set.
 #[derive(Debug, Default)]
 pub struct Channels {
-    senders: HashMap<TaskId, Vec<Sender<Message>>>,
+    senders: HashMap<TaskId, Vec<Target>>,
     slots: HashMap<TaskId, InputSlot>,
 }
 
@@ -112,20 +121,27 @@ impl Channels {
             let Some(&n) = topology.inputs.get(task) else {
                 continue;
             };
-            let (mut tx, mut rx) = (Vec::new(), Vec::new());
+            let (mut tx, mut rx, mut lanes) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..n {
                 let (t, r) = mpsc::channel(CHANNEL_CAPACITY);
-                tx.push(t);
+                let mut target = Target::new(t);
+                if topology.unaligned {
+                    // Unbounded, but it holds at most one barrier per checkpoint in flight.
+                    let (p, l) = mpsc::unbounded_channel();
+                    target.priority = Some(p);
+                    lanes.push(l);
+                }
+                tx.push(target);
                 rx.push(r);
             }
             self.senders.insert(*task, tx);
-            self.slots
-                .insert(*task, Arc::new(Mutex::new(Some(InputSet::new(rx)))));
+            let inputs = InputSet::new(rx).with_priority(lanes);
+            self.slots.insert(*task, Arc::new(Mutex::new(Some(inputs))));
         }
     }
 
-    /// The sender of input `input` of `task`.
-    pub fn sender(&self, task: TaskId, input: u32) -> Option<Sender<Message>> {
+    /// The sender of input `input` of `task` (with its priority lane, if any).
+    pub fn sender(&self, task: TaskId, input: u32) -> Option<Target> {
         self.senders.get(&task)?.get(input as usize).cloned()
     }
 

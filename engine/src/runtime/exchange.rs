@@ -2,15 +2,16 @@
 //! subtasks (forward, hash by key group, rebalance, broadcast). Barriers, watermarks and
 //! end-of-stream go to every downstream subtask, whatever the partitioning. An output also
 //! notes how long it waited for room in a full channel (backpressure), which the task reads
-//! once per batch.
+//! once per batch. With unaligned checkpoints, a checkpoint barrier also goes on each
+//! channel's priority lane, ahead of the queued records.
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::Sender;
+use tokio::sync::mpsc::{Sender, UnboundedSender};
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::base::error::{Result, RunError};
-use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending, Watermark};
+use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, Watermark};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 
@@ -19,6 +20,19 @@ use crate::record::subtask_for_key_group;
 pub struct Target {
     /// The channel.
     pub sender: Sender<Message>,
+    /// With unaligned checkpoints, the channel's priority lane: a checkpoint barrier is
+    /// announced there first, ahead of the records queued in the channel.
+    pub priority: Option<UnboundedSender<Barrier>>,
+}
+
+impl Target {
+    /// A target without a priority lane (aligned checkpoints).
+    pub fn new(sender: Sender<Message>) -> Self {
+        Self {
+            sender,
+            priority: None,
+        }
+    }
 }
 
 /// The sending side of one edge for one upstream subtask.
@@ -153,11 +167,22 @@ impl Output {
         }
     }
 
-    /// Sends a barrier to every target (after every record sent before it).
+    /// Sends a barrier to every target (after every record sent before it). A checkpoint
+    /// barrier (not a savepoint's) is first announced on every target's priority lane, when
+    /// it has one: it reaches the receiver ahead of the records queued in the channel, which
+    /// then become channel state of the checkpoint (unaligned checkpoints).
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
     pub async fn barrier(&mut self, barrier: Barrier) -> Result<()> {
+        if barrier.kind == BarrierKind::Checkpoint {
+            for t in &self.targets {
+                if let Some(p) = &t.priority {
+                    // A closed lane means a stopped receiver; the in-band send below says so.
+                    let _ = p.send(barrier);
+                }
+            }
+        }
         for t in 0..self.targets.len() {
             self.send_to(t, Message::Barrier(barrier)).await?;
         }

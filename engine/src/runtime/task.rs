@@ -8,7 +8,11 @@
 //! reads into a [`BarrierAligner`] and snapshots when the aligner says so. A snapshot has a
 //! synchronous half on the task (each operator's local state, each backend's frozen state)
 //! and an asynchronous half (writing the files) on the blocking pool, after which the task
-//! acknowledges with its file handles. Processing continues meanwhile. Where those files go
+//! acknowledges with its file handles. Processing continues meanwhile. With unaligned
+//! checkpoints a task also snapshots at a barrier announced on a priority lane (or when its
+//! alignment outlasts `aligned_timeout`), records what that barrier overtook in a
+//! [`ChannelLog`], and acknowledges once the log is complete; a restored task replays its
+//! channel state before its first new record. Where those files go
 //! and how they are read back (also after a change of parallelism) is
 //! [`crate::state::snapshot_files`]'s business, not the loop's.
 
@@ -22,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::exchange::Output;
 use super::fault::{Fault, FaultKind};
-use super::input::{InputLease, Received};
+use super::input::{InputLease, InputSet, Received};
 use super::tap::{TapCursor, TapRegistry, TapSide};
 use super::watermark::{Advance, WatermarkCombiner};
 use crate::base::dispose::dispose;
@@ -33,6 +37,7 @@ use crate::base::message::{
 };
 use crate::base::metrics::SubtaskMetrics;
 use crate::checkpoint::restore_plan::RestorePlan;
+use crate::checkpoint::channel_state::{ChannelEntry, ChannelLog};
 use crate::checkpoint::{
     AlignerAction, AlignerStep, AlignmentMode, BarrierAligner, CheckpointId, CheckpointMetadata,
     CheckpointStore, SubtaskState, TaskId,
@@ -42,8 +47,8 @@ use crate::element::{Operator, OperatorContext};
 use crate::script::runtime::running;
 use crate::state::handover::{Handover, HandoverKey};
 use crate::state::snapshot_files::{
-    KeyedFilter, LocalState, NodeSnapshot, read_local_state, restore_keyed, restored_watermark,
-    write_snapshots,
+    KeyedFilter, LocalState, NodeSnapshot, read_channel_state, read_local_state, restore_keyed,
+    restored_watermark, write_channel_state, write_snapshots,
 };
 use crate::state::{CanonicalSnapshot, PendingSnapshot};
 
@@ -667,6 +672,9 @@ pub struct Checkpointing {
     pub store: Arc<dyn CheckpointStore>,
     /// Whether inputs are parked during alignment.
     pub mode: AlignmentMode,
+    /// Unaligned checkpoints (exactly-once only): how long a checkpoint may align before the
+    /// task takes it unaligned (zero: unaligned at the first barrier). `None`: always aligned.
+    pub unaligned: Option<std::time::Duration>,
 }
 
 /// A task's link to its pipeline: identity, commands in, events out, checkpoint settings.
@@ -782,16 +790,40 @@ impl TaskEnv {
 
     /// Starts writing a snapshot off the task; the ack (or decline) follows when it is done.
     fn write_async(&mut self, checkpoint: CheckpointId, snapshots: Vec<NodeSnapshot>) {
+        let alignment = std::mem::take(&mut self.alignment);
+        self.write_with_channel_state(checkpoint, snapshots, Vec::new(), alignment);
+    }
+
+    /// [`Self::write_async`] with the channel state of an unaligned snapshot, written as the
+    /// head node's `.channel` file (none when empty).
+    fn write_with_channel_state(
+        &mut self,
+        checkpoint: CheckpointId,
+        snapshots: Vec<NodeSnapshot>,
+        channel: Vec<ChannelEntry>,
+        alignment: std::time::Duration,
+    ) {
         let Some(ck) = &self.checkpointing else {
             return;
         };
         let store = Arc::clone(&ck.store);
         let events = self.events.clone();
         let task = self.task;
-        let alignment = std::mem::take(&mut self.alignment);
+        let head = snapshots
+            .first()
+            .map(|s| (Arc::clone(&s.operator), s.subtask));
         self.writes.retain(|h| !h.is_finished());
         self.writes.push(tokio::task::spawn_blocking(move || {
-            let event = match write_snapshots(&*store, checkpoint, snapshots) {
+            let written = write_snapshots(&*store, checkpoint, snapshots).and_then(|mut states| {
+                if let (Some((op, subtask)), Some(first)) = (head, states.first_mut())
+                    && let Some(file) =
+                        write_channel_state(&*store, checkpoint, &op, subtask, &channel)?
+                {
+                    first.files.push(file);
+                }
+                Ok(states)
+            });
+            let event = match written {
                 Ok(states) => TaskEvent::Ack {
                     task,
                     checkpoint,
@@ -833,6 +865,29 @@ async fn checkpoint_task(
     barrier: Barrier,
     source: Option<&mut Box<dyn Source>>,
 ) -> Result<()> {
+    let taken = snapshot_sync(chain, env, barrier, source);
+    chain.forward_barrier(barrier).await?;
+    match taken {
+        Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
+        Err(e) => decline_failed(env, barrier.checkpoint, &e),
+    }
+    Ok(())
+}
+
+fn decline_failed(env: &TaskEnv, checkpoint: CheckpointId, e: &RunError) {
+    // The supervisor reports the failed checkpoint once, with this error as its reason.
+    tracing::debug!(pipeline = %env.pipeline, task = %env.task, checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
+    env.decline(checkpoint, Some(e));
+}
+
+/// The synchronous half of a task's checkpoint (and the hand-over's note of a
+/// stop-with-savepoint).
+fn snapshot_sync(
+    chain: &mut ChainTask,
+    env: &mut TaskEnv,
+    barrier: Barrier,
+    source: Option<&mut Box<dyn Source>>,
+) -> Result<Vec<NodeSnapshot>> {
     let taken = (|| {
         let position = match source {
             Some(s) => Some(s.snapshot_for(barrier.checkpoint)?),
@@ -854,16 +909,7 @@ async fn checkpoint_task(
             .collect();
         h.frozen = Some((barrier.checkpoint, generations));
     }
-    chain.forward_barrier(barrier).await?;
-    match taken {
-        Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
-        Err(e) => {
-            // The supervisor reports the failed checkpoint once, with this error as its reason.
-            tracing::debug!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, error = %e, "Snapshot failed; declining the checkpoint.");
-            env.decline(barrier.checkpoint, Some(&e));
-        }
-    }
-    Ok(())
+    taken
 }
 
 /// Runs a source task: polls the source and pushes each batch through the chain (whose first
@@ -1080,8 +1126,19 @@ async fn source_command(
     }
 }
 
+/// An unaligned snapshot whose channel state is still being recorded: its files are written
+/// (and the checkpoint acknowledged) once every input delivered its in-band barrier.
+struct Unaligned {
+    log: ChannelLog,
+    snapshots: Vec<NodeSnapshot>,
+    alignment: Duration,
+}
+
 /// Runs a task fed by channels until every input has delivered end-of-stream, aligning
-/// barriers as the pipeline's checkpoint mode says.
+/// barriers as the pipeline's checkpoint mode says. With unaligned checkpoints, a checkpoint
+/// barrier announced on a priority lane (or, with an `aligned_timeout`, one whose alignment
+/// lasted too long) is taken at once and the records it overtook are recorded as channel
+/// state; a restored task replays its channel state before any new input.
 ///
 /// # Errors
 /// An operator failure, or [`RunError::Disconnected`] when an upstream vanished early.
@@ -1092,8 +1149,17 @@ pub async fn run_chain(
 ) -> Result<()> {
     let result = async {
         chain.open()?;
+        let mut replay = Vec::new();
         if let Some(from) = env.restore.clone() {
             chain.restore(&from, false, &env.received())?;
+            let head = &chain.nodes[0].ctx;
+            replay = read_channel_state(
+                &*from.store,
+                &from.metadata,
+                &head.operator,
+                head.subtask,
+                head.parallelism,
+            )?;
         }
         env.started();
         let n = inputs.get().len();
@@ -1101,6 +1167,7 @@ pub async fn run_chain(
             .checkpointing
             .as_ref()
             .map_or(AlignmentMode::AtLeastOnce, |c| c.mode);
+        let unaligned = env.checkpointing.as_ref().and_then(|c| c.unaligned);
         let mut aligner = BarrierAligner::new(n as u32, mode);
         // A restored task goes on from the watermark it had (see `ChainTask::restore`).
         let mut watermarks = WatermarkCombiner::new(n).starting_at(chain.nodes[0].ctx.watermark);
@@ -1110,9 +1177,39 @@ pub async fn run_chain(
                 let _ = watermarks.on_end(i);
             }
         }
+        // The restored checkpoint's channel state goes first, before any new input.
+        for entry in replay {
+            match entry {
+                ChannelEntry::Records { batch, .. } => chain.push(0, batch).await?,
+                ChannelEntry::Watermark { input, watermark } if (input as usize) < n => {
+                    let advance = watermarks.on_watermark(input as usize, watermark);
+                    follow_watermark(advance, &mut chain).await?;
+                }
+                ChannelEntry::Watermark { .. } => {}
+            }
+        }
+        let mut pending: Option<Unaligned> = None;
+        // The newest checkpoint barrier seen (announced or in-band) and since when; with an
+        // `aligned_timeout`, it is taken unaligned once that much time has passed.
+        let mut first_seen: Option<(Barrier, Instant)> = None;
         let clock = chain.nodes[0].ctx.clock.clone();
         while !inputs.get().all_ended() {
+            // An unaligned snapshot records what its barrier overtook as soon as it is queued,
+            // not when the task gets to process it: the checkpoint then completes without
+            // waiting for the queues to drain (and the senders blocked on them go on).
+            if let Some(u) = pending.as_mut() {
+                prefetch_channel_state(&mut u.log, inputs.get());
+                if u.log.is_complete()
+                    && let Some(u) = pending.take()
+                {
+                    finish_unaligned(u, &mut env);
+                }
+            }
             let wake = chain.next_processing_time();
+            let deadline = match (unaligned, first_seen) {
+                (Some(t), Some((_, since))) if !t.is_zero() => Some(since + t),
+                _ => None,
+            };
             let received = tokio::select! {
                 biased;
                 // Due processing time before anything read after it.
@@ -1135,10 +1232,37 @@ pub async fn run_chain(
                     }
                     continue;
                 }
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
+                    // The alignment lasted longer than `aligned_timeout`: go unaligned.
+                    if let Some((barrier, since)) = first_seen.take() {
+                        start_unaligned(barrier, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                    }
+                    continue;
+                }
                 r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
             };
-            let (input, message) = match received {
-                Received::Message(i, m) => (i, m),
+            let (input, message, fresh) = match received {
+                Received::Message(i, m) => (i, m, true),
+                // Recorded when it was prefetched.
+                Received::Prefetched(i, m) => (i, m, false),
+                Received::Priority(b) => {
+                    if let Some(timeout) = unaligned
+                        && b.kind == BarrierKind::Checkpoint
+                        && !aligner.is_done(b.checkpoint)
+                    {
+                        let since = match first_seen {
+                            Some((f, t)) if f.checkpoint == b.checkpoint => t,
+                            _ => Instant::now(),
+                        };
+                        if timeout.is_zero() {
+                            first_seen = None;
+                            start_unaligned(b, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                        } else if first_seen.is_none_or(|(f, _)| f.checkpoint < b.checkpoint) {
+                            first_seen = Some((b, since));
+                        }
+                    }
+                    continue;
+                }
                 Received::Closed(_) => {
                     return Err(RunError::Disconnected {
                         pipeline: env.pipeline.to_string(),
@@ -1146,6 +1270,21 @@ pub async fn run_chain(
                     });
                 }
             };
+            if let Some(u) = pending.as_mut() {
+                if fresh {
+                    u.log.record(input, &message);
+                }
+                match &message {
+                    Message::Barrier(b) => u.log.on_barrier(input, b.checkpoint),
+                    Message::EndOfStream => u.log.on_end(input),
+                    Message::Records(_) | Message::Watermark(_) => {}
+                }
+                if u.log.is_complete()
+                    && let Some(u) = pending.take()
+                {
+                    finish_unaligned(u, &mut env);
+                }
+            }
             let step = match message {
                 Message::Records(batch) => {
                     if let Some(head) = chain.nodes.first()
@@ -1158,7 +1297,14 @@ pub async fn run_chain(
                 }
                 Message::Barrier(b) => {
                     if aligner.aligning().is_none() {
-                        env.aligning_since = Some(std::time::Instant::now());
+                        env.aligning_since = Some(Instant::now());
+                    }
+                    if unaligned.is_some()
+                        && b.kind == BarrierKind::Checkpoint
+                        && !aligner.is_done(b.checkpoint)
+                        && first_seen.is_none_or(|(f, _)| f.checkpoint < b.checkpoint)
+                    {
+                        first_seen = Some((b, Instant::now()));
                     }
                     aligner.on_barrier(input, b)
                 }
@@ -1174,14 +1320,25 @@ pub async fn run_chain(
                 }
             };
             let step = step.map_err(|e| RunError::Internal(format!("{}: {e}", env.element)))?;
-            if matches!(step.action, AlignerAction::Snapshot(_)) {
+            if let AlignerAction::Snapshot(b) = step.action {
                 env.alignment = env
                     .aligning_since
                     .take()
                     .map(|t| t.elapsed())
                     .unwrap_or_default();
+                // An unaligned snapshot still recording an older checkpoint can no longer
+                // complete here (its checkpoint was aborted upstream).
+                if let Some(old) = pending.take_if(|u| u.log.checkpoint() < b.checkpoint) {
+                    env.decline(old.log.checkpoint(), None);
+                }
+            }
+            if first_seen.is_some_and(|(f, _)| aligner.is_done(f.checkpoint)) {
+                first_seen = None;
             }
             apply_step(step, &mut chain, &mut env).await?;
+        }
+        if let Some(u) = pending.take() {
+            finish_unaligned(u, &mut env);
         }
         chain.end().await?;
         env.settle().await;
@@ -1193,6 +1350,94 @@ pub async fn run_chain(
     }
     chain.free_state(&env);
     result
+}
+
+/// Takes checkpoint `barrier` unaligned, if it is not done here yet: the synchronous half of
+/// the snapshot now, the barrier downstream (on the priority lanes first), and a channel log
+/// for the inputs that have not delivered it; the files are written when the log completes.
+async fn start_unaligned(
+    barrier: Barrier,
+    since: Instant,
+    aligner: &mut BarrierAligner,
+    pending: &mut Option<Unaligned>,
+    inputs: &InputSet,
+    chain: &mut ChainTask,
+    env: &mut TaskEnv,
+) -> Result<()> {
+    let Some(start) = aligner.unaligned(barrier) else {
+        return Ok(());
+    };
+    for id in start.aborted {
+        env.decline(id, None);
+    }
+    if let Some(old) = pending.take() {
+        env.decline(old.log.checkpoint(), None);
+    }
+    env.aligning_since = None;
+    let alignment = since.elapsed();
+    let taken = snapshot_sync(chain, env, barrier, None);
+    chain.forward_barrier(barrier).await?;
+    match taken {
+        Ok(snapshots) => {
+            let mut u = Unaligned {
+                log: ChannelLog::new(barrier.checkpoint, start.log),
+                snapshots,
+                alignment,
+            };
+            log_buffered(&mut u.log, inputs);
+            if u.log.is_complete() {
+                finish_unaligned(u, env);
+            } else {
+                *pending = Some(u);
+            }
+        }
+        Err(e) => decline_failed(env, barrier.checkpoint, &e),
+    }
+    Ok(())
+}
+
+/// Records one message of input `i` in an open channel log; returns whether the input
+/// still logs after it.
+fn log_message(log: &mut ChannelLog, i: u32, m: &Message) -> bool {
+    log.record(i, m);
+    match m {
+        Message::Barrier(b) => log.on_barrier(i, b.checkpoint),
+        Message::EndOfStream => log.on_end(i),
+        Message::Records(_) | Message::Watermark(_) => {}
+    }
+    log.is_logging(i)
+}
+
+/// Moves what is queued on every input an unaligned snapshot still records into the task's
+/// input buffers, recording it, up to each input's in-band barrier.
+fn prefetch_channel_state(log: &mut ChannelLog, inputs: &mut InputSet) {
+    for i in 0..inputs.len() as u32 {
+        if log.is_logging(i) {
+            inputs.prefetch(i, |m| log_message(log, i, m));
+        }
+    }
+}
+
+/// A new channel log starts with what the task already took out of its channels but has not
+/// processed (prefetched for an earlier checkpoint): the snapshot has not seen it either, and
+/// it will not pass the log again when it is served.
+fn log_buffered(log: &mut ChannelLog, inputs: &InputSet) {
+    for i in 0..inputs.len() as u32 {
+        if log.is_logging(i) {
+            for m in inputs.buffered(i) {
+                if !log_message(log, i, m) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Writes an unaligned snapshot whose channel state is complete, then acknowledges it.
+fn finish_unaligned(u: Unaligned, env: &mut TaskEnv) {
+    let checkpoint = u.log.checkpoint();
+    tracing::trace!(pipeline = %env.pipeline, task = %env.task, checkpoint, "Channel state recorded.");
+    env.write_with_channel_state(checkpoint, u.snapshots, u.log.into_entries(), u.alignment);
 }
 
 /// Does what the combined watermark says: advance the chain, or tell downstream that this
@@ -1283,6 +1528,7 @@ mod tests {
             Some(Checkpointing {
                 store: Arc::new(MemoryStore::new()),
                 mode: AlignmentMode::ExactlyOnce,
+                unaligned: None,
             }),
             None,
             Arc::new(Control::default()),
@@ -1358,7 +1604,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(crate::base::message::CHANNEL_CAPACITY);
         let exchange = Output::new(
             crate::plan::Partitioning::Forward,
-            vec![Target { sender: tx }],
+            vec![Target::new(tx)],
             128,
             "p".into(),
             "wider".into(),
@@ -1442,7 +1688,7 @@ mod tests {
             let (tx, rx) = mpsc::channel(crate::base::message::CHANNEL_CAPACITY);
             sides.push(Output::new(
                 crate::plan::Partitioning::Forward,
-                vec![Target { sender: tx }],
+                vec![Target::new(tx)],
                 128,
                 "p".into(),
                 name.into(),
@@ -1616,6 +1862,7 @@ mod tests {
             checkpointing.then(|| Checkpointing {
                 store: Arc::new(MemoryStore::new()),
                 mode: AlignmentMode::ExactlyOnce,
+                unaligned: None,
             }),
             None,
             Arc::new(Control::default()),
@@ -1626,7 +1873,7 @@ mod tests {
     fn forward_to(tx: mpsc::Sender<Message>) -> Output {
         Output::new(
             crate::plan::Partitioning::Forward,
-            vec![crate::runtime::exchange::Target { sender: tx }],
+            vec![crate::runtime::exchange::Target::new(tx)],
             128,
             "p".into(),
             "rec".into(),
@@ -1742,7 +1989,7 @@ mod tests {
             let (mut targets, mut receivers) = (Vec::new(), Vec::new());
             for _ in 0..3 {
                 let (tx, rx) = mpsc::channel(8);
-                targets.push(crate::runtime::exchange::Target { sender: tx });
+                targets.push(crate::runtime::exchange::Target::new(tx));
                 receivers.push(rx);
             }
             let mut out = Output::new(partitioning, targets, 128, "p".into(), "x".into());
@@ -1806,7 +2053,7 @@ mod tests {
         let (mut targets, mut receivers) = (Vec::new(), Vec::new());
         for _ in 0..2 {
             let (tx, rx) = mpsc::channel(64);
-            targets.push(crate::runtime::exchange::Target { sender: tx });
+            targets.push(crate::runtime::exchange::Target::new(tx));
             receivers.push(rx);
         }
         let out = Output::new(

@@ -16,7 +16,10 @@
 use std::sync::Arc;
 
 use crate::base::error::{Result, RunError};
-use crate::checkpoint::metadata::{LOCAL_SUFFIX, checkpoint_dir, is_local_file};
+use crate::checkpoint::channel_state::{self, ChannelEntry};
+use crate::checkpoint::metadata::{
+    CHANNEL_SUFFIX, LOCAL_SUFFIX, checkpoint_dir, is_channel_file, is_keyed_file, is_local_file,
+};
 use crate::checkpoint::restore_plan::NodeDecision;
 use crate::checkpoint::storage::{read_verified, write_file};
 use crate::checkpoint::{CheckpointId, CheckpointMetadata, CheckpointStore, FileRef, SubtaskState};
@@ -85,6 +88,79 @@ pub fn write_snapshots(
         });
     }
     Ok(out)
+}
+
+/// Writes one subtask's channel state (the in-flight records an unaligned barrier overtook)
+/// as `chk-<n>/<op>-<subtask>.channel`, `op` the head of its chain; nothing when it is empty.
+///
+/// # Errors
+/// A record that cannot be encoded; storage failures.
+pub fn write_channel_state(
+    store: &dyn CheckpointStore,
+    checkpoint: CheckpointId,
+    operator: &str,
+    subtask: u32,
+    entries: &[ChannelEntry],
+) -> Result<Option<FileRef>> {
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let bytes = channel_state::encode(entries)?;
+    let path = format!(
+        "{}/{operator}-{subtask}{CHANNEL_SUFFIX}",
+        checkpoint_dir(checkpoint)
+    );
+    Ok(Some(write_file(store, &path, &bytes)?))
+}
+
+fn read_channel(
+    store: &dyn CheckpointStore,
+    metadata: &CheckpointMetadata,
+    operator: &str,
+    subtask: u32,
+) -> Result<Vec<ChannelEntry>> {
+    let Some(file) = metadata
+        .subtask(operator, subtask)
+        .and_then(|st| st.files.iter().find(|f| is_channel_file(&f.path)))
+    else {
+        return Ok(Vec::new());
+    };
+    channel_state::decode(&read_verified(store, file)?)
+}
+
+/// What subtask `subtask` of `parallelism` of the chain headed by `operator` replays before
+/// its first new record: its own channel state at the same parallelism, or after a change its
+/// share of every old subtask's ([`channel_state::share`]).
+///
+/// # Errors
+/// A corrupt or unreadable file.
+pub fn read_channel_state(
+    store: &dyn CheckpointStore,
+    metadata: &CheckpointMetadata,
+    operator: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> Result<Vec<ChannelEntry>> {
+    let old = metadata
+        .operators
+        .iter()
+        .find(|o| o.id == operator)
+        .map(|o| o.parallelism);
+    match old {
+        Some(old) if old != parallelism && parallelism > 0 => {
+            let mut all = Vec::new();
+            for j in 0..old {
+                all.push((j, read_channel(store, metadata, operator, j)?));
+            }
+            Ok(channel_state::share(
+                all,
+                subtask,
+                parallelism,
+                metadata.max_parallelism,
+            ))
+        }
+        _ => read_channel(store, metadata, operator, subtask),
+    }
 }
 
 /// Reads one subtask's local-state file from a checkpoint, if it has one.
@@ -217,7 +293,7 @@ pub fn restore_keyed(
         .iter()
         .filter(|st| st.operator == operator)
         .filter(|st| overlaps(KeyGroupRange::from(st.key_groups), range))
-        .flat_map(|st| st.files.iter().filter(|f| !is_local_file(&f.path)))
+        .flat_map(|st| st.files.iter().filter(|f| is_keyed_file(&f.path)))
         .cloned()
         .collect();
     match filter {

@@ -21,6 +21,7 @@ use crate::base::human::{Bytes, Elapsed};
 use crate::base::message::{Barrier, BarrierKind};
 use crate::base::metrics::{LastCheckpoint, PipelineMetrics, StateSize};
 use crate::checkpoint::coordinator::AbortReason;
+use crate::checkpoint::metadata::is_channel_file;
 use crate::checkpoint::retention::CheckpointFiles;
 use crate::checkpoint::savepoint::{savepoint_dir_name, write_savepoint};
 use crate::checkpoint::storage::{delete_checkpoint, write_metadata};
@@ -186,6 +187,7 @@ impl Checkpoints {
             size: 0,
             new_bytes: 0,
             alignment_ms: subtasks.iter().map(|s| s.alignment_ms).max().unwrap_or(0),
+            channel_state_bytes: subtasks.iter().map(|s| s.channel_state_bytes).sum(),
             subtasks,
         };
         push_history(status, info);
@@ -230,6 +232,7 @@ impl Checkpoints {
             duration = %Elapsed(stats.duration),
             size = %Bytes(stats.size),
             new = %Bytes(stats.new_bytes),
+            channel_state = %Bytes(stats.channel_state_bytes),
             "Checkpoint statistics."
         );
         let now = SystemTime::now();
@@ -246,6 +249,7 @@ impl Checkpoints {
             size: stats.size,
             new_bytes: stats.new_bytes,
             alignment_ms: subtasks.iter().map(|s| s.alignment_ms).max().unwrap_or(0),
+            channel_state_bytes: subtasks.iter().map(|s| s.channel_state_bytes).sum(),
             subtasks,
         };
         self.metrics.checkpoint_completed(
@@ -254,6 +258,7 @@ impl Checkpoints {
                 duration: stats.duration,
                 size: stats.size,
                 new_bytes: stats.new_bytes,
+                channel_state_bytes: info.channel_state_bytes,
             },
             info.subtasks
                 .iter()
@@ -431,6 +436,11 @@ fn checkpoint_stats(
         new_bytes: meta
             .files()
             .filter(|f| !previous.contains(f.path.as_str()))
+            .map(|f| f.size)
+            .sum(),
+        channel_state_bytes: meta
+            .files()
+            .filter(|f| is_channel_file(&f.path))
             .map(|f| f.size)
             .sum(),
     }

@@ -204,6 +204,9 @@ pub struct CheckpointStats {
     /// Bytes of the files the previous completed checkpoint did not reference (what this one
     /// wrote; for incremental RocksDB much less than `size`).
     pub new_bytes: u64,
+    /// Bytes of channel state (the in-flight records of an unaligned checkpoint), over every
+    /// subtask; 0 for an aligned one.
+    pub channel_state_bytes: u64,
 }
 
 /// How a pipeline ended.

@@ -22,7 +22,7 @@ use crate::operators::union::UnionOperator;
 use crate::plan::{NodeId, NodeKind, PipelinePlan};
 use crate::record::KeyGroupRange;
 use crate::registry::NodeBuilder;
-use crate::runtime::exchange::{Output, Target};
+use crate::runtime::exchange::Output;
 use crate::runtime::fault::Fault;
 use crate::runtime::input::{InputLease, Received};
 use crate::runtime::tap::TapRegistry;
@@ -321,10 +321,10 @@ impl Tasks {
                 .ok_or_else(|| RunError::Internal(format!("no route for edge {ei} from {task}")))?;
             let mut targets = Vec::new();
             for &(to, input) in &route.targets {
-                let sender = self.channels.sender(to, input).ok_or_else(|| {
+                let target = self.channels.sender(to, input).ok_or_else(|| {
                     RunError::Internal(format!("no channel into {to} input {input}"))
                 })?;
-                targets.push(Target { sender });
+                targets.push(target);
             }
             let out = Output::new(
                 route.partitioning,

@@ -24,6 +24,7 @@ use crate::base::human::{Maybe, OneLine};
 use crate::base::message::Barrier;
 use crate::base::metrics::NodeReport;
 use crate::checkpoint::coordinator::DeclineReason;
+use crate::checkpoint::metadata::is_channel_file;
 use crate::checkpoint::{CheckpointId, CheckpointPlan, Command, Coordinator, CoordinatorConfig};
 use crate::control::{ControlError, SubtaskCheckpointInfo};
 use crate::plan::PipelinePlan;
@@ -108,9 +109,13 @@ impl Supervisor {
             }
             c
         });
+        let spec = &plan.spec.checkpoints;
+        let unaligned = (spec.unaligned && spec.mode == weir_schema::CheckpointMode::ExactlyOnce)
+            .then(|| spec.aligned_timeout.get());
         let checkpointing = ck.as_ref().map(|ck| Checkpointing {
             store: Arc::clone(&ck.store),
             mode: ck.mode,
+            unaligned,
         });
         let (events_tx, events) = mpsc::unbounded_channel();
         let plan = Arc::new(plan);
@@ -343,6 +348,12 @@ impl Supervisor {
                         .sum(),
                     ack_ms: self.checkpoints.since_trigger_ms(checkpoint),
                     alignment_ms: alignment.as_millis() as u64,
+                    channel_state_bytes: states
+                        .iter()
+                        .flat_map(|s| s.files.iter())
+                        .filter(|f| is_channel_file(&f.path))
+                        .map(|f| f.size)
+                        .sum(),
                 };
                 self.checkpoints.acked(checkpoint, info);
                 let Some(c) = self.checkpoints.coordinator.as_mut() else {
