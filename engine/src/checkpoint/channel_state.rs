@@ -200,6 +200,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ChannelEntry>> {
                 batch: Batch {
                     records,
                     keys: keys.iter().map(Key::from_dynamic).collect(),
+                    // Not stored: a window reads a replayed record's time from its field.
+                    times: Vec::new(),
                 },
             },
             EncodedEntry::Watermark { input, at } => ChannelEntry::Watermark {
@@ -261,6 +263,7 @@ mod tests {
 
     fn keyed(values: &[&str]) -> Batch {
         Batch {
+            times: Vec::new(),
             records: values.iter().map(|&v| Dynamic::from(v.to_owned())).collect(),
             keys: values
                 .iter()

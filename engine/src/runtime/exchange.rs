@@ -223,7 +223,13 @@ mod tests {
     async fn a_hash_exchange_routes_each_event_time_with_its_record() {
         let (senders, mut receivers): (Vec<_>, Vec<_>) =
             (0..3).map(|_| tokio::sync::mpsc::channel(4)).unzip();
-        let targets = senders.into_iter().map(|sender| Target { sender }).collect();
+        let targets = senders
+            .into_iter()
+            .map(|sender| Target {
+                sender,
+                priority: None,
+            })
+            .collect();
         let mut out = Output::new(Partitioning::Hash, targets, 128, "p".into(), "e".into());
         let mut batch = Batch::new((0..200_i64).map(Dynamic::from).collect());
         batch.keys = (0..200_i64).map(|i| Key::from_dynamic(&Dynamic::from(i))).collect();
