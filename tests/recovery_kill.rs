@@ -700,6 +700,14 @@ fn slow_job(data: &Path, parallelism: u32) -> Value {
     })
 }
 
+/// `weir run` arguments for [`slow_job`]: a thread per task, so that the throttled reduce
+/// does not starve the sources of the cores (with one thread per core on a loaded machine the
+/// channels run dry, no barrier has records to overtake and no alignment lasts long enough
+/// for `aligned_timeout`).
+fn slow_job_args() -> Vec<String> {
+    vec!["--workers".to_owned(), "8".to_owned()]
+}
+
 /// Writes [`slow_job`] into `dir` with checkpoints every 50ms on `backend` and the extra
 /// checkpoint `settings` (unaligned ones); returns the file.
 fn prepare_slow_job(
@@ -737,6 +745,7 @@ fn unaligned_checkpoints_survive_sigkill(backend: Backend, settings: Value, seed
     let clean = tmp.join("clean");
     let clean_file = prepare_slow_job(&clean, &data, backend, &settings);
     let mut runner = Runner::new(&clean_file, &tmp.join("logs"), "clean");
+    runner.args = slow_job_args();
     let (wall, _) = runner.run_to_end();
     assert_exactly(
         "unaligned",
@@ -751,6 +760,7 @@ fn unaligned_checkpoints_survive_sigkill(backend: Backend, settings: Value, seed
     let file = prepare_slow_job(&crash, &data, backend, &settings);
     let sinks = file_sinks(&file);
     let mut runner = Runner::new(&file, &tmp.join("logs"), "crash");
+    runner.args = slow_job_args();
     let lo = Duration::from_millis(50);
     let mut rng = Rng::new(seed);
     let mut st = kill_loop(
@@ -829,6 +839,7 @@ fn unaligned_channel_state_is_redistributed_on_rescale() {
         let file = prepare_slow_job(&dir, &data, backend, &settings);
         let sinks = file_sinks(&file);
         let mut runner = Runner::new(&file, &tmp.join("logs"), "rescale");
+        runner.args = slow_job_args();
         // Run until a completed checkpoint holds channel state, then SIGKILL.
         let mut from = None;
         for _attempt in 0..5 {

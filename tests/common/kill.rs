@@ -217,6 +217,8 @@ pub struct Runner {
     pub runs: usize,
     /// Environment variables given to every run (e.g. the `AWS_*` settings of a service).
     pub env: Vec<(String, String)>,
+    /// Arguments given to every `weir run` (e.g. `--workers`).
+    pub args: Vec<String>,
 }
 
 impl Runner {
@@ -228,6 +230,7 @@ impl Runner {
             label: label.to_owned(),
             runs: 0,
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 
@@ -241,6 +244,7 @@ impl Runner {
             .arg("run")
             .arg("--no-progress")
             .arg("--no-api")
+            .args(&self.args)
             .args(extra)
             .arg(&self.file)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -402,7 +406,12 @@ pub fn kill_loop(runner: &mut Runner, rng: &mut Rng, plan: &KillPlan) -> KillSta
         let (status, log, moment) = if targeted {
             let nth = 1 + rng.below(2) as usize;
             let delay = rng.between(Duration::ZERO, Duration::from_millis(150));
-            let (mut child, log) = runner.spawn(&["--workers", "8"]);
+            let workers: &[&str] = if runner.args.iter().any(|a| a == "--workers") {
+                &[]
+            } else {
+                &["--workers", "8"]
+            };
+            let (mut child, log) = runner.spawn(workers);
             let status = loop {
                 if let Some(s) = child.try_wait().unwrap() {
                     break Some(s);
