@@ -147,7 +147,11 @@ impl FnBody {
         program.push_str(&text[start..=close]);
         let body = engine.compile(&program).ok()?;
         let params: Vec<String> = def.params.iter().map(ToString::to_string).collect();
-        let fast = FastExpr::compile(engine, &body, &params);
+        // `"f" in m` calls `contains`, which the native path takes to be Rhai's own.
+        let own_contains = functions.iter_fn_def().any(|f| f.name == rhai::OP_CONTAINS);
+        let fast = (!own_contains)
+            .then(|| FastExpr::compile(engine, &body, &params))
+            .flatten();
         Some(Self {
             name: def.name.to_string(),
             params,
@@ -247,7 +251,8 @@ impl ScriptFn {
     }
 
     /// Calls `name` on the hot path and hands the arguments back in `args`, as the script left
-    /// them.
+    /// them when it fails (after a success their contents are unspecified: the native path of
+    /// a body that assigns to its parameters' properties leaves them unchanged).
     ///
     /// Two things make it cheaper than [`call`](Self::call):
     /// - a simple body is first evaluated natively ([`FastExpr`]), which only reads `args`;
@@ -1088,7 +1093,8 @@ fn array_sizes(a: &[Dynamic]) -> DataSizes {
         .fold((0, 0, 0), |acc, v| add(acc, element_sizes(v)))
 }
 
-fn map_sizes(m: &Map) -> DataSizes {
+/// [`DataSizes`] of a map's entries.
+pub(crate) fn map_sizes(m: &Map) -> DataSizes {
     m.values()
         .fold((0, 0, 0), |acc, v| add(acc, entry_sizes(v)))
 }
