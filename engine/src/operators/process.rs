@@ -653,6 +653,152 @@ mod tests {
         assert!(e.to_string().contains("key_by"), "{e}");
     }
 
+    /// W4's logic (`shared/bench/w4`) as written with `state_get`/`state_set`, a sorted list
+    /// rebuilt with `state_clear` and `list_push`, and `map_get`/`map_put` ...
+    const LONG_FORM: &str = r#"
+        fn process(r) {
+            let s = state_get("sum");
+            if s == () { s = 0; }
+            let c = state_get("count");
+            if c == () { c = 0; }
+            state_set("sum", s + r.amount);
+            state_set("count", c + 1);
+            let top = list_get("top");
+            top.push(r.amount);
+            top.sort(|a, b| b - a);
+            if top.len() > 5 { top.pop(); }
+            state_clear("top");
+            for a in top { list_push("top", a); }
+            let d = `${(r.amount - 1) / 10}`;
+            let n = map_get("deciles", d);
+            if n == () { n = 0; }
+            map_put("deciles", d, n + 1);
+        }
+        fn on_end(k) {
+            emit(#{key: k, sum: state_get("sum"), count: state_get("count"),
+                   top: list_get("top"), deciles: state_get("deciles")});
+        }
+    "#;
+
+    /// ... and with the read-modify-write helpers.
+    const HELPERS: &str = r#"
+        fn process(r) {
+            state_add("sum", r.amount);
+            state_add("count", 1);
+            list_top("top", r.amount, 5);
+            map_add("deciles", `${(r.amount - 1) / 10}`, 1);
+        }
+        fn on_end(k) {
+            emit(#{key: k, sum: state_get("sum"), count: state_get("count"),
+                   top: list_get("top"), deciles: state_get("deciles")});
+        }
+    "#;
+
+    /// Runs `text` over `records` (`(key, amount)`) on `state` and returns what `on_end`
+    /// emits, sorted.
+    fn w4_on(text: &str, records: &[(String, i64)], state: Box<dyn StateBackend>) -> Vec<String> {
+        let declared = vec![
+            ("sum".to_owned(), StateKind::Value),
+            ("count".to_owned(), StateKind::Value),
+            ("top".to_owned(), StateKind::List),
+            ("deciles".to_owned(), StateKind::Map),
+        ];
+        let mut ctx = keyed_ctx();
+        ctx.state = Some(state);
+        let op = ProcessOperator::new(script(text), declared, 10);
+        let mut h = Harness::new(Box::new(op), ctx).expect("opens");
+        for chunk in records.chunks(7) {
+            h.push(Batch {
+                records: chunk
+                    .iter()
+                    .map(|(_, a)| {
+                        let mut m = rhai::Map::new();
+                        m.insert("amount".into(), Dynamic::from(*a));
+                        Dynamic::from_map(m)
+                    })
+                    .collect(),
+                keys: chunk.iter().map(|(k, _)| key(k)).collect(),
+            })
+            .expect("runs");
+        }
+        assert_eq!(h.ctx.errors, 0);
+        let mut out: Vec<String> = h.finish().expect("ends").iter().map(excerpt).collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn read_modify_write_helpers_agree_with_the_long_forms() {
+        let mut z: u64 = 7;
+        let records: Vec<(String, i64)> = (0..600)
+            .map(|_| {
+                z = z.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                (format!("k{}", (z >> 33) % 23), 1 + ((z >> 45) % 100) as i64)
+            })
+            .collect();
+        let memory = || -> Box<dyn StateBackend> {
+            Box::new(crate::state::MemoryBackend::new(128, KeyGroupRange::all(128)))
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rocksdb = || -> Box<dyn StateBackend> {
+            let mut db = crate::state::RocksdbBackend::open(
+                dir.path(),
+                128,
+                KeyGroupRange::all(128),
+                &weir_schema::RocksdbSpec::default(),
+            )
+            .expect("rocksdb");
+            // Every access goes through the database.
+            db.set_cache_capacity(1).expect("cache");
+            Box::new(db)
+        };
+        let expected = w4_on(LONG_FORM, &records, memory());
+        assert_eq!(expected.len(), 23);
+        assert!(expected[0].contains(r#""top":["#), "{}", expected[0]);
+        assert_eq!(w4_on(HELPERS, &records, memory()), expected, "memory");
+        assert_eq!(w4_on(HELPERS, &records, rocksdb()), expected, "rocksdb");
+        assert_eq!(w4_on(LONG_FORM, &records, rocksdb()), expected, "rocksdb, long form");
+    }
+
+    #[test]
+    fn read_modify_write_helpers_fail_the_record_not_the_state() {
+        let limits = weir_schema::ScriptLimitsSpec {
+            max_array_size: 3,
+            max_map_size: 2,
+            ..Default::default()
+        };
+        let cases = [
+            (r#"state_set("count", "x"); state_add("count", 1)"#, "cannot add an int to the stored string"),
+            (r#"state_set("count", 9223372036854775807); state_add("count", 1)"#, "overflows"),
+            (r#"state_add("count", "1")"#, "must be an int or a float"),
+            (r#"state_add("count", 1.5); state_add("count", 1)"#, "cannot add an int to the stored f64"),
+            (r#"list_top("seen", 1, -1)"#, "cannot be negative"),
+            (r#"list_top("seen", 1, 3); list_top("seen", "a", 3)"#, "cannot rank string against i64"),
+            (r#"list_top("seen", 1, 9); list_top("seen", 2, 9); list_top("seen", 3, 9); list_top("seen", 4, 9)"#, "more than `limits.max_array_size` (3)"),
+            (r#"map_add("by", "a", 1); map_add("by", "b", 1); map_add("by", "c", 1)"#, "more than `limits.max_map_size` (2)"),
+            (r#"map_put("by", "a", "x"); map_add("by", "a", 1)"#, "cannot add an int to the stored string"),
+        ];
+        for (body, wanted) in cases {
+            let mut h = bounded(&format!("fn process(r) {{ {body}; }}"), &limits);
+            h.push(keyed(&ints(0..1))).expect("runs");
+            let e = errors(&h);
+            assert!(e.len() == 1 && e[0].contains(wanted), "{body}: {e:?}");
+        }
+        // A refused write leaves the state as it was.
+        let mut h = bounded(
+            r#"fn process(r) {
+                if r == 0 { list_top("seen", 5, 2); list_top("seen", 7, 2); }
+                if r == 1 { list_top("seen", "z", 2); }
+                if r == 2 { emit([list_top("seen", 6, 2), list_get("seen")]); list_set("seen", []); emit(list_len("seen")); }
+            }"#,
+            &weir_schema::ScriptLimitsSpec::default(),
+        );
+        let out = h.push(keyed(&ints(0..3))).expect("runs");
+        assert_eq!(h.ctx.errors, 1);
+        let shown: Vec<String> = out.records.iter().map(excerpt).collect();
+        assert_eq!(shown, ["[true,[7,6]]", "0"]);
+    }
+
     /// Timers, `now()`, `watermark()` and state time-to-live, on the memory and the rocksdb
     /// backend, with a manual clock; the watermark and wake-ups are driven by hand as the task
     /// loop drives them.

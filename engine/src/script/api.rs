@@ -104,6 +104,19 @@ pub const HOST_FUNCTIONS: &[HostFn] = &[
         emits: "10, 20, 30",
     },
     HostFn {
+        name: "state_add",
+        params: &["state: string", "amount: int | float"],
+        returns: "int | float",
+        meaning: "Adds `amount` to the current key's value in the value state `state` (unset \
+                  counts as zero) and returns the new value: a counter or running sum in one \
+                  state access instead of a `state_get` and a `state_set`.",
+        errors: "As `state_get`; `amount` is not a number; the stored value is another kind \
+                 of number or not a number; an integer overflow.",
+        operators: PROCESS,
+        example: "fn process(r) { emit(state_add(\"count\", r * 10)); }",
+        emits: "10, 30, 60",
+    },
+    HostFn {
         name: "state_clear",
         params: &["state: string"],
         returns: "()",
@@ -170,6 +183,33 @@ pub const HOST_FUNCTIONS: &[HostFn] = &[
         emits: "[0,[1]], [0,[1,2]], [1,[2,3]]",
     },
     HostFn {
+        name: "list_set",
+        params: &["state: string", "items: array"],
+        returns: "()",
+        meaning: "Replaces the current key's whole list with `items` in one state access (an \
+                  empty array removes it), instead of `state_clear` and a `list_push` per \
+                  item.",
+        errors: "As `state_get`; `items` exceeds a `limits:` size.",
+        operators: PROCESS,
+        example: "fn process(r) { list_set(\"seen\", [r, r * 2]); emit(list_get(\"seen\")); }",
+        emits: "[1,2], [2,4], [3,6]",
+    },
+    HostFn {
+        name: "list_top",
+        params: &["state: string", "item: any", "keep: int"],
+        returns: "bool",
+        meaning: "Keeps the current key's list as its `keep` largest items, largest first: \
+                  inserts `item` after the items equal to it, drops what falls beyond `keep`, \
+                  and returns whether `item` stayed. Ints, floats and strings rank among their \
+                  own kind. A top-k in one state access, without reading the list back.",
+        errors: "As `state_get`; `keep` is negative; `item` does not rank against the list's \
+                 items (other kinds, NaN); the list would exceed a `limits:` size.",
+        operators: PROCESS,
+        example: "fn process(r) { let kept = list_top(\"seen\", r * (4 - r), 2); \
+                  emit([kept, list_get(\"seen\")]); }",
+        emits: "[true,[3]], [true,[4,3]], [false,[4,3]]",
+    },
+    HostFn {
         name: "map_put",
         params: &["state: string", "field: string", "value: any"],
         returns: "()",
@@ -189,6 +229,17 @@ pub const HOST_FUNCTIONS: &[HostFn] = &[
         operators: PROCESS,
         example: "fn process(r) { emit(map_get(\"by\", \"last\")); map_put(\"by\", \"last\", r); }",
         emits: "null, 1, 2",
+    },
+    HostFn {
+        name: "map_add",
+        params: &["state: string", "field: string", "amount: int | float"],
+        returns: "int | float",
+        meaning: "Adds `amount` to `field` of the current key's map (an absent field counts as \
+                  zero) and returns the new value: a per-field counter in one state access.",
+        errors: "As `state_add`; a new field would exceed `limits.max_map_size`.",
+        operators: PROCESS,
+        example: "fn process(r) { emit(map_add(\"by\", `f${r % 2}`, r)); }",
+        emits: "1, 2, 4",
     },
     HostFn {
         name: "map_remove",

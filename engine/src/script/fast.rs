@@ -6,6 +6,13 @@
 //! strings, comparisons, `!`, `&&`, `||` and map literals — [`FastExpr::compile`] turns the body
 //! into a small tree evaluated natively, with no interpreter set-up per call.
 //!
+//! A body may also start with assignments to its parameters' properties (`acc.sum += r.amount;
+//! acc.n = if "n" in acc { acc.n + 1 } else { 1 };`) and end with such an expression or the
+//! parameter itself (`acc`), as reduce scripts do; there, if-expressions and `"field" in map`
+//! are native too. The assignments are collected aside and only show in the result: the
+//! arguments themselves are never changed (callers read them only after an error, and the
+//! native path never produces one).
+//!
 //! The fast path only ever *reads* its arguments, and it gives up on a record (returns `None`)
 //! whenever Rhai might do anything other than the obvious: a type it does not cover, a missing
 //! property, an overflow, a division by zero, a size limit within reach. The caller then runs
@@ -20,8 +27,38 @@ use rhai::{AST, Dynamic, Engine, Expr, ImmutableString, Map, Stmt};
 /// A compiled body; see the module docs.
 #[derive(Debug)]
 pub struct FastExpr {
+    /// Property assignments before the final expression, in order.
+    sets: Vec<Set>,
     root: Node,
     limits: Limits,
+}
+
+/// `param.prop = value` or `param.prop op= value`.
+#[derive(Debug)]
+struct Set {
+    param: usize,
+    prop: ImmutableString,
+    op: Option<Op>,
+    value: Node,
+}
+
+/// What the assignments so far wrote: `(param, prop, value)`.
+type Writes = Vec<(usize, ImmutableString, Dynamic)>;
+
+/// What an expression is evaluated against.
+struct Cx<'a> {
+    args: &'a [Dynamic],
+    writes: &'a Writes,
+    limits: Limits,
+}
+
+impl Cx<'_> {
+    fn written(&self, param: usize, prop: &str) -> Option<&Dynamic> {
+        self.writes
+            .iter()
+            .find(|(p, k, _)| *p == param && k.as_str() == prop)
+            .map(|(.., v)| v)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +67,8 @@ struct Limits {
     string: usize,
     /// Most map entries allowed, 0 for no limit.
     map: usize,
+    /// Most array items allowed, 0 for no limit.
+    array: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +98,12 @@ enum Node {
     Neg(Box<Node>),
     And(Vec<Node>),
     Or(Vec<Node>),
+    /// `if c { a } else { b }` (statement bodies only).
+    If(Box<Node>, Box<Node>, Box<Node>),
+    /// `"field" in param.path` on a map (statement bodies only): Rhai parses it as
+    /// `contains(param.path, "field")`, so a script that defines its own `contains` is never
+    /// compiled natively (see `script::runtime`).
+    Has(usize, Vec<ImmutableString>, Box<Node>),
 }
 
 /// Rhai counts at least one operation per node it evaluates, plus a few per call; the fast path
@@ -71,26 +116,141 @@ impl FastExpr {
     /// `script::runtime`) whose free variables are `params`. `None` when the body is not a
     /// single expression of the supported kinds, or could reach the operation budget.
     pub fn compile(engine: &Engine, program: &AST, params: &[String]) -> Option<Self> {
-        let expr = single_expression(program.statements())?;
         let mut nodes = 0;
-        let root = compile_expr(&expr, params, &mut nodes)?;
+        let statements = body_statements(program.statements());
+        let (sets, root) = match statements {
+            [_] => {
+                let expr = single_expression(statements)?;
+                (Vec::new(), compile_expr(&expr, params, &mut nodes, false)?)
+            }
+            [init @ .., last] => {
+                let sets = init
+                    .iter()
+                    .map(|s| compile_set(s, params, &mut nodes))
+                    .collect::<Option<Vec<_>>>()?;
+                let expr = single_expression(std::slice::from_ref(last))?;
+                (sets, compile_expr(&expr, params, &mut nodes, true)?)
+            }
+            [] => return None,
+        };
         let max_ops = engine.max_operations();
         if max_ops != 0 && OPS_PER_NODE * nodes + OPS_BESIDES >= max_ops {
             return None;
         }
         Some(Self {
+            sets,
             root,
             limits: Limits {
                 string: engine.max_string_size(),
                 map: engine.max_map_size(),
+                array: engine.max_array_size(),
             },
         })
     }
 
     /// Evaluates the body on `args`; `None` hands the record to Rhai.
     pub fn eval(&self, args: &[Dynamic]) -> Option<Dynamic> {
-        eval(&self.root, args, self.limits)
+        let limits = self.limits;
+        let mut writes = Writes::new();
+        for set in &self.sets {
+            let cx = Cx {
+                args,
+                writes: &writes,
+                limits,
+            };
+            let value = eval(&set.value, &cx)?;
+            let map = args.get(set.param)?.as_map_ref().ok()?;
+            let current = cx
+                .written(set.param, &set.prop)
+                .or_else(|| map.get(set.prop.as_str()))
+                .cloned();
+            let new = match set.op {
+                None => value,
+                Some(op) => binary(op, &scalar(current.clone()?)?, &value, limits)?,
+            };
+            // Strings count towards the size limits: Rhai's business.
+            if !(new.is_int() || new.is_bool() || new.is_unit()) {
+                return None;
+            }
+            let added = writes
+                .iter()
+                .filter(|(p, k, _)| *p == set.param && !map.contains_key(k.as_str()))
+                .count()
+                + usize::from(current.is_none());
+            if !fits(&map, added, limits) {
+                return None;
+            }
+            drop(map);
+            match writes
+                .iter_mut()
+                .find(|(p, k, _)| *p == set.param && *k == set.prop)
+            {
+                Some(w) => w.2 = new,
+                None => writes.push((set.param, set.prop.clone(), new)),
+            }
+        }
+        let cx = Cx {
+            args,
+            writes: &writes,
+            limits,
+        };
+        match &self.root {
+            // The parameter as the assignments left it.
+            Node::Param(i) if writes.iter().any(|(p, ..)| p == i) => {
+                let mut map = args.get(*i)?.as_map_ref().ok()?.clone();
+                for (_, k, v) in writes.iter().filter(|(p, ..)| p == i) {
+                    map.insert(k.as_str().into(), v.clone());
+                }
+                fits(&map, 0, limits).then(|| Dynamic::from_map(map))
+            }
+            root => eval(root, &cx),
+        }
     }
+}
+
+/// Whether `map` with `added` more scalar entries stays below every size limit (Rhai checks
+/// the whole target after a property assignment; at the limit, Rhai decides).
+fn fits(map: &Map, added: usize, limits: Limits) -> bool {
+    let (arrays, maps, strings) = crate::script::runtime::map_sizes(map);
+    let under = |n: usize, max: usize| max == 0 || n < max;
+    under(arrays, limits.array) && under(maps + added, limits.map) && under(strings, limits.string)
+}
+
+/// The statements of a body: `{ ... }` unwrapped.
+fn body_statements(statements: &[Stmt]) -> &[Stmt] {
+    match statements {
+        [Stmt::Block(block)] => body_statements(block.statements()),
+        _ => statements,
+    }
+}
+
+/// `param.prop = value;` or `param.prop op= value;`.
+fn compile_set(stmt: &Stmt, params: &[String], nodes: &mut u64) -> Option<Set> {
+    let Stmt::Assignment(assignment) = stmt else {
+        return None;
+    };
+    let (info, rhai::BinaryExpr { lhs, rhs }) = &**assignment;
+    let Expr::Dot(chain, flags, _) = lhs else {
+        return None;
+    };
+    if !flags.is_empty() {
+        return None;
+    }
+    let param = param_index(&chain.lhs, params)?;
+    let Expr::Property(p, _) = &chain.rhs else {
+        return None;
+    };
+    let op = match info.get_op_assignment_info() {
+        None => None,
+        Some((.., op_syntax)) => Some(binary_op(op_syntax)?),
+    };
+    *nodes += 3;
+    Some(Set {
+        param,
+        prop: p.2.clone(),
+        op,
+        value: compile_expr(rhs, params, nodes, true)?,
+    })
 }
 
 /// The one expression a body consists of: `{ expr }`, possibly nested blocks.
@@ -103,7 +263,8 @@ fn single_expression(statements: &[Stmt]) -> Option<Expr> {
     }
 }
 
-fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64) -> Option<Node> {
+/// `branches`: if-expressions and `in` are allowed (statement bodies).
+fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64, branches: bool) -> Option<Node> {
     *nodes += 1;
     let node = match expr {
         Expr::IntegerConstant(i, _) => Node::Const(Dynamic::from_int(*i)),
@@ -124,21 +285,61 @@ fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64) -> Option<Node>
             for (name, value) in &map.0 {
                 fields.push((
                     name.name.as_str().into(),
-                    compile_expr(value, params, nodes)?,
+                    compile_expr(value, params, nodes, branches)?,
                 ));
             }
             Node::Map(fields)
         }
-        Expr::And(items, _) => Node::And(compile_all(items, params, nodes)?),
-        Expr::Or(items, _) => Node::Or(compile_all(items, params, nodes)?),
+        Expr::And(items, _) => Node::And(compile_all(items, params, nodes, branches)?),
+        Expr::Or(items, _) => Node::Or(compile_all(items, params, nodes, branches)?),
+        Expr::Stmt(block) if branches => {
+            let [Stmt::If(flow, _)] = block.statements() else {
+                return None;
+            };
+            let arm = |b: &rhai::StmtBlock, nodes: &mut u64| -> Option<Node> {
+                if b.statements().is_empty() {
+                    return Some(Node::Const(Dynamic::UNIT));
+                }
+                compile_expr(&single_expression(b.statements())?, params, nodes, true)
+            };
+            Node::If(
+                Box::new(compile_expr(&flow.expr, params, nodes, true)?),
+                Box::new(arm(&flow.body, nodes)?),
+                Box::new(arm(&flow.branch, nodes)?),
+            )
+        }
+        Expr::FnCall(call, _)
+            if branches
+                && call.namespace.is_empty()
+                && call.name.as_str() == rhai::OP_CONTAINS =>
+        {
+            let [container, item] = call.args.as_slice() else {
+                return None;
+            };
+            let (param, path) = match container {
+                Expr::Variable(..) => (param_index(container, params)?, Vec::new()),
+                Expr::Dot(chain, flags, _) if flags.is_empty() => {
+                    let mut path = Vec::new();
+                    property_path(&chain.rhs, &mut path)?;
+                    (param_index(&chain.lhs, params)?, path)
+                }
+                _ => return None,
+            };
+            *nodes += path.len() as u64;
+            Node::Has(
+                param,
+                path,
+                Box::new(compile_expr(item, params, nodes, true)?),
+            )
+        }
         Expr::FnCall(call, _) if call.op_token.is_some() && call.namespace.is_empty() => {
             match (call.name.as_str(), call.args.as_slice()) {
-                ("!", [a]) => Node::Not(Box::new(compile_expr(a, params, nodes)?)),
-                ("-", [a]) => Node::Neg(Box::new(compile_expr(a, params, nodes)?)),
+                ("!", [a]) => Node::Not(Box::new(compile_expr(a, params, nodes, branches)?)),
+                ("-", [a]) => Node::Neg(Box::new(compile_expr(a, params, nodes, branches)?)),
                 (name, [a, b]) => Node::Binary(
                     binary_op(name)?,
-                    Box::new(compile_expr(a, params, nodes)?),
-                    Box::new(compile_expr(b, params, nodes)?),
+                    Box::new(compile_expr(a, params, nodes, branches)?),
+                    Box::new(compile_expr(b, params, nodes, branches)?),
                 ),
                 _ => return None,
             }
@@ -148,10 +349,15 @@ fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64) -> Option<Node>
     Some(node)
 }
 
-fn compile_all(items: &[Expr], params: &[String], nodes: &mut u64) -> Option<Vec<Node>> {
+fn compile_all(
+    items: &[Expr],
+    params: &[String],
+    nodes: &mut u64,
+    branches: bool,
+) -> Option<Vec<Node>> {
     items
         .iter()
-        .map(|e| compile_expr(e, params, nodes))
+        .map(|e| compile_expr(e, params, nodes, branches))
         .collect()
 }
 
@@ -204,13 +410,17 @@ fn binary_op(name: &str) -> Option<Op> {
     })
 }
 
-fn eval(node: &Node, args: &[Dynamic], limits: Limits) -> Option<Dynamic> {
+fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
+    let limits = cx.limits;
     match node {
         Node::Const(c) => Some(c.clone()),
-        Node::Param(i) => scalar(args.get(*i)?.clone()),
+        Node::Param(i) => scalar(cx.args.get(*i)?.clone()),
         Node::Prop(i, path) => {
             let (first, rest) = path.split_first()?;
-            let mut value = property(args.get(*i)?, first)?;
+            let mut value = match cx.written(*i, first) {
+                Some(v) => v.clone(),
+                None => property(cx.args.get(*i)?, first)?,
+            };
             for key in rest {
                 value = property(&value, key)?;
             }
@@ -223,7 +433,7 @@ fn eval(node: &Node, args: &[Dynamic], limits: Limits) -> Option<Dynamic> {
             let mut out = Map::new();
             let mut strings = 0;
             for (name, value) in fields {
-                let v = eval(value, args, limits)?;
+                let v = eval(value, cx)?;
                 if let Ok(s) = v.as_immutable_string_ref() {
                     strings += s.len();
                 }
@@ -234,19 +444,14 @@ fn eval(node: &Node, args: &[Dynamic], limits: Limits) -> Option<Dynamic> {
             }
             Some(Dynamic::from_map(out))
         }
-        Node::Binary(op, a, b) => binary(
-            *op,
-            &eval(a, args, limits)?,
-            &eval(b, args, limits)?,
-            limits,
-        ),
-        Node::Not(a) => Some(Dynamic::from_bool(!eval(a, args, limits)?.as_bool().ok()?)),
+        Node::Binary(op, a, b) => binary(*op, &eval(a, cx)?, &eval(b, cx)?, limits),
+        Node::Not(a) => Some(Dynamic::from_bool(!eval(a, cx)?.as_bool().ok()?)),
         Node::Neg(a) => Some(Dynamic::from_int(
-            eval(a, args, limits)?.as_int().ok()?.checked_neg()?,
+            eval(a, cx)?.as_int().ok()?.checked_neg()?,
         )),
         Node::And(items) => {
             for item in items {
-                if !eval(item, args, limits)?.as_bool().ok()? {
+                if !eval(item, cx)?.as_bool().ok()? {
                     return Some(Dynamic::FALSE);
                 }
             }
@@ -254,11 +459,40 @@ fn eval(node: &Node, args: &[Dynamic], limits: Limits) -> Option<Dynamic> {
         }
         Node::Or(items) => {
             for item in items {
-                if eval(item, args, limits)?.as_bool().ok()? {
+                if eval(item, cx)?.as_bool().ok()? {
                     return Some(Dynamic::TRUE);
                 }
             }
             Some(Dynamic::FALSE)
+        }
+        Node::If(c, a, b) => {
+            if eval(c, cx)?.as_bool().ok()? {
+                eval(a, cx)
+            } else {
+                eval(b, cx)
+            }
+        }
+        Node::Has(i, path, item) => {
+            let item = eval(item, cx)?;
+            let field = item.as_immutable_string_ref().ok()?;
+            if path.is_empty() {
+                if cx.written(*i, &field).is_some() {
+                    return Some(Dynamic::TRUE);
+                }
+                let map = cx.args.get(*i)?.as_map_ref().ok()?;
+                return Some(Dynamic::from_bool(map.contains_key(field.as_str())));
+            }
+            let (first, rest) = path.split_first()?;
+            // A written value is a scalar, never a map.
+            if cx.written(*i, first).is_some() {
+                return None;
+            }
+            let mut value = property(cx.args.get(*i)?, first)?;
+            for key in rest {
+                value = property(&value, key)?;
+            }
+            let map = value.as_map_ref().ok()?;
+            Some(Dynamic::from_bool(map.contains_key(field.as_str())))
         }
     }
 }
@@ -569,6 +803,128 @@ mod tests {
             let ours = s.invoke("f", &mut [acc.clone(), r]);
             assert_eq!(shown(ours), shown(rhai));
         }
+    }
+
+    /// Whether the native path answered for `args`; when it did, it answered as a plain Rhai
+    /// call does. (Where it hands over, the body runs in Rhai; an error report of a body that
+    /// changed its arguments before failing names what it left, a plain call the originals.)
+    fn native_agrees(s: &mut ScriptFn, compiled: &CompiledScript, text: &str, args: &[Dynamic]) -> usize {
+        let Some(native) = compiled.native_eval("f", args) else {
+            return 0;
+        };
+        let rhai = match args {
+            [a] => s.call("f", (a.clone(),)),
+            [a, b] => s.call("f", (a.clone(), b.clone())),
+            _ => unreachable!("one or two parameters"),
+        };
+        assert_eq!(Ok(format!("{native:?}")), shown(rhai), "{text} on {args:?}");
+        let ours = s.invoke("f", &mut args.to_vec());
+        assert_eq!(ours.map(|v| format!("{v:?}")), Ok(format!("{native:?}")), "{text}");
+        1
+    }
+
+    /// Reduce-style bodies: assignments to parameters' properties, then an expression or the
+    /// parameter; every result and error as Rhai's, for accumulators and records of every kind.
+    #[test]
+    fn statement_bodies_agree_with_rhai() {
+        let cases: &[(&str, bool)] = &[
+            // W1 with a Rhai reduce (bench/weir/w1_reduce.yaml).
+            (
+                "fn f(acc, r) { acc.amount += r.amount; acc.ts = if \"n\" in acc { acc.n + 1 } else { 2 }; acc.n = acc.ts; acc }",
+                true,
+            ),
+            ("fn f(acc, r) { acc.amount += r.amount; acc }", true),
+            ("fn f(acc, r) { acc.n += 1; acc.sum += r.amount; #{n: acc.n, s: acc.sum} }", true),
+            ("fn f(acc, r) { acc.x = r.user; acc }", true),
+            ("fn f(acc, r) { acc.missing += 1; acc }", true),
+            ("fn f(acc, r) { acc.big += 1; acc.big }", true),
+            ("fn f(acc, r) { r.amount = 5; r.amount * 2 }", true),
+            ("fn f(acc, r) { acc.n = if \"n\" in acc { acc.n + 1 } else { 1 }; acc.n }", true),
+            ("fn f(acc, r) { acc.n = if r.flag { 1 }; acc }", true),
+            ("fn f(acc, r) { acc.f += 1; acc }", true),
+            ("fn f(acc, r) { acc.amount -= r.amount; acc.amount *= 2; acc.amount /= r.zero; acc }", true),
+            ("fn f(acc, r) { acc.k = \"a\" in r.nested; acc.h = \"b\" in r.nested.a; acc }", true),
+            ("fn f(acc, r) { acc.new1 = 1; acc.new2 = 2; acc.new3 = 3; acc }", true),
+            ("fn f(acc, r) { let t = acc.n; acc.n = t; acc }", false),
+            ("fn f(acc, r) { acc.nested.a = 1; acc }", false),
+            // Rhai's optimiser makes a final `return x;` the expression `x`.
+            ("fn f(acc, r) { acc.n += 1; return acc; }", true),
+            ("fn f(acc, r) { if r.flag { return 1; } acc.n += 1; acc }", false),
+        ];
+        let accs: Vec<Dynamic> = [
+            r#"{"user":"u1","amount":5,"ts":1,"n":3,"big":9223372036854775807,"f":0.5}"#,
+            r#"{"user":"u2","amount":7,"ts":2}"#,
+            r#"{"amount":"7","n":true}"#,
+            r#"{"arr":[1],"amount":1}"#,
+            r#"{}"#,
+            r#"7"#,
+        ]
+        .iter()
+        .map(|j| serde_json::from_str(j).expect("json"))
+        .collect();
+        let tight = ScriptLimitsSpec {
+            max_string_size: weir_schema::units::SizeSpec(8),
+            max_map_size: 4,
+            ..ScriptLimitsSpec::default()
+        };
+        let mut natively = 0;
+        for limits in [ScriptLimitsSpec::default(), tight] {
+            for (text, native) in cases {
+                let (mut s, compiled) = script(&limits, text);
+                assert_eq!(compiled.native("f"), *native, "{text}");
+                for acc in &accs {
+                    for r in records() {
+                        let args = [acc.clone(), r.clone()];
+                        natively += native_agrees(&mut s, &compiled, text, &args);
+                    }
+                }
+            }
+        }
+        assert!(natively >= 60, "{natively} results computed natively");
+    }
+
+    /// Random assignment sequences over the native subset, then the record or an expression.
+    #[test]
+    fn random_statement_bodies_agree_with_rhai() {
+        let mut generator = ExprGen(0x2545_F491_4F6C_DD1D);
+        let mut natively = 0;
+        for _ in 0..400 {
+            let mut body = String::new();
+            for _ in 0..=generator.next() % 3 {
+                let prop = generator.pick(&["amount", "ts", "neg", "zero", "new", "flag", "user", "big"]);
+                let op = generator.pick(&["=", "+=", "-=", "*=", "/=", "%="]);
+                let ints = ["r.amount", "r.ts", "r.neg", "r.len", "r.new", "1", "-3", "100", "r.zero"];
+                let value = match generator.next() % 4 {
+                    0 => generator.expr(2),
+                    1 => format!(
+                        "if \"{}\" in r {{ {} }} else {{ {} }}",
+                        generator.pick(&["amount", "new", "missing"]),
+                        generator.pick(&ints),
+                        generator.pick(&ints)
+                    ),
+                    _ => format!(
+                        "{} {} {}",
+                        generator.pick(&ints),
+                        generator.pick(&["+", "-", "*", "/", "%"]),
+                        generator.pick(&ints)
+                    ),
+                };
+                body.push_str(&format!("r.{prop} {op} {value}; "));
+            }
+            if generator.next().is_multiple_of(2) {
+                body.push('r');
+            } else {
+                body.push_str(&generator.expr(2));
+            }
+            let text = format!("fn f(r) {{ {body} }}");
+            let Some((mut s, compiled)) = try_script(&ScriptLimitsSpec::default(), &text) else {
+                continue;
+            };
+            for r in records() {
+                natively += native_agrees(&mut s, &compiled, &text, &[r]);
+            }
+        }
+        assert!(natively >= 60, "{natively} results computed natively");
     }
 
     #[test]

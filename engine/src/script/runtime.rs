@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rhai::{
-    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString, Map,
+    AST, Array, Caches, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString, Map,
     ParseError, Position, Scope,
 };
 use weir_schema::ScriptLimitsSpec;
@@ -92,10 +92,11 @@ impl CompiledScript {
         self
     }
 
-    fn body(&self, name: &str, arity: usize) -> Option<&FnBody> {
+    fn body(&self, name: &str, arity: usize) -> Option<(usize, &FnBody)> {
         self.bodies
             .iter()
-            .find(|b| b.name == name && b.params.len() == arity)
+            .enumerate()
+            .find(|(_, b)| b.name == name && b.params.len() == arity)
     }
 
     /// How many functions run through [`ScriptFn::invoke`]'s fast path (for tests).
@@ -107,7 +108,7 @@ impl CompiledScript {
     /// Function `name`'s native evaluation alone (for tests).
     #[cfg(test)]
     pub(crate) fn native_eval(&self, name: &str, args: &[Dynamic]) -> Option<Dynamic> {
-        self.body(name, args.len())?.native(args)
+        self.body(name, args.len())?.1.native(args)
     }
 
     /// Whether function `name` is evaluated natively when its records allow (for tests).
@@ -146,7 +147,11 @@ impl FnBody {
         program.push_str(&text[start..=close]);
         let body = engine.compile(&program).ok()?;
         let params: Vec<String> = def.params.iter().map(ToString::to_string).collect();
-        let fast = FastExpr::compile(engine, &body, &params);
+        // `"f" in m` calls `contains`, which the native path takes to be Rhai's own.
+        let own_contains = functions.iter_fn_def().any(|f| f.name == rhai::OP_CONTAINS);
+        let fast = (!own_contains)
+            .then(|| FastExpr::compile(engine, &body, &params))
+            .flatten();
         Some(Self {
             name: def.name.to_string(),
             params,
@@ -157,9 +162,17 @@ impl FnBody {
 }
 
 /// Runs `body` with `args` moved into `scope` as its parameters, and moves them back.
+///
+/// `caches` are Rhai's function-resolution caches for this body, kept from call to call: a
+/// fresh cache per call (as `eval_ast_with_scope` makes) resolves every function call of the
+/// body by name and argument types on every record, which dominated short state-heavy bodies.
+/// The body's program, and so every function it can reach, is the same on every call, so a
+/// resolution stays valid; the operation budget is still counted per call (a new
+/// [`rhai::GlobalRuntimeState`] each time).
 fn run_body(
     engine: &Engine,
     scope: &mut Scope<'static>,
+    caches: &mut Caches,
     body: &FnBody,
     args: &mut [Dynamic],
 ) -> Result<Dynamic, Box<EvalAltResult>> {
@@ -167,7 +180,12 @@ fn run_body(
     for (param, arg) in body.params.iter().zip(args.iter_mut()) {
         scope.push(param.as_str(), std::mem::take(arg));
     }
-    let result = engine.eval_ast_with_scope::<Dynamic>(scope, &body.program);
+    let mut global = engine.new_global_runtime_state();
+    global.lib.push(body.program.shared_lib().clone());
+    let depth = caches.fn_resolution_caches_len();
+    #[allow(deprecated)] // The one public way to evaluate statements with caches of our own.
+    let result = engine.eval_statements_raw(&mut global, caches, scope, body.program.statements());
+    caches.rewind_fn_resolution_caches(depth);
     scope.rewind(base + args.len());
     for (param, arg) in body.params.iter().zip(args.iter_mut()).rev() {
         *arg = scope.remove::<Dynamic>(param).unwrap_or_default();
@@ -181,15 +199,20 @@ pub struct ScriptFn {
     engine: Arc<Engine>,
     script: Arc<CompiledScript>,
     scope: Scope<'static>,
+    /// Rhai's function-resolution caches, one per body of [`CompiledScript`] (see
+    /// [`run_body`]).
+    caches: Vec<Caches>,
 }
 
 impl ScriptFn {
     /// Wraps a compiled script; each subtask gets its own (the script and engine are shared).
     pub fn new(engine: Arc<Engine>, script: Arc<CompiledScript>) -> Self {
+        let caches = script.bodies.iter().map(|_| Caches::new()).collect();
         Self {
             engine,
             script,
             scope: Scope::new(),
+            caches,
         }
     }
 
@@ -228,7 +251,8 @@ impl ScriptFn {
     }
 
     /// Calls `name` on the hot path and hands the arguments back in `args`, as the script left
-    /// them.
+    /// them when it fails (after a success their contents are unspecified: the native path of
+    /// a body that assigns to its parameters' properties leaves them unchanged).
     ///
     /// Two things make it cheaper than [`call`](Self::call):
     /// - a simple body is first evaluated natively ([`FastExpr`]), which only reads `args`;
@@ -245,9 +269,9 @@ impl ScriptFn {
     /// The script's error as text (with its script position).
     pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
         match self.script.body(name, args.len()) {
-            Some(body) => match body.native(args) {
+            Some((i, body)) => match body.native(args) {
                 Some(value) => Ok(value),
-                None => run_body(&self.engine, &mut self.scope, body, args)
+                None => run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args)
                     .map_err(|e| explain(&e, &self.script, &body.params, args)),
             },
             None => self.call_on_copy(name, args),
@@ -261,11 +285,12 @@ impl ScriptFn {
     /// The script's error as text (with its script position).
     pub fn invoke_on_copy(&mut self, name: &str, args: &[Dynamic]) -> Result<Dynamic, String> {
         match self.script.body(name, args.len()) {
-            Some(body) => match body.native(args) {
+            Some((i, body)) => match body.native(args) {
                 Some(value) => Ok(value),
                 None => {
                     let mut copies = args.to_vec();
-                    run_body(&self.engine, &mut self.scope, body, &mut copies)
+                    let caches = &mut self.caches[i];
+                    run_body(&self.engine, &mut self.scope, caches, body, &mut copies)
                         .map_err(|e| explain(&e, &self.script, &body.params, &copies))
                 }
             },
@@ -722,6 +747,40 @@ fn register(engine: &mut Engine) {
             }
         },
     );
+    engine.register_fn(
+        "list_set",
+        move |name: ImmutableString, items: Array| -> Res<()> {
+            if let Some(e) = sizes.exceeded(array_sizes(&items)) {
+                return err(format!("list_set(\"{name}\"): {e}"));
+            }
+            let mut items = Some(items);
+            with_state(&name, Access::Write, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    let Some(items) = items.take() else { return };
+                    *slot = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                })
+            })
+        },
+    );
+    engine.register_fn(
+        "list_top",
+        move |name: ImmutableString, v: Dynamic, keep: i64| -> Res<bool> {
+            let Ok(keep) = usize::try_from(keep) else {
+                return err(format!(
+                    "list_top(\"{name}\", _, {keep}): the number of items to keep cannot be negative"
+                ));
+            };
+            let mut item = Some(v);
+            let mut outcome = Ok(false);
+            with_state(&name, Access::Write, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    let Some(v) = item.take() else { return };
+                    outcome = insert_top(slot, v, keep, sizes);
+                })
+            })?;
+            outcome.or_else(|e| err(format!("list_top(\"{name}\"): {e}")))
+        },
+    );
     engine.register_fn("list_get", |name: ImmutableString| -> Res<Array> {
         with_state(&name, Access::Read, |s, k, id| {
             Ok(s.get(id, k)?
@@ -785,6 +844,65 @@ fn register(engine: &mut Engine) {
         },
     );
     engine.register_fn(
+        "state_add",
+        |name: ImmutableString, delta: Dynamic| -> Res<Dynamic> {
+            let mut outcome = Ok(Dynamic::UNIT);
+            with_state(&name, Access::Write, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    outcome = add_to(slot.as_ref(), &delta);
+                    if let Ok(sum) = &outcome {
+                        *slot = Some(sum.clone());
+                    }
+                })
+            })?;
+            outcome.or_else(|e| err(format!("state_add(\"{name}\"): {e}")))
+        },
+    );
+    engine.register_fn(
+        "map_add",
+        move |name: ImmutableString, field: ImmutableString, delta: Dynamic| -> Res<Dynamic> {
+            let mut outcome = Ok(Dynamic::UNIT);
+            with_state(&name, Access::Write, |s, k, id| {
+                s.update(id, k, &mut |slot| {
+                    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                        if let Some(old) = map.get_mut(field.as_str()) {
+                            // A number replaces a number: the map does not grow.
+                            outcome = add_to(Some(&*old), &delta);
+                            if let Ok(sum) = &outcome {
+                                *old = sum.clone();
+                            }
+                            return;
+                        }
+                        outcome = add_to(None, &delta).and_then(|sum| {
+                            match sizes.exceeded(add(entry_sizes(&sum), map_sizes(&map))) {
+                                Some(e) => Err(format!(
+                                    "{e}; keep the map bounded with `map_remove`"
+                                )),
+                                None => Ok(sum),
+                            }
+                        });
+                        if let Ok(sum) = &outcome {
+                            map.insert(field.as_str().into(), sum.clone());
+                        }
+                        return;
+                    }
+                    outcome = add_to(None, &delta).and_then(|sum| {
+                        match sizes.exceeded(entry_sizes(&sum)) {
+                            Some(e) => Err(e),
+                            None => Ok(sum),
+                        }
+                    });
+                    if let Ok(sum) = &outcome {
+                        let mut map = Map::new();
+                        map.insert(field.as_str().into(), sum.clone());
+                        *slot = Some(Dynamic::from_map(map));
+                    }
+                })
+            })?;
+            outcome.or_else(|e| err(format!("map_add(\"{name}\", \"{field}\"): {e}")))
+        },
+    );
+    engine.register_fn(
         "map_get",
         |name: ImmutableString, field: ImmutableString| -> Res<Dynamic> {
             with_state(&name, Access::Read, |s, k, id| {
@@ -820,6 +938,110 @@ fn register(engine: &mut Engine) {
     engine.register_fn("watermark", || -> Res<i64> {
         process_value("watermark", |p| p.watermark)
     });
+}
+
+/// `old + delta` for `state_add` and `map_add`: integers (checked) or floats, an absent or
+/// `()` value counting as zero.
+fn add_to(old: Option<&Dynamic>, delta: &Dynamic) -> Result<Dynamic, String> {
+    let old = old.filter(|v| !v.is_unit());
+    if let Ok(d) = delta.as_int() {
+        return match old.map(Dynamic::as_int) {
+            None => Ok(Dynamic::from_int(d)),
+            Some(Ok(o)) => o
+                .checked_add(d)
+                .map(Dynamic::from_int)
+                .ok_or_else(|| format!("{o} + {d} overflows an integer")),
+            Some(Err(t)) => Err(format!("cannot add an int to the stored {t}")),
+        };
+    }
+    if let Ok(d) = delta.as_float() {
+        return match old.map(Dynamic::as_float) {
+            None => Ok(Dynamic::from_float(d)),
+            Some(Ok(o)) => Ok(Dynamic::from_float(o + d)),
+            Some(Err(t)) => Err(format!("cannot add a float to the stored {t}")),
+        };
+    }
+    Err(format!(
+        "the amount to add must be an int or a float, not {}",
+        delta.type_name()
+    ))
+}
+
+/// How `list_top` orders two items: ints with ints, floats with floats, strings with strings.
+fn rank(a: &Dynamic, b: &Dynamic) -> Result<std::cmp::Ordering, String> {
+    if let (Ok(x), Ok(y)) = (a.as_int(), b.as_int()) {
+        return Ok(x.cmp(&y));
+    }
+    if let (Ok(x), Ok(y)) = (a.as_float(), b.as_float()) {
+        return x
+            .partial_cmp(&y)
+            .ok_or_else(|| "cannot rank NaN".to_owned());
+    }
+    if let (Ok(x), Ok(y)) = (a.as_immutable_string_ref(), b.as_immutable_string_ref()) {
+        return Ok(x.as_str().cmp(y.as_str()));
+    }
+    Err(format!(
+        "cannot rank {} against {} (ints, floats and strings rank among their own kind)",
+        b.type_name(),
+        a.type_name()
+    ))
+}
+
+/// Inserts `v` into the list in `slot`, kept largest first, after the items equal to it, and
+/// keeps the first `keep`; whether `v` stayed. A list left empty is removed.
+fn insert_top(
+    slot: &mut Option<Dynamic>,
+    v: Dynamic,
+    keep: usize,
+    sizes: SizeLimits,
+) -> Result<bool, String> {
+    if let Some(d) = slot.as_ref().filter(|d| !d.is_array()) {
+        return Err(format!("the stored value is a {}, not a list", d.type_name()));
+    }
+    let mut list = slot
+        .take()
+        .and_then(|d| d.into_array().ok())
+        .unwrap_or_default();
+    let mut at = list.len();
+    let mut failed = None;
+    for (i, item) in list.iter().enumerate() {
+        match rank(item, &v) {
+            Ok(std::cmp::Ordering::Less) => {
+                at = i;
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let outcome = match failed {
+        Some(e) => Err(e),
+        None if at >= keep => Ok(false),
+        None => {
+            let grows = list.len() < keep;
+            let scalar = element_sizes(&v) == (1, 0, 0);
+            let refused = if grows || !scalar {
+                let mut after = array_sizes(&list[..list.len().min(keep - 1)]);
+                after = add(after, element_sizes(&v));
+                sizes.exceeded(after)
+            } else {
+                None
+            };
+            match refused {
+                Some(e) => Err(e),
+                None => {
+                    list.insert(at, v);
+                    Ok(true)
+                }
+            }
+        }
+    };
+    list.truncate(keep);
+    *slot = (!list.is_empty()).then(|| Dynamic::from_array(list));
+    outcome
 }
 
 fn count(n: usize) -> i64 {
@@ -866,12 +1088,13 @@ fn entry_sizes(v: &Dynamic) -> DataSizes {
     add((0, 1, 0), inner)
 }
 
-fn array_sizes(a: &Array) -> DataSizes {
+fn array_sizes(a: &[Dynamic]) -> DataSizes {
     a.iter()
         .fold((0, 0, 0), |acc, v| add(acc, element_sizes(v)))
 }
 
-fn map_sizes(m: &Map) -> DataSizes {
+/// [`DataSizes`] of a map's entries.
+pub(crate) fn map_sizes(m: &Map) -> DataSizes {
     m.values()
         .fold((0, 0, 0), |acc, v| add(acc, entry_sizes(v)))
 }

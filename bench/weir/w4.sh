@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# W4 (issue 19): scripted keyed state on the W1 input. Runs, alternating in every round, Weir on
+# the original logic (shared/bench/w4/w4.yaml.in) and on the variant written with the
+# read-modify-write state functions (bench/weir/w4_fast.yaml.in), each on the memory and the
+# rocksdb backend, and (optionally) the Bytewax peer (shared/bench/w4/bw_w4.py, recovery on,
+# 2 processes); every output is checked exact with shared/bench/w4/check4.py.
+#
+#   bench/weir/w4.sh [N]        (default N=10000000)
+#
+# Env: WORK (/tmp/weirbench/w4), RUNS (3), BYTEWAX (1; 0 skips it; its runs need the virtualenv
+# of PEER_VENVS as shared/bench/README.md says), CONFIGS (the Weir rows to run, default
+# "orig-memory orig-rocksdb fast-memory fast-rocksdb"), INPUT (default /tmp/peerbench/n10m.jsonl
+# when N=10000000 and present, else $WORK/n$N.jsonl, generated with the Rust generator,
+# byte-identical to gen.py), SKIP_BUILD (set: use the binaries already in
+# $CARGO_TARGET_DIR/release).
+# Prints, per run: wall seconds of the whole process, CPU seconds (user+sys), records/s, peak
+# RSS and check4's verdict; then the median wall, CPU and records/s of every row.
+set -euo pipefail
+N=${1:-10000000}
+WORK=${WORK:-/tmp/weirbench/w4}
+RUNS=${RUNS:-3}
+BYTEWAX=${BYTEWAX:-1}
+CONFIGS=${CONFIGS:-orig-memory orig-rocksdb fast-memory fast-rocksdb}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SHARED=$ROOT/../shared/bench
+[ -f "$SHARED/w4/check4.py" ] || SHARED=/work/shared/bench
+CHECK=$SHARED/w4/check4.py
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+export PEER_VENVS=${PEER_VENVS:-$HOME/.cache/weir-peers}
+BWPY=$PEER_VENVS/.venv-bytewax/bin/python
+mkdir -p "$WORK"
+
+[ -n "${SKIP_BUILD:-}" ] ||
+  (cd "$ROOT" && cargo build --release -q --bin weir && cargo build --release -q -p weir-engine --example bench_gen)
+WEIR=$TARGET/release/weir
+GEN=$TARGET/release/examples/bench_gen
+
+if [ -z "${INPUT:-}" ]; then
+  INPUT=$WORK/n$N.jsonl
+  [ "$N" = 10000000 ] && [ -s /tmp/peerbench/n10m.jsonl ] && INPUT=/tmp/peerbench/n10m.jsonl
+fi
+if [ ! -s "$INPUT" ]; then
+  echo "generating $N records into $INPUT"
+  "$GEN" "$N" "$INPUT"
+fi
+if [ "$BYTEWAX" = 1 ] && [ ! -x "$BWPY" ]; then
+  echo "no Bytewax virtualenv at $BWPY (BYTEWAX=0 skips the peer)" >&2
+  exit 1
+fi
+
+# One measured run: NAME DIR COMMAND...; appends "NAME wall cpu" to $WORK/results.
+measure() {
+  local name=$1 dir=$2
+  shift 2
+  /usr/bin/time -f "TIME %e %U %S %M" "$@" > "$dir/stdout" 2> "$dir/log" || { tail -30 "$dir/log"; exit 1; }
+  read -r wall user sys kib < <(grep '^TIME' "$dir/log" | awk '{print $2, $3, $4, $5}')
+  local cpu
+  cpu=$(python3 -c "print(f'{$user + $sys:.2f}')")
+  local verdict
+  verdict=$(python3 "$CHECK" "$INPUT" "$dir/out")
+  printf '%-5s %-14s %8s %8s %12s %9s  %s\n' "$r" "$name" "$wall" "$cpu" \
+    "$(python3 -c "print(f'{$N/$wall:,.0f}')")" "$((kib / 1024))" "$verdict"
+  echo "$name $wall $cpu" >> "$WORK/results"
+}
+
+: > "$WORK/results"
+printf '%-5s %-14s %8s %8s %12s %9s  %s\n' round engine wall_s cpu_s records/s peak_MiB check
+for r in $(seq "$RUNS"); do
+  for config in $CONFIGS; do
+    logic=${config%%-*}
+    backend=${config#*-}
+    case $logic in
+      orig) template=$SHARED/w4/w4.yaml.in ;;
+      fast) template=$HERE/w4_fast.yaml.in ;;
+      *) echo "unknown config $config" >&2; exit 1 ;;
+    esac
+    case $backend in
+      memory) state='{ backend: memory }' ;;
+      rocksdb) state='{ backend: rocksdb, incremental: true }' ;;
+      *) echo "unknown backend in $config" >&2; exit 1 ;;
+    esac
+    dir=$WORK/$config
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    sed -e "s#@STATE@#$state#" -e "s#@DIR@#$dir#" -e "s#@INPUT@#$INPUT#" "$template" > "$dir/pipeline.yaml"
+    grep -q "path: $INPUT" "$dir/pipeline.yaml"
+    measure "weir-$config" "$dir" "$WEIR" run --no-progress --no-api "$dir/pipeline.yaml"
+  done
+  if [ "$BYTEWAX" = 1 ]; then
+    dir=$WORK/bytewax
+    rm -rf "$dir"
+    mkdir -p "$dir/rec"
+    : > "$dir/out"   # FileSink appends to an existing file
+    "$BWPY" -m bytewax.recovery "$dir/rec" 2 > /dev/null
+    (cd "$SHARED/w4" && measure bytewax "$dir" "$BWPY" -m bytewax.testing \
+      "bw_w4:get_flow('$INPUT', '$dir/out')" -p 2 -r "$dir/rec" -s 1 -b 0)
+  fi
+done
+
+echo
+echo "medians over $RUNS rounds:"
+python3 - "$WORK/results" "$N" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, wall, cpu = line.split()
+    rows.setdefault(name, []).append((float(wall), float(cpu)))
+n = int(sys.argv[2])
+bw = statistics.median(w for w, _ in rows["bytewax"]) if "bytewax" in rows else None
+print(f"{'engine':<20} {'wall_s':>8} {'cpu_s':>8} {'records/s':>12}  vs Bytewax")
+for name, runs in rows.items():
+    wall = statistics.median(w for w, _ in runs)
+    cpu = statistics.median(c for _, c in runs)
+    ratio = f"{bw / wall:.2f}x" if bw else "-"
+    print(f"{name:<20} {wall:8.2f} {cpu:8.2f} {n / wall:12,.0f}  {ratio}")
+PY
