@@ -709,6 +709,7 @@ mod tests {
         let mut h = Harness::new(Box::new(op), ctx).expect("opens");
         for chunk in records.chunks(7) {
             h.push(Batch {
+                times: Vec::new(),
                 records: chunk
                     .iter()
                     .map(|(_, a)| {
