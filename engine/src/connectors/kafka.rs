@@ -646,9 +646,8 @@ impl Incoming for RawMessage<'_> {
     }
 }
 
-/// Takes one message of a partition this subtask reads: advances its position and emits its
-/// records, or drops it (a partition not owned, an offset before the position — fetched
-/// before a seek or rewound on restore — or at or past the stop).
+/// Takes one message of a partition this subtask reads (see [`accept_at`]), or drops it if
+/// this subtask does not own its partition.
 fn accept<M: Incoming>(
     config: &KafkaSourceConfig,
     owned: &mut HashMap<String, BTreeMap<i32, Owned>>,
@@ -658,12 +657,27 @@ fn accept<M: Incoming>(
     ctx: &mut SourceContext,
     last_split: &mut Option<u64>,
 ) -> Result<()> {
-    let Some(pos) = owned
+    match owned
         .get_mut(m.topic())
         .and_then(|parts| parts.get_mut(&m.partition()))
-    else {
-        return Ok(());
-    };
+    {
+        Some(pos) => accept_at(config, pos, bad, m, out, ctx, last_split),
+        None => Ok(()),
+    }
+}
+
+/// Takes one message of the partition at `pos`: advances the position and emits its records,
+/// or drops it (an offset before the position — fetched before a seek, or rewound on
+/// restore — or at or past the stop).
+fn accept_at<M: Incoming>(
+    config: &KafkaSourceConfig,
+    pos: &mut Owned,
+    bad: &mut BadRecords,
+    m: &M,
+    out: &mut Vec<Dynamic>,
+    ctx: &mut SourceContext,
+    last_split: &mut Option<u64>,
+) -> Result<()> {
     if m.offset() < pos.next || pos.stop.is_some_and(|s| m.offset() >= s) {
         return Ok(());
     }
@@ -891,9 +905,23 @@ impl Source for KafkaSource {
             if taken.is_empty() {
                 break;
             }
+            // Consecutive messages mostly come from one partition: look it up once per run.
+            let mut run: Option<(usize, i32)> = None;
+            let mut pos: Option<&mut Owned> = None;
             for m in taken.iter() {
                 match m.error() {
-                    None => accept(config, owned, bad, &m, out, ctx, &mut last_split)?,
+                    None => {
+                        let at = (m.topic_id(), m.partition());
+                        if run != Some(at) {
+                            run = Some(at);
+                            pos = owned
+                                .get_mut(m.topic())
+                                .and_then(|parts| parts.get_mut(&at.1));
+                        }
+                        if let Some(pos) = pos.as_deref_mut() {
+                            accept_at(config, pos, bad, &m, out, ctx, &mut last_split)?;
+                        }
+                    }
                     Some(KafkaError::MessageConsumption(RDKafkaErrorCode::PartitionEOF)) => {}
                     Some(e) => log_poll_error(error_logged, ids, *subtask, &e),
                 }

@@ -167,8 +167,17 @@ unsafe fn bytes<'a>(ptr: *const c_void, len: usize) -> Option<&'a [u8]> {
 impl<'a> RawMessage<'a> {
     /// The error librdkafka reports in place of a message, if this is one.
     pub fn error(&self) -> Option<KafkaError> {
+        if self.0.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
         let code = RDKafkaErrorCode::from(self.0.err);
         (code != RDKafkaErrorCode::NoError).then_some(KafkaError::MessageConsumption(code))
+    }
+
+    /// An identity of the message's topic handle: equal for messages of the same topic of
+    /// one consumer (to skip looking the name up again).
+    pub fn topic_id(&self) -> usize {
+        self.0.rkt as usize
     }
 
     /// The topic's name (empty if librdkafka gave none).
