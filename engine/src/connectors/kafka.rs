@@ -29,6 +29,13 @@
 //! timestamp, key, headers}`. A value that does not parse goes through `on_error`, a dead
 //! letter carrying topic, partition, offset, the raw text and the error.
 //!
+//! Reading: each subtask has one consumer. Before a partition is assigned, its messages are
+//! routed to a queue of the subtask's own, which a poll empties up to a batch at a time
+//! (`connectors/kafka_batch.rs`); the consumer's own queue keeps librdkafka's events (statistics,
+//! errors), served by one `BaseConsumer::poll` per poll. A value is parsed straight from
+//! librdkafka's buffer, with the parser the file source uses. A poll never waits: with nothing
+//! queued it returns idle and the task sleeps a few milliseconds.
+//!
 //! Offsets are committed to the consumer group when a checkpoint completes, for lag tools only;
 //! Weir never reads them back except for `start: committed` on a fresh start.
 //!
