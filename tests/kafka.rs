@@ -2,7 +2,8 @@
 //! `scripts/services/kafka.sh`; nothing is mocked): Kafka → file exactly-once under repeated
 //! SIGKILLs equals the failure-free run; file → Kafka at-least-once loses nothing under
 //! SIGKILLs; a source rescaled 2 → 3 → 1 through savepoints reads every message exactly once;
-//! messages that do not parse become dead letters with their topic, partition and offset; the
+//! messages that do not parse become dead letters with their topic, partition and offset; a
+//! record's metadata carries its message's key, headers and position; the
 //! start positions (earliest, latest, the group's committed offsets, a timestamp) read exactly
 //! the expected messages; topics matching `topic_pattern` that appear mid-run are read from
 //! their start; `weir status` shows each partition's offset and lag; the broker going down
@@ -370,6 +371,84 @@ fn messages_that_do_not_parse_become_dead_letters_with_partition_and_offset() {
         vec![(3, "{not json".to_owned()), (7, "[1, 2]".to_owned())],
         "{bad:?}"
     );
+}
+
+/// The metadata a source gives every record (read through its batch queue): the key and the
+/// headers Weir's own sink wrote, the topic, partition, offset and a timestamp.
+#[test]
+fn the_source_gives_each_record_the_key_headers_and_position_of_its_message() {
+    let kafka = Broker::shared();
+    let topic = unique_topic("meta");
+    kafka.create_topic(&topic, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 500;
+    let input: String = (0..n)
+        .map(|i| format!("{{\"seq\":{i},\"user\":\"u{}\"}}\n", i % 7))
+        .collect();
+    let publish = json!({
+        "version": 1,
+        "pipelines": [{
+            "id": "publish",
+            "sources": [{"id": "in", "type": "file", "path": "in.jsonl"}],
+            "sinks": [{"id": "out", "type": "kafka", "input": "in", "brokers": brokers(),
+                       "topic": topic, "key_field": "user",
+                       "headers": {"seq": "seq", "who": "user"}}],
+        }],
+    });
+    let pdir = dir.path().join("publish");
+    let yaml = write_job(&pdir, &publish);
+    std::fs::write(pdir.join("in.jsonl"), &input).unwrap();
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "{log}");
+    // One message alone at the end of each partition, so that the broker's "latest offset"
+    // (which `stop_at: latest` reads) is the true end (see `Broker::produce`).
+    let mut seals: BTreeMap<i32, (String, String)> = BTreeMap::new();
+    for i in 0.. {
+        let key = format!("seal-{i}");
+        seals
+            .entry(common::kafka::partition_of(&key, 2))
+            .or_insert((key, r#"{"seal":true}"#.to_owned()));
+        if seals.len() == 2 {
+            break;
+        }
+    }
+    kafka.produce(&topic, 2, &seals.into_values().collect::<Vec<_>>());
+    let read = json!({
+        "version": 1,
+        "pipelines": [{
+            "id": "read",
+            "parallelism": 2,
+            "sources": [{"id": "in", "type": "kafka", "brokers": brokers(),
+                         "topics": [topic], "stop_at": "latest", "metadata_field": "kafka"}],
+            "sinks": [{"id": "out", "type": "file", "input": "in", "path": "out"}],
+        }],
+    });
+    let rdir = dir.path().join("read");
+    let yaml = write_job(&rdir, &read);
+    let (ok, log) = run_to_end(beside(&yaml), &yaml, &[]);
+    assert!(ok, "{log}");
+    let lines = committed(&rdir.join("out"));
+    assert_eq!(lines.len(), n + 2, "every message read once");
+    let mut positions = BTreeMap::new();
+    for line in &lines {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let m = &v["kafka"];
+        let at = (
+            m["partition"].as_i64().unwrap(),
+            m["offset"].as_i64().unwrap(),
+        );
+        if let Some(before) = positions.insert(at, line) {
+            panic!("two records at {at:?}: {before} and {line}");
+        }
+        if v["seal"] == json!(true) {
+            continue;
+        }
+        assert_eq!(m["topic"], json!(topic), "{line}");
+        assert_eq!(m["key"], v["user"], "{line}");
+        assert_eq!(m["headers"]["seq"], json!(v["seq"].to_string()), "{line}");
+        assert_eq!(m["headers"]["who"], v["user"], "{line}");
+        assert!(m["timestamp"].is_i64(), "{line}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -29,6 +29,13 @@
 //! timestamp, key, headers}`. A value that does not parse goes through `on_error`, a dead
 //! letter carrying topic, partition, offset, the raw text and the error.
 //!
+//! Reading: each subtask has one consumer. Before a partition is assigned, its messages are
+//! routed to a queue of the subtask's own, which a poll empties up to a batch at a time
+//! (`connectors/kafka_batch.rs`); the consumer's own queue keeps librdkafka's events (statistics,
+//! errors), served by one `BaseConsumer::poll` per poll. A value is parsed straight from
+//! librdkafka's buffer, with the parser the file source uses. A poll never waits: with nothing
+//! queued it returns idle and the task sleeps a few milliseconds.
+//!
 //! Offsets are committed to the consumer group when a checkpoint completes, for lag tools only;
 //! Weir never reads them back except for `start: committed` on a fresh start.
 //!
@@ -58,6 +65,7 @@ use weir_schema::registry::{
 };
 use weir_schema::SourceOnError;
 
+use super::kafka_batch::{MessageQueue, RawMessage};
 use super::{BadRecords, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::metrics::PartitionProgress;
@@ -214,7 +222,7 @@ impl ProducerContext for Client {
             if failed.is_none() {
                 *failed = Some(format!(
                     "the broker did not take a message for topic `{}`: {e}",
-                    m.topic()
+                    Message::topic(m)
                 ));
             }
         }
@@ -328,7 +336,8 @@ pub struct KafkaSource {
     /// Whether the partitions of the first start were listed (by this run, or by the run
     /// whose snapshot it restored): partitions found later start at their earliest offset.
     listed: bool,
-    consumer: Option<BaseConsumer<Client>>,
+    /// The consumer, with the queue its partitions' messages are routed to.
+    reader: Option<MessageQueue<Client>>,
     next_discovery: Option<Instant>,
     bad: BadRecords,
     ids: (String, String),
@@ -349,7 +358,7 @@ impl KafkaSource {
             lineage: Some(Vec::new()),
             owned: HashMap::new(),
             listed: false,
-            consumer: None,
+            reader: None,
             next_discovery: None,
             bad,
             ids: (String::new(), String::new()),
@@ -363,9 +372,28 @@ impl KafkaSource {
     }
 
     fn consumer(&self) -> Result<&BaseConsumer<Client>> {
-        self.consumer
+        self.reader
             .as_ref()
+            .map(MessageQueue::consumer)
             .ok_or_else(|| RunError::Internal("the kafka source was not opened".into()))
+    }
+
+    /// Adds `tpl` to the consumer's assignment, its partitions' messages routed to the batch
+    /// queue first (librdkafka keeps that routing when it starts fetching them).
+    fn assign(&mut self, tpl: &TopicPartitionList) -> Result<()> {
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or_else(|| RunError::Internal("the kafka source was not opened".into()))?;
+        for e in tpl.elements() {
+            if !reader.route(e.topic(), e.partition()) {
+                tracing::debug!(topic = e.topic(), partition = e.partition(), "No partition queue; its messages arrive through the consumer's poll.");
+            }
+        }
+        reader
+            .consumer()
+            .incremental_assign(tpl)
+            .map_err(|e| self.err(format!("cannot assign partitions: {e}")))
     }
 
     fn owns(&self, topic: &str, partition: i32) -> bool {
@@ -496,16 +524,14 @@ impl KafkaSource {
             self.owned.entry(t).or_default().insert(p, owned);
         }
         if assign.count() > 0 {
-            self.consumer()?
-                .incremental_assign(&assign)
-                .map_err(|e| self.err(format!("cannot assign partitions: {e}")))?;
+            self.assign(&assign)?;
         }
         Ok(())
     }
 
     /// Assigns every restored partition that is not done, [`RESTORE_REWIND`] messages before
     /// its recorded offset (the poll drops what comes before it).
-    fn assign_restored(&self) -> Result<()> {
+    fn assign_restored(&mut self) -> Result<()> {
         let mut assign = TopicPartitionList::new();
         for (t, parts) in &self.owned {
             for (p, o) in parts {
@@ -518,9 +544,7 @@ impl KafkaSource {
             }
         }
         if assign.count() > 0 {
-            self.consumer()?
-                .incremental_assign(&assign)
-                .map_err(|e| self.err(format!("cannot assign partitions: {e}")))?;
+            self.assign(&assign)?;
         }
         Ok(())
     }
@@ -567,12 +591,126 @@ impl KafkaSource {
 
 }
 
+/// What the source reads of a consumed message: `rdkafka`'s own (from the consumer's poll) or
+/// one of a batch (from the routed queue).
+trait Incoming {
+    fn topic(&self) -> &str;
+    fn partition(&self) -> i32;
+    fn offset(&self) -> i64;
+    fn payload(&self) -> Option<&[u8]>;
+    fn key(&self) -> Option<&[u8]>;
+    fn timestamp_ms(&self) -> Option<i64>;
+    fn headers(&self) -> Vec<(&str, Option<&[u8]>)>;
+}
+
+impl Incoming for rdkafka::message::BorrowedMessage<'_> {
+    fn topic(&self) -> &str {
+        Message::topic(self)
+    }
+    fn partition(&self) -> i32 {
+        Message::partition(self)
+    }
+    fn offset(&self) -> i64 {
+        Message::offset(self)
+    }
+    fn payload(&self) -> Option<&[u8]> {
+        Message::payload(self)
+    }
+    fn key(&self) -> Option<&[u8]> {
+        Message::key(self)
+    }
+    fn timestamp_ms(&self) -> Option<i64> {
+        Message::timestamp(self).to_millis()
+    }
+    fn headers(&self) -> Vec<(&str, Option<&[u8]>)> {
+        Message::headers(self).map_or_else(Vec::new, |h| {
+            h.iter().map(|header| (header.key, header.value)).collect()
+        })
+    }
+}
+
+impl Incoming for RawMessage<'_> {
+    fn topic(&self) -> &str {
+        RawMessage::topic(self)
+    }
+    fn partition(&self) -> i32 {
+        RawMessage::partition(self)
+    }
+    fn offset(&self) -> i64 {
+        RawMessage::offset(self)
+    }
+    fn payload(&self) -> Option<&[u8]> {
+        RawMessage::payload(self)
+    }
+    fn key(&self) -> Option<&[u8]> {
+        RawMessage::key(self)
+    }
+    fn timestamp_ms(&self) -> Option<i64> {
+        RawMessage::timestamp_ms(self)
+    }
+    fn headers(&self) -> Vec<(&str, Option<&[u8]>)> {
+        RawMessage::headers(self)
+    }
+}
+
+/// Takes one message of a partition this subtask reads (see [`accept_at`]), or drops it if
+/// this subtask does not own its partition.
+fn accept<M: Incoming>(
+    config: &KafkaSourceConfig,
+    owned: &mut HashMap<String, BTreeMap<i32, Owned>>,
+    bad: &mut BadRecords,
+    m: &M,
+    out: &mut Vec<Dynamic>,
+    ctx: &mut SourceContext,
+    last_split: &mut Option<u64>,
+) -> Result<()> {
+    match owned
+        .get_mut(m.topic())
+        .and_then(|parts| parts.get_mut(&m.partition()))
+    {
+        Some(pos) => accept_at(config, pos, bad, m, out, ctx, last_split),
+        None => Ok(()),
+    }
+}
+
+/// Takes one message of the partition at `pos`: advances the position and emits its records,
+/// or drops it (an offset before the position — fetched before a seek, or rewound on
+/// restore — or at or past the stop).
+fn accept_at<M: Incoming>(
+    config: &KafkaSourceConfig,
+    pos: &mut Owned,
+    bad: &mut BadRecords,
+    m: &M,
+    out: &mut Vec<Dynamic>,
+    ctx: &mut SourceContext,
+    last_split: &mut Option<u64>,
+) -> Result<()> {
+    if m.offset() < pos.next || pos.stop.is_some_and(|s| m.offset() >= s) {
+        return Ok(());
+    }
+    pos.next = m.offset() + 1;
+    let done = pos.done();
+    if ctx.track_splits {
+        let id = split_id(m.topic(), m.partition());
+        if *last_split != Some(id) {
+            ctx.mark_split(id, out.len());
+            *last_split = Some(id);
+        }
+    }
+    ctx.bytes_read += m.payload().map_or(0, <[u8]>::len) as u64;
+    emit(config, bad, m, out, ctx)?;
+    if done && ctx.track_splits {
+        ctx.end_split(split_id(m.topic(), m.partition()));
+    }
+    Ok(())
+}
+
 /// Turns one message into records appended to `out`; a value that does not parse goes
 /// through `on_error`.
-fn emit(
+fn emit<M: Incoming>(
     config: &KafkaSourceConfig,
     bad: &mut BadRecords,
-    m: &rdkafka::message::BorrowedMessage<'_>,
+    m: &M,
     out: &mut Vec<Dynamic>,
     ctx: &mut SourceContext,
 ) -> Result<()> {
@@ -655,14 +793,14 @@ fn log_poll_error(
 }
 
 /// `{topic, partition, offset, timestamp, key, headers}` of a message.
-fn metadata_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Map {
+fn metadata_of<M: Incoming>(m: &M) -> Map {
     let mut meta = Map::new();
     meta.insert("topic".into(), Dynamic::from(m.topic().to_owned()));
     meta.insert("partition".into(), Dynamic::from(i64::from(m.partition())));
     meta.insert("offset".into(), Dynamic::from(m.offset()));
     meta.insert(
         "timestamp".into(),
-        m.timestamp().to_millis().map_or(Dynamic::UNIT, Dynamic::from),
+        m.timestamp_ms().map_or(Dynamic::UNIT, Dynamic::from),
     );
     meta.insert(
         "key".into(),
@@ -671,15 +809,13 @@ fn metadata_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Map {
         }),
     );
     let mut headers = Map::new();
-    if let Some(h) = m.headers() {
-        for header in h.iter() {
-            headers.insert(
-                header.key.into(),
-                header.value.map_or(Dynamic::UNIT, |v| {
-                    Dynamic::from(String::from_utf8_lossy(v).into_owned())
-                }),
-            );
-        }
+    for (key, value) in m.headers() {
+        headers.insert(
+            key.into(),
+            value.map_or(Dynamic::UNIT, |v| {
+                Dynamic::from(String::from_utf8_lossy(v).into_owned())
+            }),
+        );
     }
     meta.insert("headers".into(), Dynamic::from_map(headers));
     meta
@@ -711,7 +847,9 @@ impl Source for KafkaSource {
         let consumer = cfg
             .create_with_context::<_, BaseConsumer<Client>>(Client::default())
             .map_err(|e| self.err(format!("cannot create the Kafka consumer: {e}")))?;
-        self.consumer = Some(consumer);
+        self.reader = Some(MessageQueue::new(Arc::new(consumer)).ok_or_else(|| {
+            self.err("cannot create a queue for the Kafka consumer".to_owned())
+        })?);
         Ok(())
     }
 
@@ -741,45 +879,59 @@ impl Source for KafkaSource {
         if self.all_done() {
             return Ok(Poll::Done);
         }
-        let consumer = self
-            .consumer
-            .as_ref()
+        let Self {
+            reader,
+            owned,
+            config,
+            bad,
+            error_logged,
+            ids,
+            subtask,
+            ..
+        } = self;
+        let reader = reader
+            .as_mut()
             .ok_or_else(|| RunError::Internal("the kafka source was not opened".into()))?;
         let mut last_split = None;
+        // librdkafka's events (statistics, errors) come through the consumer's own poll, and
+        // so would the messages of a partition that could not be routed to the batch queue.
         while out.len() < BATCH_SIZE {
-            let m = match consumer.poll(Duration::ZERO) {
+            match reader.consumer().poll(Duration::ZERO) {
                 None => break,
-                Some(Ok(m)) => m,
-                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Ok(m)) => accept(config, owned, bad, &m, out, ctx, &mut last_split)?,
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(e)) => {
-                    log_poll_error(&mut self.error_logged, &self.ids, self.subtask, &e);
+                    log_poll_error(error_logged, ids, *subtask, &e);
                     break;
                 }
-            };
-            let Some(pos) = self
-                .owned
-                .get_mut(m.topic())
-                .and_then(|parts| parts.get_mut(&m.partition()))
-            else {
-                continue;
-            };
-            // Below the position: fetched before a seek; at or past the stop: not ours.
-            if m.offset() < pos.next || pos.stop.is_some_and(|s| m.offset() >= s) {
-                continue;
             }
-            pos.next = m.offset() + 1;
-            let done = pos.done();
-            if ctx.track_splits {
-                let id = split_id(m.topic(), m.partition());
-                if last_split != Some(id) {
-                    ctx.mark_split(id, out.len());
-                    last_split = Some(id);
+        }
+        // The messages, a batch at a time.
+        while out.len() < BATCH_SIZE {
+            let taken = reader.take(BATCH_SIZE - out.len());
+            if taken.is_empty() {
+                break;
+            }
+            // Consecutive messages mostly come from one partition: look it up once per run.
+            let mut run: Option<(usize, i32)> = None;
+            let mut pos: Option<&mut Owned> = None;
+            for m in taken.iter() {
+                match m.error() {
+                    None => {
+                        let at = (m.topic_id(), m.partition());
+                        if run != Some(at) {
+                            run = Some(at);
+                            pos = owned
+                                .get_mut(m.topic())
+                                .and_then(|parts| parts.get_mut(&at.1));
+                        }
+                        if let Some(pos) = pos.as_deref_mut() {
+                            accept_at(config, pos, bad, &m, out, ctx, &mut last_split)?;
+                        }
+                    }
+                    Some(KafkaError::MessageConsumption(RDKafkaErrorCode::PartitionEOF)) => {}
+                    Some(e) => log_poll_error(error_logged, ids, *subtask, &e),
                 }
-            }
-            ctx.bytes_read += m.payload().map_or(0, <[u8]>::len) as u64;
-            emit(&self.config, &mut self.bad, &m, out, ctx)?;
-            if done && ctx.track_splits {
-                ctx.end_split(split_id(m.topic(), m.partition()));
             }
         }
         if self.all_done() {
@@ -882,12 +1034,12 @@ impl Source for KafkaSource {
     }
 
     fn lag(&mut self) -> Option<u64> {
-        self.consumer.as_ref()?;
+        self.reader.as_ref()?;
         Some(self.partitions().iter().filter_map(|p| p.lag).sum())
     }
 
     fn partitions(&mut self) -> Vec<PartitionProgress> {
-        let Some(consumer) = self.consumer.as_ref() else {
+        let Some(consumer) = self.reader.as_ref().map(MessageQueue::consumer) else {
             return Vec::new();
         };
         let high = consumer
@@ -917,7 +1069,7 @@ impl Source for KafkaSource {
     }
 
     fn close(&mut self) -> Result<()> {
-        self.consumer = None;
+        self.reader = None;
         Ok(())
     }
 }

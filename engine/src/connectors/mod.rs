@@ -20,6 +20,7 @@ pub mod file;
 pub mod file_sink;
 pub mod generator;
 pub mod kafka;
+mod kafka_batch;
 pub mod pacing;
 pub mod postgres;
 pub mod stdin;
