@@ -65,7 +65,7 @@ use weir_schema::registry::{
 };
 use weir_schema::SourceOnError;
 
-use super::kafka_batch::{MessageQueue, RawMessage};
+use super::kafka_batch::{Incoming, MessageQueue};
 use super::{BadRecords, Poll, Source, SourceContext};
 use crate::base::error::{Result, RunError};
 use crate::base::metrics::PartitionProgress;
@@ -591,18 +591,6 @@ impl KafkaSource {
 
 }
 
-/// What the source reads of a consumed message: `rdkafka`'s own (from the consumer's poll) or
-/// one of a batch (from the routed queue).
-trait Incoming {
-    fn topic(&self) -> &str;
-    fn partition(&self) -> i32;
-    fn offset(&self) -> i64;
-    fn payload(&self) -> Option<&[u8]>;
-    fn key(&self) -> Option<&[u8]>;
-    fn timestamp_ms(&self) -> Option<i64>;
-    fn headers(&self) -> Vec<(&str, Option<&[u8]>)>;
-}
-
 impl Incoming for rdkafka::message::BorrowedMessage<'_> {
     fn topic(&self) -> &str {
         Message::topic(self)
@@ -626,30 +614,6 @@ impl Incoming for rdkafka::message::BorrowedMessage<'_> {
         Message::headers(self).map_or_else(Vec::new, |h| {
             h.iter().map(|header| (header.key, header.value)).collect()
         })
-    }
-}
-
-impl Incoming for RawMessage<'_> {
-    fn topic(&self) -> &str {
-        RawMessage::topic(self)
-    }
-    fn partition(&self) -> i32 {
-        RawMessage::partition(self)
-    }
-    fn offset(&self) -> i64 {
-        RawMessage::offset(self)
-    }
-    fn payload(&self) -> Option<&[u8]> {
-        RawMessage::payload(self)
-    }
-    fn key(&self) -> Option<&[u8]> {
-        RawMessage::key(self)
-    }
-    fn timestamp_ms(&self) -> Option<i64> {
-        RawMessage::timestamp_ms(self)
-    }
-    fn headers(&self) -> Vec<(&str, Option<&[u8]>)> {
-        RawMessage::headers(self)
     }
 }
 

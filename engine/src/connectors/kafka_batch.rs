@@ -179,9 +179,29 @@ impl<'a> RawMessage<'a> {
     pub fn topic_id(&self) -> usize {
         self.0.rkt as usize
     }
+}
 
+/// What a source reads of a consumed message: one of a [`Taken`] batch, or `rdkafka`'s own
+/// (from the consumer's poll; implemented where that is used).
+pub trait Incoming {
     /// The topic's name (empty if librdkafka gave none).
-    pub fn topic(&self) -> &'a str {
+    fn topic(&self) -> &str;
+    /// The partition.
+    fn partition(&self) -> i32;
+    /// The offset.
+    fn offset(&self) -> i64;
+    /// The value (`None`: a tombstone).
+    fn payload(&self) -> Option<&[u8]>;
+    /// The key.
+    fn key(&self) -> Option<&[u8]>;
+    /// The timestamp in milliseconds since the epoch, if the message has one.
+    fn timestamp_ms(&self) -> Option<i64>;
+    /// The headers, in order (a header without a value has `None`).
+    fn headers(&self) -> Vec<(&str, Option<&[u8]>)>;
+}
+
+impl Incoming for RawMessage<'_> {
+    fn topic(&self) -> &str {
         if self.0.rkt.is_null() {
             return "";
         }
@@ -195,30 +215,25 @@ impl<'a> RawMessage<'a> {
         unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
     }
 
-    /// The partition.
-    pub fn partition(&self) -> i32 {
+    fn partition(&self) -> i32 {
         self.0.partition
     }
 
-    /// The offset.
-    pub fn offset(&self) -> i64 {
+    fn offset(&self) -> i64 {
         self.0.offset
     }
 
-    /// The value (`None`: a tombstone).
-    pub fn payload(&self) -> Option<&'a [u8]> {
+    fn payload(&self) -> Option<&[u8]> {
         // SAFETY: librdkafka's message owns `len` bytes at `payload` while it lives.
         unsafe { bytes(self.0.payload, self.0.len) }
     }
 
-    /// The key.
-    pub fn key(&self) -> Option<&'a [u8]> {
+    fn key(&self) -> Option<&[u8]> {
         // SAFETY: as for the payload.
         unsafe { bytes(self.0.key, self.0.key_len) }
     }
 
-    /// The timestamp in milliseconds since the epoch, if the message has one.
-    pub fn timestamp_ms(&self) -> Option<i64> {
+    fn timestamp_ms(&self) -> Option<i64> {
         let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
         // SAFETY: the message is valid; `kind` is a valid place to write the type to.
         let ms = unsafe { rd::rd_kafka_message_timestamp(self.0, &raw mut kind) };
@@ -226,8 +241,7 @@ impl<'a> RawMessage<'a> {
             .then_some(ms)
     }
 
-    /// The headers, in order (a header without a value has `None`).
-    pub fn headers(&self) -> Vec<(&'a str, Option<&'a [u8]>)> {
+    fn headers(&self) -> Vec<(&str, Option<&[u8]>)> {
         let mut hdrs: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
         // SAFETY: the message is valid; librdkafka parses its headers (once, kept in the
         // message) and writes a pointer owned by the message.
