@@ -215,24 +215,12 @@ fn kafka_to_postgres_is_exactly_once_under_random_sigkills() {
         "the topic does not hold the orders produced"
     );
 
-    let missing: Vec<&String> = expected
-        .iter()
-        .filter(|r| !got.contains(r))
-        .take(5)
-        .collect();
-    assert!(
-        got == expected,
-        "after {} SIGKILLs at {:?}: {} rows, {} expected; first missing: {missing:?}\n{}",
-        st.kills,
-        st.moments,
-        got.len(),
-        expected.len(),
-        log_excerpt(&log)
-    );
-    assert_eq!(
-        pg.prepared(&db),
-        Vec::<String>::new(),
-        "prepared transactions left behind"
+    pg.assert_exactly_once(
+        &db,
+        &got,
+        &expected,
+        &format!("after {} SIGKILLs at {:?}", st.kills, st.moments),
+        &log,
     );
     assert!(
         st.kills >= 20 && st.mid_stream > 0,

@@ -348,25 +348,12 @@ fn exactly_once_under_sigkills_equals_the_failure_free_run() {
         log_excerpt(&log)
     );
     let got = pg.dump(&db);
-    let missing: Vec<&String> = expected
-        .iter()
-        .filter(|r| !got.contains(r))
-        .take(5)
-        .collect();
-    assert!(
-        got == expected,
-        "after {} SIGKILLs at {:?} ms: {} rows committed, {} expected; first missing: \
-         {missing:?}\n{}",
-        k.kills,
-        k.moments,
-        got.len(),
-        expected.len(),
-        log_excerpt(&log)
-    );
-    assert_eq!(
-        pg.prepared(&db),
-        Vec::<String>::new(),
-        "prepared transactions left behind"
+    pg.assert_exactly_once(
+        &db,
+        &got,
+        &expected,
+        &format!("after {} SIGKILLs at {:?} ms", k.kills, k.moments),
+        &log,
     );
     assert!(
         k.kills >= 20 && k.resumed > 0,

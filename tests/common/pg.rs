@@ -100,6 +100,36 @@ impl Pg {
         .map(str::to_owned)
         .collect()
     }
+    /// The exactly-once verdict of a crash test: `got` (the table after the final run) equals
+    /// `expected` (the failure-free run), and no prepared transaction is left in `db`.
+    /// `after` says what happened to the runs ("after 21 SIGKILLs at ..."); the run's `log` is
+    /// quoted when the table differs.
+    pub fn assert_exactly_once(
+        &self,
+        db: &str,
+        got: &[String],
+        expected: &[String],
+        after: &str,
+        log: &Path,
+    ) {
+        let missing: Vec<&String> = expected
+            .iter()
+            .filter(|r| !got.contains(r))
+            .take(5)
+            .collect();
+        assert!(
+            got == expected,
+            "{after}: {} rows committed, {} expected; first missing: {missing:?}\n{}",
+            got.len(),
+            expected.len(),
+            log_excerpt(log)
+        );
+        assert_eq!(
+            self.prepared(db),
+            Vec::<String>::new(),
+            "prepared transactions left behind"
+        );
+    }
 }
 
 /// A database name unique to this test process.
