@@ -85,9 +85,6 @@ pub mod codes {
     pub const DEAD_LETTER: &str = "weir::config::dead_letter";
     /// A checkpoint storage URL scheme not supported yet.
     pub const UNSUPPORTED_STORAGE: &str = "weir::config::unsupported_storage";
-    /// A setting the model knows but the engine does not implement yet (none today; kept so
-    /// that the code stays stable for the next one).
-    pub const NOT_SUPPORTED: &str = "weir::config::not_supported";
     /// A setting that would have no effect where it is written (`csv:` without `format: csv`,
     /// ...): rejected rather than silently ignored.
     pub const NO_EFFECT: &str = "weir::config::no_effect";
