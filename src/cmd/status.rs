@@ -1,13 +1,14 @@
 //! `weir status [--json]`: the pipelines of a running `weir run` as a table (state, records,
 //! checkpoints, restarts, what each restored from), the partitions of sources that have them
-//! (Kafka: each partition's next offset and lag, per subtask), its reload count and last
-//! reload; or the API's `JobStatus` as JSON.
+//! (Kafka: each partition's next offset and lag, per subtask), each pipeline's last checkpoint
+//! (duration, size, channel state, longest alignment), its reload count and last reload; or the
+//! API's `JobStatus` as JSON.
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
-use weir_engine::control::JobStatus;
+use weir_engine::control::{JobStatus, PipelineStatus};
 
 use super::api_args::{self, ApiArgs};
 
@@ -86,6 +87,9 @@ pub fn render(status: &JobStatus) -> String {
     }
     out.push_str(&partitions(status));
     for p in &status.pipelines {
+        out.push_str(&last_checkpoint(p));
+    }
+    for p in &status.pipelines {
         if let Some(error) = &p.error {
             out.push_str(&format!("pipeline {} failed: {error}\n", p.id));
         } else if p.consecutive_failures > 0 {
@@ -119,6 +123,47 @@ pub fn render(status: &JobStatus) -> String {
                 }
             }
         }
+    }
+    out
+}
+
+/// The figures of a pipeline's last completed checkpoint on one line (empty before the
+/// first): id, duration, size and new bytes, the channel state it persisted (unaligned
+/// checkpoints) and the longest barrier alignment; then the failed checkpoints, if any.
+fn last_checkpoint(p: &PipelineStatus) -> String {
+    let mut out = String::new();
+    if let Some(c) = &p.last_checkpoint {
+        out.push_str(&format!(
+            "last checkpoint of {}: {} in {}, {} ({} new)",
+            p.id,
+            c.id,
+            api_args::duration(c.duration_ms),
+            api_args::bytes(c.size),
+            api_args::bytes(c.new_bytes)
+        ));
+        if c.channel_state_bytes > 0 {
+            out.push_str(&format!(
+                ", channel state {}",
+                api_args::bytes(c.channel_state_bytes)
+            ));
+        }
+        if let Some(a) = c.alignment.iter().max_by_key(|a| a.alignment_ms)
+            && a.alignment_ms > 0
+        {
+            out.push_str(&format!(
+                ", longest alignment {} ({}/{})",
+                api_args::duration(a.alignment_ms),
+                a.task,
+                a.subtask
+            ));
+        }
+        out.push('\n');
+    }
+    if p.checkpoints_failed > 0 {
+        out.push_str(&format!(
+            "checkpoints of {} failed: {}\n",
+            p.id, p.checkpoints_failed
+        ));
     }
     out
 }
@@ -168,7 +213,9 @@ fn partitions(status: &JobStatus) -> String {
 mod tests {
     use std::path::PathBuf;
 
-    use weir_engine::control::{OperatorStatus, PipelineStatus, ReloadOutcome, SubtaskStatus};
+    use weir_engine::control::{
+        LastCheckpointStatus, OperatorStatus, ReloadOutcome, SubtaskAlignment, SubtaskStatus,
+    };
 
     use super::*;
 
@@ -184,6 +231,26 @@ mod tests {
                     sink_records: 1100,
                     checkpoints: 3,
                     latest_checkpoint: Some(3),
+                    last_checkpoint: Some(LastCheckpointStatus {
+                        id: 3,
+                        duration_ms: 45,
+                        size: 3 << 20,
+                        new_bytes: 512 << 10,
+                        alignment: vec![
+                            SubtaskAlignment {
+                                task: "sum".into(),
+                                subtask: 0,
+                                alignment_ms: 2,
+                            },
+                            SubtaskAlignment {
+                                task: "sum".into(),
+                                subtask: 1,
+                                alignment_ms: 30,
+                            },
+                        ],
+                        channel_state_bytes: 12 << 10,
+                    }),
+                    checkpoints_failed: 1,
                     ..PipelineStatus::default()
                 },
                 PipelineStatus {
@@ -221,6 +288,8 @@ mod tests {
              totals    running               1200          1100            3       3         0  -\n\
              a         failed                   0             0            0       -         4  /s/chk-2\n\
              poison    restarting               0             0            0       -         8  -\n\
+             last checkpoint of totals: 3 in 45 ms, 3.0 MiB (512.0 KiB new), channel state 12.0 KiB, longest alignment 30 ms (sum/1)\n\
+             checkpoints of totals failed: 1\n\
              pipeline a failed: boom\n\
              pipeline poison: 8 failures in a row; the last, in `parse`: no such field\n\
              reloads: 1; last reload rolled back at 1970-01-01T00:00:00Z, longest pause 1.5 s\n\
