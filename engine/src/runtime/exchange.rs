@@ -182,6 +182,7 @@ impl Output {
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn send(&mut self, batch: Batch) -> Result<()> {
         self.send_overdraft(batch).await?;
         self.flush().await

@@ -178,6 +178,7 @@ impl ChainTask {
     ///
     /// # Errors
     /// An operator failure or a disconnected downstream.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn push(&mut self, from: usize, batch: Batch) -> Result<()> {
         self.push_buffered(from, batch).await?;
         self.flush().await
@@ -921,6 +922,7 @@ async fn checkpoint_task(
     barrier: Barrier,
     source: Option<&mut Box<dyn Source>>,
 ) -> Result<()> {
+    tracing::trace!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, queued = chain.has_queued(), "Snapshot.");
     let taken = snapshot_sync(chain, env, barrier, source);
     chain.forward_barrier(barrier)?;
     match taken {
@@ -1205,6 +1207,9 @@ async fn source_command(
     }
 }
 
+/// A chain task whose batch took at least this long yields before its next one.
+const YIELD_AFTER: Duration = Duration::from_millis(1);
+
 /// An unaligned snapshot whose channel state is still being recorded: its files are written
 /// (and the checkpoint acknowledged) once every input delivered its in-band barrier.
 struct Unaligned {
@@ -1397,7 +1402,16 @@ pub async fn run_chain(
                     {
                         head.metrics.set_queue_fill(inputs.get().fill());
                     }
+                    let started = Instant::now();
                     chain.push_buffered(0, batch).await?;
+                    // A slow batch (a throttled operator) lets the other tasks of this worker
+                    // run before the next: buffered input is served without waiting, so the
+                    // task might otherwise hold its thread for many batches, and a task that
+                    // it woke (an upstream sender that got room) would wait there all along,
+                    // unstealable in the worker's LIFO slot, holding its barrier back.
+                    if started.elapsed() >= YIELD_AFTER {
+                        tokio::task::yield_now().await;
+                    }
                     continue;
                 }
                 Message::Barrier(b) => {
@@ -1480,6 +1494,7 @@ async fn start_unaligned(
     }
     env.aligning_since = None;
     let alignment = since.elapsed();
+    tracing::trace!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, queued = chain.has_queued(), "Unaligned snapshot.");
     let taken = snapshot_sync(chain, env, barrier, None);
     chain.forward_barrier(barrier)?;
     match taken {
