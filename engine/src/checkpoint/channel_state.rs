@@ -12,6 +12,16 @@
 //! new subtask `j % parallelism`, as operator list state; watermarks are dropped then, the
 //! restored operators start from their recorded watermarks).
 //!
+//! The sender's side has no channel state of its own. A task snapshots only between two
+//! batches (never with records half-way through its chain), and what its outputs still queue
+//! for full channels then (`runtime::exchange`, the output's overdraft) was produced before
+//! its snapshot: it goes downstream *before* the in-band barrier, while the barrier itself
+//! overtakes it on the priority lanes. So the receiver records those records as its input
+//! channel state, exactly like the records already in the channel, and the sender neither
+//! stores nor resends them: each record is either before the in-band barrier (reflected in
+//! the sender's snapshot and recorded by the receiver, or processed by the receiver before
+//! its own snapshot) or after it (produced again by the restored sender), never both.
+//!
 //! This module is pure: it never reads channels, files or operators.
 
 use rhai::Dynamic;

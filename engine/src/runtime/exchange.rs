@@ -4,7 +4,21 @@
 //! notes how long it waited for room in a full channel (backpressure), which the task reads
 //! once per batch. With unaligned checkpoints, a checkpoint barrier also goes on each
 //! channel's priority lane, ahead of the queued records.
+//!
+//! An output has a small queue of its own in front of its channels (Flink's "overdraft"):
+//! what does not fit into a full channel waits there, in order. The blocking methods
+//! ([`Output::send`], [`Output::barrier`], [`Output::watermark`], [`Output::end`]) return once
+//! everything queued is in the channels. The task loop uses the others:
+//! [`Output::send_overdraft`] waits only while the queue holds more than
+//! [`OVERDRAFT`] messages per target, [`Output::queue_barrier`] and
+//! [`Output::queue_watermark`] never wait, and the loop empties the queue with
+//! [`Output::flush`] before it reads new input, while still reading its priority lanes and
+//! commands. So a task under backpressure waits between two batches, not in the middle of
+//! one, and can take an unaligned checkpoint while it waits: its state then covers every
+//! record it processed, and what its outputs still queue goes downstream before the in-band
+//! barrier, where the receivers record it as channel state.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{Sender, UnboundedSender};
@@ -14,6 +28,11 @@ use crate::base::error::{Result, RunError};
 use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, Watermark};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
+
+/// Messages per target an output may queue beyond its full channels before
+/// [`Output::send_overdraft`] waits: room for one batch's output, so that a task waits for
+/// room between batches rather than in the middle of one (except when a batch expands).
+pub const OVERDRAFT: usize = 2;
 
 /// One downstream subtask's input channel (owned by this sender alone).
 #[derive(Clone, Debug)]
@@ -45,6 +64,8 @@ pub struct Output {
     element: std::sync::Arc<str>,
     /// Time spent waiting for room in a full channel since the last [`Output::take_blocked`].
     blocked: Duration,
+    /// Messages (and their target) that did not fit into their channel yet, oldest first.
+    queue: VecDeque<(usize, Message)>,
 }
 
 impl Output {
@@ -64,22 +85,82 @@ impl Output {
             pipeline,
             element,
             blocked: Duration::ZERO,
+            queue: VecDeque::new(),
         }
     }
 
-    /// Sends `message` to target `t`; when its channel is full, waits for room and adds the
-    /// wait to the blocked time (the clock is read only then).
-    async fn send_to(&mut self, t: usize, message: Message) -> Result<()> {
-        let sender = &self.targets[t].sender;
-        let message = match sender.try_send(message) {
-            Ok(()) => return Ok(()),
-            Err(TrySendError::Full(message)) => message,
-            Err(TrySendError::Closed(_)) => return Err(self.disconnected()),
+    /// Puts `message` for target `t` into its channel when nothing is queued before it and
+    /// the channel has room, else at the end of the queue. Never waits.
+    fn enqueue(&mut self, t: usize, message: Message) -> Result<()> {
+        if !self.queue.is_empty() {
+            self.queue.push_back((t, message));
+            return Ok(());
+        }
+        match self.targets[t].sender.try_send(message) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(message)) => {
+                self.queue.push_back((t, message));
+                Ok(())
+            }
+            Err(TrySendError::Closed(_)) => Err(self.disconnected()),
+        }
+    }
+
+    /// Moves the oldest queued message into its channel, waiting for room (the wait is added
+    /// to the blocked time), and then every following one that fits without waiting.
+    /// Cancel-safe: dropped while it waits, it leaves the queue as it was.
+    async fn flush_front(&mut self) -> Result<()> {
+        let Some(&(t, _)) = self.queue.front() else {
+            return Ok(());
         };
         let waiting = Instant::now();
-        let sent = sender.send(message).await;
+        let reserved = self.targets[t].sender.reserve().await;
         self.blocked += waiting.elapsed();
-        sent.map_err(|_| self.disconnected())
+        match reserved {
+            Ok(permit) => {
+                if let Some((_, message)) = self.queue.pop_front() {
+                    permit.send(message);
+                }
+            }
+            Err(_) => return Err(self.disconnected()),
+        }
+        while let Some((t, message)) = self.queue.pop_front() {
+            match self.targets[t].sender.try_send(message) {
+                Ok(()) => {}
+                Err(TrySendError::Full(message)) => {
+                    self.queue.push_front((t, message));
+                    break;
+                }
+                Err(TrySendError::Closed(_)) => return Err(self.disconnected()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until everything queued is in the channels. Cancel-safe (see
+    /// [`Self::flush_front`]): what is not sent stays queued, in order.
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn flush(&mut self) -> Result<()> {
+        while !self.queue.is_empty() {
+            self.flush_front().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether messages wait in the output's own queue for room in a channel.
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Waits until the queue holds at most [`OVERDRAFT`] messages per target.
+    async fn flush_to_overdraft(&mut self) -> Result<()> {
+        let limit = OVERDRAFT * self.targets.len().max(1);
+        while self.queue.len() > limit {
+            self.flush_front().await?;
+        }
+        Ok(())
     }
 
     fn disconnected(&self) -> RunError {
@@ -94,47 +175,65 @@ impl Output {
         std::mem::take(&mut self.blocked)
     }
 
-    /// Sends a batch, waiting while the receiving channel is full (backpressure). A batch
-    /// of more than [`BATCH_SIZE`] records goes in pieces of that size, so that a channel's
-    /// capacity bounds the records it holds.
+    /// Sends a batch, waiting while the receiving channel is full (backpressure), until it
+    /// and everything queued before it are in the channels. A batch of more than
+    /// [`BATCH_SIZE`] records goes in pieces of that size, so that a channel's capacity bounds
+    /// the records it holds.
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn send(&mut self, batch: Batch) -> Result<()> {
+        self.send_overdraft(batch).await?;
+        self.flush().await
+    }
+
+    /// Sends a batch like [`Self::send`], but returns as soon as at most [`OVERDRAFT`]
+    /// messages per target wait in the output's queue; the caller empties it later with
+    /// [`Self::flush`]. Memory stays bounded: a batch of more than [`BATCH_SIZE`] records
+    /// goes in pieces, each waiting for the queue to shrink to the overdraft first.
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub async fn send_overdraft(&mut self, batch: Batch) -> Result<()> {
         if batch.is_empty() || self.targets.is_empty() {
             return Ok(());
         }
         if batch.len() <= BATCH_SIZE {
-            return self.send_batch(batch).await;
+            self.route(batch)?;
+            return self.flush_to_overdraft().await;
         }
         let mut rest = Pending::new(batch);
         while !rest.is_empty() {
-            self.send_batch(rest.take(BATCH_SIZE)).await?;
+            self.route(rest.take(BATCH_SIZE))?;
+            self.flush_to_overdraft().await?;
         }
         Ok(())
     }
 
-    async fn send_batch(&mut self, batch: Batch) -> Result<()> {
+    /// Splits a batch of at most [`BATCH_SIZE`] records among the targets as the
+    /// partitioning says and queues the pieces (never waits).
+    fn route(&mut self, batch: Batch) -> Result<()> {
         let n = self.targets.len();
         match self.partitioning {
-            _ if n == 1 => self.send_to(0, Message::Records(batch)).await,
-            Partitioning::Forward => self.send_to(0, Message::Records(batch)).await,
+            _ if n == 1 => self.enqueue(0, Message::Records(batch)),
+            Partitioning::Forward => self.enqueue(0, Message::Records(batch)),
             Partitioning::Rebalance => {
                 let t = self.next;
                 self.next = (self.next + 1) % n;
-                self.send_to(t, Message::Records(batch)).await
+                self.enqueue(t, Message::Records(batch))
             }
             Partitioning::Broadcast => {
                 for t in 0..n - 1 {
-                    self.send_to(t, Message::Records(batch.clone())).await?;
+                    self.enqueue(t, Message::Records(batch.clone()))?;
                 }
-                self.send_to(n - 1, Message::Records(batch)).await
+                self.enqueue(n - 1, Message::Records(batch))
             }
             Partitioning::Hash if !batch.is_keyed() => {
                 // Not keyed (a wiring bug upstream): keep the stream flowing evenly.
                 let t = self.next;
                 self.next = (self.next + 1) % n;
-                self.send_to(t, Message::Records(batch)).await
+                self.enqueue(t, Message::Records(batch))
             }
             Partitioning::Hash => {
                 let per = batch.len() / n + 16;
@@ -159,7 +258,7 @@ impl Output {
                 }
                 for (t, part) in parts.into_iter().enumerate() {
                     if !part.is_empty() {
-                        self.send_to(t, Message::Records(part)).await?;
+                        self.enqueue(t, Message::Records(part))?;
                     }
                 }
                 Ok(())
@@ -167,49 +266,70 @@ impl Output {
         }
     }
 
-    /// Sends a barrier to every target (after every record sent before it). A checkpoint
-    /// barrier (not a savepoint's) is first announced on every target's priority lane, when
-    /// it has one: it reaches the receiver ahead of the records queued in the channel, which
-    /// then become channel state of the checkpoint (unaligned checkpoints).
+    /// Sends a barrier to every target (after every record sent before it) and waits until
+    /// it is in every channel. A checkpoint barrier (not a savepoint's) is first announced on
+    /// every target's priority lane, when it has one: it reaches the receiver ahead of the
+    /// records queued in the channel, which then become channel state of the checkpoint
+    /// (unaligned checkpoints).
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
     pub async fn barrier(&mut self, barrier: Barrier) -> Result<()> {
+        self.queue_barrier(barrier)?;
+        self.flush().await
+    }
+
+    /// [`Self::barrier`] without waiting: the priority lanes get it now, the channels after
+    /// what is queued before it (see [`Self::flush`]).
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub fn queue_barrier(&mut self, barrier: Barrier) -> Result<()> {
         if barrier.kind == BarrierKind::Checkpoint {
             for t in &self.targets {
                 if let Some(p) = &t.priority {
-                    // A closed lane means a stopped receiver; the in-band send below says so.
+                    // A closed lane means a stopped receiver; the in-band send says so.
                     let _ = p.send(barrier);
                 }
             }
         }
         for t in 0..self.targets.len() {
-            self.send_to(t, Message::Barrier(barrier)).await?;
+            self.enqueue(t, Message::Barrier(barrier))?;
         }
         Ok(())
     }
 
     /// Sends a watermark to every target, whatever the partitioning (after every record
-    /// sent before it): each downstream subtask combines the watermarks of all its inputs.
+    /// sent before it), and waits until it is in every channel: each downstream subtask
+    /// combines the watermarks of all its inputs.
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
     pub async fn watermark(&mut self, watermark: Watermark) -> Result<()> {
+        self.queue_watermark(watermark)?;
+        self.flush().await
+    }
+
+    /// [`Self::watermark`] without waiting (see [`Self::flush`]).
+    ///
+    /// # Errors
+    /// [`RunError::Disconnected`] when a receiver has stopped.
+    pub fn queue_watermark(&mut self, watermark: Watermark) -> Result<()> {
         for t in 0..self.targets.len() {
-            self.send_to(t, Message::Watermark(watermark)).await?;
+            self.enqueue(t, Message::Watermark(watermark))?;
         }
         Ok(())
     }
 
-    /// Sends end-of-stream to every target.
+    /// Sends end-of-stream to every target, after everything queued.
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
     pub async fn end(&mut self) -> Result<()> {
         for t in 0..self.targets.len() {
-            self.send_to(t, Message::EndOfStream).await?;
+            self.enqueue(t, Message::EndOfStream)?;
         }
-        Ok(())
+        self.flush().await
     }
 }
 
@@ -247,5 +367,44 @@ mod tests {
         }
         assert_eq!(seen, 200);
     }
-}
 
+    #[tokio::test]
+    async fn a_full_channel_queues_in_the_overdraft_and_a_barrier_still_goes_ahead() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let (lane_tx, mut lane_rx) = tokio::sync::mpsc::unbounded_channel();
+        let target = Target {
+            sender: tx,
+            priority: Some(lane_tx),
+        };
+        let mut out = Output::new(Partitioning::Forward, vec![target], 128, "p".into(), "e".into());
+        let batch = |v: i64| Batch::new(vec![Dynamic::from(v)]);
+        // The channel takes one; the overdraft holds OVERDRAFT more without waiting.
+        for v in 0..=OVERDRAFT as i64 {
+            out.send_overdraft(batch(v)).await.expect("no wait");
+        }
+        assert!(out.has_queued());
+        let b = Barrier {
+            checkpoint: 7,
+            kind: BarrierKind::Checkpoint,
+        };
+        out.queue_barrier(b).expect("queued");
+        assert_eq!(lane_rx.try_recv().ok(), Some(b), "announced at once");
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(m) = rx.recv().await {
+                got.push(match m {
+                    Message::Records(b) => b.records[0].as_int().expect("int"),
+                    Message::Barrier(b) => -(b.checkpoint as i64),
+                    _ => break,
+                });
+            }
+            got
+        });
+        out.end().await.expect("flushed");
+        assert!(!out.has_queued());
+        drop(out);
+        let mut want: Vec<i64> = (0..=OVERDRAFT as i64).collect();
+        want.push(-7);
+        assert_eq!(reader.await.expect("reader"), want, "in band, in order, barrier last");
+    }
+}

@@ -3,7 +3,9 @@
 //! apart is what lets exactly-once alignment stop reading one input (its sender then blocks
 //! on the full channel: backpressure, not buffering) while the others catch up. With
 //! unaligned checkpoints each input also has a priority lane, read before any channel, on
-//! which checkpoint barriers arrive ahead of the queued records.
+//! which checkpoint barriers arrive ahead of the queued records; and while an unaligned
+//! snapshot records an input's channel state, [`InputSet::recv_logging`] takes what arrives on
+//! that input at once (to be recorded and buffered), even while the task reads no records.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -38,6 +40,10 @@ pub enum Received {
     /// A message from input `.0` that [`InputSet::prefetch`] took out of its channel earlier
     /// (and showed to its caller then).
     Prefetched(u32, Message),
+    /// A message that arrived on input `.0`, which the caller records as channel state:
+    /// taken out of the channel ahead of time, the caller keeps it with
+    /// [`InputSet::buffer`] (it is served again later as [`Received::Prefetched`]).
+    Logged(u32, Message),
     /// Input `.0`'s sender vanished without end-of-stream (its task died).
     #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
     Closed(u32),
@@ -123,11 +129,30 @@ impl InputSet {
         self.buffered.get(i as usize).into_iter().flatten()
     }
 
+    /// Puts a message of input `i` that [`Received::Logged`] handed out back in front of the
+    /// input's channel, behind what is buffered already.
+    pub fn buffer(&mut self, i: u32, message: Message) {
+        if let Some(b) = self.buffered.get_mut(i as usize) {
+            b.push_back(message);
+        }
+    }
+
     /// Waits for the next message from an input that is neither ended nor `blocked`, taking
     /// inputs in turn so that none starves; a barrier on a priority lane of an input that has
     /// not ended comes first, blocked or not. An end-of-stream marks its input ended.
     /// Pending forever when every input is ended or blocked (the caller checks first).
     pub async fn recv(&mut self, blocked: impl Fn(u32) -> bool) -> Received {
+        self.recv_logging(blocked, |_| false).await
+    }
+
+    /// [`Self::recv`], and, right after the priority lanes, a message that arrives on an
+    /// input for which `logging` is true (blocked or not) comes out as [`Received::Logged`],
+    /// to be recorded and then [buffered](Self::buffer) behind what is buffered already.
+    pub async fn recv_logging(
+        &mut self,
+        blocked: impl Fn(u32) -> bool,
+        logging: impl Fn(u32) -> bool,
+    ) -> Received {
         poll_fn(|cx| {
             let n = self.receivers.len();
             for k in 0..self.priority.len() {
@@ -137,6 +162,15 @@ impl InputSet {
                 }
                 if let Poll::Ready(Some(barrier)) = self.priority[i].poll_recv(cx) {
                     return Poll::Ready(Received::Priority(barrier));
+                }
+            }
+            for i in 0..n {
+                if self.ended[i] || !logging(i as u32) {
+                    continue;
+                }
+                // A disconnection is reported by the ordinary read below.
+                if let Poll::Ready(Some(message)) = self.receivers[i].poll_recv(cx) {
+                    return Poll::Ready(Received::Logged(i as u32, message));
                 }
             }
             for k in 0..n {

@@ -12,7 +12,16 @@
 //! checkpoints a task also snapshots at a barrier announced on a priority lane (or when its
 //! alignment outlasts `aligned_timeout`), records what that barrier overtook in a
 //! [`ChannelLog`], and acknowledges once the log is complete; a restored task replays its
-//! channel state before its first new record. Where those files go
+//! channel state before its first new record.
+//!
+//! Backpressure never holds a task in the middle of a batch (unless an operator expands one
+//! record into many): a batch runs through the chain and whatever its full output channels do
+//! not take waits in the outputs' own queues ([`ChainTask::push_buffered`]); the loop then
+//! empties those queues before it reads new input, in a `select!` that still takes commands
+//! (a source's checkpoint trigger), priority lanes and the channel state of an open unaligned
+//! snapshot. An unaligned barrier that arrives while the outputs are full is thus taken at
+//! once, and so is the next one downstream: the barrier is not held back one full channel
+//! per stage. Where those files go
 //! and how they are read back (also after a change of parallelism) is
 //! [`crate::state::snapshot_files`]'s business, not the loop's.
 
@@ -159,12 +168,56 @@ impl ChainTask {
             } else {
                 records.clone().unwrap_or_default()
             };
-            out.send(Batch::new(batch)).await?;
+            out.send_overdraft(Batch::new(batch)).await?;
         }
         Ok(())
     }
 
-    /// Runs a batch through the chain from node `from`.
+    /// Runs a batch through the chain from node `from` and waits until everything it sent
+    /// is in the channels ([`Self::push_buffered`], then [`Self::flush`]).
+    ///
+    /// # Errors
+    /// An operator failure or a disconnected downstream.
+    #[cfg(any(test, feature = "testkit"))]
+    pub async fn push(&mut self, from: usize, batch: Batch) -> Result<()> {
+        self.push_buffered(from, batch).await?;
+        self.flush().await
+    }
+
+    /// Whether an output of the chain still queues messages for a full channel.
+    pub fn has_queued(&self) -> bool {
+        self.nodes.iter().any(|n| {
+            n.outputs
+                .iter()
+                .chain(n.dead_letters.iter())
+                .any(Output::has_queued)
+        })
+    }
+
+    /// Waits until every output's queue is in its channels, the wait counted as the node's
+    /// blocked time. Cancel-safe: what is not sent stays queued, in order.
+    ///
+    /// # Errors
+    /// A disconnected downstream.
+    pub async fn flush(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
+                if !o.has_queued() {
+                    continue;
+                }
+                o.flush().await?;
+                if node.metrics.detailed {
+                    node.metrics.add_time(Duration::ZERO, o.take_blocked());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a batch through the chain from node `from`. What the chain sends may stay in its
+    /// outputs' queues, at most [`OVERDRAFT`](super::exchange::OVERDRAFT) messages per
+    /// target (see [`Self::has_queued`], [`Self::flush`]): a task under backpressure waits
+    /// for room between batches, where it can still take an unaligned checkpoint.
     ///
     /// Memory stays bounded whatever the operators produce: each node gets at most
     /// [`BATCH_SIZE`] records per call, and an operator that [`expands`](Operator::expands)
@@ -175,7 +228,7 @@ impl ChainTask {
     ///
     /// # Errors
     /// An operator failure or a disconnected downstream.
-    pub async fn push(&mut self, from: usize, batch: Batch) -> Result<()> {
+    pub async fn push_buffered(&mut self, from: usize, batch: Batch) -> Result<()> {
         let n = self.nodes.len();
         if from >= n || batch.is_empty() {
             return Ok(());
@@ -243,9 +296,11 @@ impl ChainTask {
             let k = node.outputs.len();
             for j in 0..k {
                 if last && j + 1 == k {
-                    node.outputs[j].send(std::mem::take(&mut batch)).await?;
+                    node.outputs[j]
+                        .send_overdraft(std::mem::take(&mut batch))
+                        .await?;
                 } else {
-                    node.outputs[j].send(batch.clone()).await?;
+                    node.outputs[j].send_overdraft(batch.clone()).await?;
                 }
             }
             if let Some(t0) = clock {
@@ -339,10 +394,10 @@ impl ChainTask {
             let chunk = Batch::new(std::mem::replace(&mut out, rest));
             let node = &mut self.nodes[i];
             for o in &mut node.outputs {
-                o.send(chunk.clone()).await?;
+                o.send_overdraft(chunk.clone()).await?;
             }
             if i + 1 < self.nodes.len() {
-                self.push(i + 1, chunk).await?;
+                self.push_buffered(i + 1, chunk).await?;
             }
         }
         Ok(())
@@ -366,7 +421,7 @@ impl ChainTask {
             }
             let node = &mut self.nodes[i];
             for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
-                o.watermark(watermark).await?;
+                o.queue_watermark(watermark)?;
             }
         }
         Ok(())
@@ -457,14 +512,16 @@ impl ChainTask {
         Ok(out)
     }
 
-    /// Sends a barrier on every output, dead-letter outputs included.
+    /// Sends a barrier on every output, dead-letter outputs included, without waiting: the
+    /// priority lanes get it now, the channels after what the outputs queue (the task loop
+    /// [flushes](Self::flush) them before it reads new input).
     ///
     /// # Errors
     /// A disconnected downstream.
-    pub async fn forward_barrier(&mut self, barrier: Barrier) -> Result<()> {
+    pub fn forward_barrier(&mut self, barrier: Barrier) -> Result<()> {
         for node in &mut self.nodes {
             for o in node.outputs.iter_mut().chain(node.dead_letters.iter_mut()) {
-                o.barrier(barrier).await?;
+                o.queue_barrier(barrier)?;
             }
         }
         Ok(())
@@ -865,8 +922,9 @@ async fn checkpoint_task(
     barrier: Barrier,
     source: Option<&mut Box<dyn Source>>,
 ) -> Result<()> {
+    tracing::trace!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, queued = chain.has_queued(), "Snapshot.");
     let taken = snapshot_sync(chain, env, barrier, source);
-    chain.forward_barrier(barrier).await?;
+    chain.forward_barrier(barrier)?;
     match taken {
         Ok(snaps) => env.write_async(barrier.checkpoint, snaps),
         Err(e) => decline_failed(env, barrier.checkpoint, &e),
@@ -961,6 +1019,27 @@ pub async fn run_source(
         // When the source's lag was last asked for (detailed metrics only).
         let mut lag_at: Option<Instant> = None;
         let flow = 'run: loop {
+            // Under backpressure the outputs queue what their full channels do not take: the
+            // source polls again only when they are empty, and takes commands (a checkpoint
+            // trigger) meanwhile. A snapshot then covers every record it polled; the queued
+            // ones reach the receivers before the barrier, which record them as channel state
+            // when the checkpoint is unaligned.
+            if chain.has_queued() {
+                let flow = tokio::select! {
+                    biased;
+                    Some(cmd) = env.commands.recv() => {
+                        source_command(cmd, &mut chain, &mut env, &mut source, &mut paused).await?
+                    }
+                    r = chain.flush() => {
+                        r?;
+                        SourceFlow::Continue
+                    }
+                };
+                if flow != SourceFlow::Continue {
+                    break 'run flow;
+                }
+                continue;
+            }
             // Due processing time first: a barrier triggered after the clock moved comes
             // after what the move fired.
             if !paused && let Some(t) = chain.next_processing_time() {
@@ -1025,7 +1104,7 @@ pub async fn run_source(
                     batch.times = std::mem::take(&mut sctx.times);
                 }
                 sctx.times.clear();
-                chain.push(0, batch).await?;
+                chain.push_buffered(0, batch).await?;
                 env.produced();
             }
             if let Some(w) = source.take_watermark() {
@@ -1040,6 +1119,8 @@ pub async fn run_source(
                 // records crossed cores cold) and its first record took 150-200 ms to get
                 // through a scripted map.
                 Poll::Ready => tokio::task::yield_now().await,
+                // What the outputs queue goes first (at the top of the loop).
+                Poll::Idle(_) if chain.has_queued() => {}
                 Poll::Idle(d) => {
                     let wake = chain.next_processing_time();
                     let flow = tokio::select! {
@@ -1126,6 +1207,9 @@ async fn source_command(
     }
 }
 
+/// A chain task whose batch took at least this long yields before its next one.
+const YIELD_AFTER: Duration = Duration::from_millis(1);
+
 /// An unaligned snapshot whose channel state is still being recorded: its files are written
 /// (and the checkpoint acknowledged) once every input delivered its in-band barrier.
 struct Unaligned {
@@ -1180,7 +1264,7 @@ pub async fn run_chain(
         // The restored checkpoint's channel state goes first, before any new input.
         for entry in replay {
             match entry {
-                ChannelEntry::Records { batch, .. } => chain.push(0, batch).await?,
+                ChannelEntry::Records { batch, .. } => chain.push_buffered(0, batch).await?,
                 ChannelEntry::Watermark { input, watermark } if (input as usize) < n => {
                     let advance = watermarks.on_watermark(input as usize, watermark);
                     follow_watermark(advance, &mut chain).await?;
@@ -1210,10 +1294,22 @@ pub async fn run_chain(
                 (Some(t), Some((_, since))) if !t.is_zero() => Some(since + t),
                 _ => None,
             };
+            // Under backpressure the outputs queue what their full channels do not take (one
+            // batch's output at most): no new input is read, and no timer fires, until they
+            // are empty, but commands, priority lanes and the channel state of an open
+            // unaligned snapshot still are. A barrier announced meanwhile is taken at once:
+            // the snapshot covers every record processed, and what the outputs queue goes
+            // downstream before the in-band barrier (channel state of the receivers).
+            let queued = chain.has_queued();
+            // The inputs whose channel state is being recorded (none without an open log).
+            let logging: Vec<bool> = match &pending {
+                Some(u) => (0..n as u32).map(|i| u.log.is_logging(i)).collect(),
+                None => Vec::new(),
+            };
             let received = tokio::select! {
                 biased;
                 // Due processing time before anything read after it.
-                () = clock.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() => {
+                () = clock.wait_until(wake.unwrap_or(i64::MAX)), if wake.is_some() && !queued => {
                     chain.fire_processing_time(clock.now_ms()).await?;
                     continue;
                 }
@@ -1239,12 +1335,26 @@ pub async fn run_chain(
                     }
                     continue;
                 }
-                r = inputs.get().recv(|i| aligner.is_blocked(i)) => r,
+                r = inputs.get().recv_logging(
+                    |i| queued || aligner.is_blocked(i),
+                    |i| logging.get(i as usize).copied().unwrap_or(false),
+                ) => r,
+                r = chain.flush(), if queued => {
+                    r?;
+                    continue;
+                }
             };
             let (input, message, fresh) = match received {
                 Received::Message(i, m) => (i, m, true),
                 // Recorded when it was prefetched.
                 Received::Prefetched(i, m) => (i, m, false),
+                Received::Logged(i, m) => {
+                    if let Some(u) = pending.as_mut() {
+                        log_message(&mut u.log, i, &m);
+                    }
+                    inputs.get().buffer(i, m);
+                    continue;
+                }
                 Received::Priority(b) => {
                     if let Some(timeout) = unaligned
                         && b.kind == BarrierKind::Checkpoint
@@ -1292,7 +1402,16 @@ pub async fn run_chain(
                     {
                         head.metrics.set_queue_fill(inputs.get().fill());
                     }
-                    chain.push(0, batch).await?;
+                    let started = Instant::now();
+                    chain.push_buffered(0, batch).await?;
+                    // A slow batch (a throttled operator) lets the other tasks of this worker
+                    // run before the next: buffered input is served without waiting, so the
+                    // task might otherwise hold its thread for many batches, and a task that
+                    // it woke (an upstream sender that got room) would wait there all along,
+                    // unstealable in the worker's LIFO slot, holding its barrier back.
+                    if started.elapsed() >= YIELD_AFTER {
+                        tokio::task::yield_now().await;
+                    }
                     continue;
                 }
                 Message::Barrier(b) => {
@@ -1375,8 +1494,9 @@ async fn start_unaligned(
     }
     env.aligning_since = None;
     let alignment = since.elapsed();
+    tracing::trace!(pipeline = %env.pipeline, task = %env.task, checkpoint = barrier.checkpoint, queued = chain.has_queued(), "Unaligned snapshot.");
     let taken = snapshot_sync(chain, env, barrier, None);
-    chain.forward_barrier(barrier).await?;
+    chain.forward_barrier(barrier)?;
     match taken {
         Ok(snapshots) => {
             let mut u = Unaligned {
@@ -1458,7 +1578,7 @@ async fn apply_step(step: AlignerStep, chain: &mut ChainTask, env: &mut TaskEnv)
         if env.checkpointing.is_some() {
             checkpoint_task(chain, env, barrier, None).await?;
         } else {
-            chain.forward_barrier(barrier).await?;
+            chain.forward_barrier(barrier)?;
         }
     }
     Ok(())
@@ -2175,5 +2295,209 @@ mod tests {
         assert!(now >= at, "fired at {now}, due at {at}");
         t0.send(Message::EndOfStream).await.expect("send");
         task.await.expect("no panic").expect("runs");
+    }
+
+    /// Numbers the records it sees: each record `r` becomes `n * 1000 + r`, `n` its running
+    /// count (the operator's local state, snapshotted and restored).
+    struct Numbering {
+        seen: i64,
+    }
+
+    impl Operator for Numbering {
+        fn process(&mut self, batch: &mut Batch, _ctx: &mut OperatorContext) -> Result<()> {
+            for r in &mut batch.records {
+                self.seen += 1;
+                *r = Dynamic::from(self.seen * 1000 + r.as_int().unwrap_or(-1));
+            }
+            Ok(())
+        }
+
+        fn snapshot(
+            &mut self,
+            _checkpoint: u64,
+            _ctx: &mut OperatorContext,
+        ) -> Result<Option<Vec<u8>>> {
+            Ok(Some(self.seen.to_le_bytes().to_vec()))
+        }
+
+        fn restore(&mut self, snapshot: Option<&[u8]>, _ctx: &mut OperatorContext) -> Result<()> {
+            let bytes = snapshot.and_then(|s| <[u8; 8]>::try_from(s).ok());
+            self.seen = bytes.map_or(0, i64::from_le_bytes);
+            Ok(())
+        }
+    }
+
+    fn numbers(from: i64, n: i64) -> Message {
+        Message::Records(Batch::new((from..from + n).map(Dynamic::from).collect()))
+    }
+
+    /// The records of `messages` up to the first barrier (`before`) or after it.
+    fn ints_of(messages: &[Message]) -> Vec<i64> {
+        messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::Records(b) => Some(b),
+                _ => None,
+            })
+            .flat_map(|b| b.records.iter().map(|r| r.as_int().expect("int")))
+            .collect()
+    }
+
+    /// A `Numbering` task with unaligned checkpoints: one input (with its priority lane) and
+    /// one output channel of capacity 1 (with its priority lane). Returns the input's senders,
+    /// the output's receivers, the task's events and the task.
+    #[allow(clippy::type_complexity)]
+    fn spawn_numbering(
+        store: Arc<MemoryStore>,
+        restore: Option<TaskRestore>,
+    ) -> (
+        mpsc::Sender<Message>,
+        mpsc::UnboundedSender<Barrier>,
+        mpsc::Receiver<Message>,
+        mpsc::UnboundedReceiver<Barrier>,
+        mpsc::UnboundedReceiver<TaskEvent>,
+        tokio::task::JoinHandle<Result<()>>,
+    ) {
+        use crate::runtime::exchange::Target;
+        let (t0, r0) = mpsc::channel(16);
+        let (p0, l0) = mpsc::unbounded_channel();
+        let slot = Arc::new(std::sync::Mutex::new(Some(
+            InputSet::new(vec![r0]).with_priority(vec![l0]),
+        )));
+        let (out_tx, out_rx) = mpsc::channel(1);
+        let (lane_tx, lane_rx) = mpsc::unbounded_channel();
+        let output = Output::new(
+            crate::plan::Partitioning::Forward,
+            vec![Target {
+                sender: out_tx,
+                priority: Some(lane_tx),
+            }],
+            128,
+            "p".into(),
+            "num".into(),
+        );
+        let chain = ChainTask {
+            nodes: vec![node(Box::new(Numbering { seen: 0 }), "num", vec![output])],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let (commands, rx) = mpsc::unbounded_channel();
+        // No commands; keep the sender alive.
+        std::mem::forget(commands);
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let env = TaskEnv::new(
+            TaskId::new(1, 0),
+            "p".into(),
+            "num".into(),
+            rx,
+            events,
+            Some(Checkpointing {
+                store,
+                mode: AlignmentMode::ExactlyOnce,
+                unaligned: Some(Duration::ZERO),
+            }),
+            restore,
+            Arc::new(Control::default()),
+        );
+        let lease = InputLease::take(&slot).expect("free");
+        let task = tokio::spawn(run_chain(lease, chain, env));
+        (t0, p0, out_rx, lane_rx, events_rx, task)
+    }
+
+    /// Every message until end-of-stream.
+    async fn collect(rx: &mut mpsc::Receiver<Message>) -> Vec<Message> {
+        let mut got = Vec::new();
+        while let Some(m) = rx.recv().await {
+            if matches!(m, Message::EndOfStream) {
+                break;
+            }
+            got.push(m);
+        }
+        got
+    }
+
+    /// Issue 19: a task whose output channel is full (its downstream reads nothing) still
+    /// takes an unaligned checkpoint announced on its priority lane, forwards the barrier on
+    /// its output's priority lane and acknowledges, without a single record being read
+    /// downstream; and a task restored from that checkpoint, fed what its upstream sends
+    /// after the barrier, completes the output exactly once (equal to the failure-free run).
+    #[tokio::test]
+    async fn an_unaligned_checkpoint_completes_while_the_output_is_full_and_restores_exactly_once() {
+        let store = Arc::new(MemoryStore::new());
+        let (t0, p0, mut out_rx, mut lane_rx, mut events, task) =
+            spawn_numbering(Arc::clone(&store), None);
+        // Batch 0 fills the output channel, batch 1 waits in the output's queue; the task
+        // then reads no more input, so batches 2 and 3 stay in its input channel.
+        for k in 0..4 {
+            t0.send(numbers(k * 10, 3)).await.expect("send");
+        }
+        while t0.capacity() != 16 - 2 {
+            tokio::task::yield_now().await;
+        }
+        // The upstream's checkpoint 1: announced, then in band behind batches 2 and 3; batch
+        // 4 comes after the barrier.
+        p0.send(B1).expect("lane");
+        t0.send(Message::Barrier(B1)).await.expect("send");
+        t0.send(numbers(40, 3)).await.expect("send");
+        let ack = loop {
+            match events.recv().await.expect("the task acknowledges") {
+                TaskEvent::Ack {
+                    checkpoint, states, ..
+                } => break (checkpoint, states),
+                TaskEvent::Started { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!(ack.0, 1);
+        assert_eq!(lane_rx.try_recv().ok(), Some(B1), "the barrier went ahead downstream");
+        // Only now does the downstream read: the failure-free output.
+        t0.send(Message::EndOfStream).await.expect("send");
+        let sent = collect(&mut out_rx).await;
+        task.await.expect("no panic").expect("runs");
+        let cut = sent
+            .iter()
+            .position(|m| matches!(m, Message::Barrier(b) if *b == B1))
+            .expect("the barrier in band");
+        let (before, after) = (ints_of(&sent[..cut]), ints_of(&sent[cut..]));
+        // The snapshot came after batches 0 and 1: what the output still queued then went
+        // ahead of the in-band barrier (the receiver's channel state).
+        assert_eq!(before, vec![1000, 2001, 3002, 4010, 5011, 6012]);
+        let all: Vec<i64> = (0..15)
+            .map(|i| (i + 1) * 1000 + (i / 3) * 10 + i % 3)
+            .collect();
+        assert_eq!([before.clone(), after].concat(), all, "the failure-free output");
+
+        // Restore from checkpoint 1: the task replays its channel state (batches 2 and 3),
+        // then gets what its upstream sends after the barrier (batch 4).
+        let metadata = CheckpointMetadata {
+            format_version: crate::checkpoint::metadata::METADATA_FORMAT_VERSION,
+            pipeline: "p".into(),
+            checkpoint: 1,
+            kind: BarrierKind::Checkpoint,
+            config_hash: String::new(),
+            max_parallelism: 128,
+            backend: None,
+            operators: Vec::new(),
+            subtasks: ack.1,
+            finished_tasks: Vec::new(),
+            finished_operators: Vec::new(),
+        };
+        let restore = TaskRestore {
+            store: Arc::clone(&store) as Arc<dyn CheckpointStore>,
+            metadata: Arc::new(metadata),
+            savepoint: false,
+            plan: None,
+        };
+        let (t0, _p0, mut out_rx, _lane, _events, task) =
+            spawn_numbering(Arc::clone(&store), Some(restore));
+        t0.send(numbers(40, 3)).await.expect("send");
+        t0.send(Message::EndOfStream).await.expect("send");
+        let resent = ints_of(&collect(&mut out_rx).await);
+        task.await.expect("no panic").expect("runs");
+        assert_eq!(
+            [before, resent].concat(),
+            all,
+            "before the barrier, then the restored task: each record exactly once"
+        );
     }
 }
