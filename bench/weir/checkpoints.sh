@@ -10,7 +10,9 @@
 #    interleaved with Weir's runs on the same input.
 # 2. Recovery: W1 on rocksdb with ~RUSERS distinct users, killed with SIGKILL once at least two
 #    checkpoints completed, then restarted on the same file (not --fresh); reports the time until
-#    every operator processes again and the time to the first record, and checks the output.
+#    every operator processes again, the time to the first record and the restart's peak RSS
+#    (target < 256 MiB at 1 M users, issue 19), and checks the output. Only this part:
+#    PARTS=recovery FLINK=0 bench/weir/checkpoints.sh
 #
 # Every output is checked with shared/bench/check.py. Before each run the script waits (at most
 # MAXWAIT s) for the 1-minute load average to fall to LOADMAX or below and records the load.
@@ -56,7 +58,7 @@ if [ -z "${INPUT:-}" ]; then
     INPUT=/tmp/peerbench/n10m.jsonl
 fi
 EXPECTED=${INPUT%.jsonl}.expected.json
-if [ ! -s "$INPUT" ] || [ ! -s "$EXPECTED" ]; then
+if [[ " $PARTS " == *" throughput "* ]] && { [ ! -s "$INPUT" ] || [ ! -s "$EXPECTED" ]; }; then
   echo "generating $N records into $INPUT"
   "$GEN" "$N" "$INPUT"
 fi
@@ -159,7 +161,8 @@ if [[ " $PARTS " == *" recovery "* ]]; then
     echo "[$(date +%T)] recovery run $r, uptime:$(uptime | sed 's/.*load average:/ load average:/')"
     : > "$dir/log1"
     t0=$(date +%s.%N)
-    RUST_LOG=info "$WEIR" run --fresh --no-progress "$dir/pipeline.yaml" > "$dir/stdout1" 2>> "$dir/log1" &
+    # "Checkpoint completed." is a debug line of the coordinator.
+    RUST_LOG=info,weir_engine::checkpoint::coordinator=debug "$WEIR" run --fresh --no-progress "$dir/pipeline.yaml" > "$dir/stdout1" 2>> "$dir/log1" &
     pid=$!
     while kill -0 "$pid" 2> /dev/null && { [ "$(grep -c 'Checkpoint completed.' "$dir/log1" || true)" -lt 2 ] ||
         python3 -c "import sys, time; sys.exit(0 if time.time() - $t0 < $KILL_AFTER else 1)"; }; do
@@ -173,7 +176,7 @@ if [[ " $PARTS " == *" recovery "* ]]; then
     done_ck=$(grep -c 'Checkpoint completed.' "$dir/log1" || true)
     last_ck=$(grep 'Checkpoint completed.' "$dir/log1" | grep -o 'checkpoint=[0-9]*' | tail -n 1 | cut -d= -f2)
     ck1=$(ckpt_stats "$dir/log1")
-    last_size=$(grep -o 'size_bytes=[0-9]*' "$dir/log1" | tail -n 1 | cut -d= -f2)
+    last_size=$(grep -o 'size_bytes=[0-9]*' "$dir/log1" | tail -n 1 | cut -d= -f2 || true)
     echo "  killed (SIGKILL) after ${killed_after}s, $done_ck checkpoints completed (last $last_ck; count/median ms/size/new: $ck1)"
     RUST_LOG=info /usr/bin/time -o "$dir/time" -f "%e %M" "$WEIR" run --no-progress "$dir/pipeline.yaml" \
       > "$dir/stdout2" 2> "$dir/log2" || { tail -n 30 "$dir/log2"; echo "FAILED: restart"; exit 1; }
@@ -241,4 +244,7 @@ if rec:
     if ev:
         m = med(ev)
         print(f"  median processing everywhere after {m:g} ms; target <= 1000 ms: {'met' if m <= 1000 else 'MISSED'}")
+    rss = [int(r[4]) / 1024 for r in rec]
+    print(f"  restart peak RSS median {med(rss):.0f} MiB (max {max(rss):.0f}); target < 256 MiB (issue 19): "
+          f"{'met' if max(rss) < 256 else 'MISSED'}")
 EOF

@@ -200,12 +200,20 @@ pub trait Operator: Send {
         Ok(())
     }
 
-    /// Every input ended: emit final results into `out`.
+    /// Every input ended: emit final results into `out`. The task loop sends `out` on and
+    /// calls again while [`end_pending`](Self::end_pending) says results are left, so that an
+    /// operator with many keys emits them a chunk at a time.
     ///
     /// # Errors
     /// As `process`.
     fn on_end(&mut self, _out: &mut Vec<Dynamic>, _ctx: &mut OperatorContext) -> Result<()> {
         Ok(())
+    }
+
+    /// After [`on_end`](Self::on_end): whether it left final results to emit (it is then
+    /// called again, after what it emitted went downstream).
+    fn end_pending(&self) -> bool {
+        false
     }
 
     /// Releases resources (flush files). Runs once, last.
@@ -401,6 +409,9 @@ impl Harness {
     pub fn finish(&mut self) -> Result<Vec<Dynamic>> {
         let mut out = Vec::new();
         self.operator.on_end(&mut out, &mut self.ctx)?;
+        while self.operator.end_pending() {
+            self.operator.on_end(&mut out, &mut self.ctx)?;
+        }
         self.operator.close(&mut self.ctx)?;
         Ok(out)
     }

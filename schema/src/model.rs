@@ -211,10 +211,12 @@ pub struct RocksdbSpec {
     /// already hold (shared, reference-counted). Default: `true`.
     #[serde(default = "default_true")]
     pub incremental: bool,
-    /// Size of the block cache shared by a subtask's column families. Default: `64MiB`.
+    /// Size of the block cache, shared by every subtask of the process (whose memtables are
+    /// charged to it too, so that together they stay near this size). Default: `64MiB`.
     #[serde(default = "default_block_cache")]
     pub block_cache_size: SizeSpec,
-    /// Size of one memtable before it is flushed to an SST file. Default: `32MiB`.
+    /// Size of one memtable before it is flushed to an SST file; all subtasks' memtables
+    /// together are limited to twice this. Default: `32MiB`.
     #[serde(default = "default_write_buffer")]
     pub write_buffer_size: SizeSpec,
 }

@@ -18,7 +18,7 @@ use crate::base::message::Batch;
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::script::runtime::ScriptFn;
-use crate::state::StateId;
+use crate::state::{END_CHUNK, EndCursor, StateId};
 
 /// One built-in aggregation.
 #[derive(Clone, Debug)]
@@ -264,6 +264,8 @@ pub struct AggregateOperator {
     key_field: String,
     state: Option<StateId>,
     values: Vec<Dynamic>,
+    /// How far the end-of-input pass got (`emit: final`).
+    end: EndCursor,
 }
 
 impl AggregateOperator {
@@ -275,6 +277,7 @@ impl AggregateOperator {
             key_field,
             state: None,
             values: Vec::new(),
+            end: EndCursor::default(),
         }
     }
 
@@ -286,6 +289,7 @@ impl AggregateOperator {
             key_field,
             state: None,
             values: Vec::new(),
+            end: EndCursor::default(),
         }
     }
 
@@ -516,21 +520,32 @@ impl Operator for AggregateOperator {
         let id = self
             .state
             .ok_or_else(|| RunError::Internal("aggregate used before open".into()))?;
-        let keys = ctx.state_mut()?.keys(id)?;
-        out.reserve(keys.len());
-        for k in keys {
-            let Some(acc) = ctx.state_mut()?.get(id, &k)? else {
-                continue;
+        let start = out.len();
+        while out.len() - start < END_CHUNK {
+            let Some(keys) = self
+                .end
+                .next_keys(ctx.state_mut()?.as_ref(), &[id], |_, _, _| Ok(true))?
+            else {
+                break;
             };
-            match Self::output(&mut self.kind, &self.key_field, &k, &acc) {
-                Ok(o) => out.push(o),
-                Err(e) => {
-                    let rec = k.to_dynamic();
-                    ctx.record_failed(rec, e)?;
+            for k in keys {
+                let Some(acc) = ctx.state_mut()?.get(id, &k)? else {
+                    continue;
+                };
+                match Self::output(&mut self.kind, &self.key_field, &k, &acc) {
+                    Ok(o) => out.push(o),
+                    Err(e) => {
+                        let rec = k.to_dynamic();
+                        ctx.record_failed(rec, e)?;
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    fn end_pending(&self) -> bool {
+        self.end.pending()
     }
 }
 

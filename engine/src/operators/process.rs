@@ -16,7 +16,6 @@
 //! with processing time from `ctx.clock`; a sweep on a processing-time wake-up (every
 //! shortest `ttl`) removes expired values that are never read again.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,14 +26,14 @@ use super::reduce::{migrate_keyed_state, require_keys, unkeyed};
 use crate::base::error::Result;
 use crate::base::message::{Batch, Pending};
 use crate::element::{Operator, OperatorContext};
-use crate::record::{Key, KeyBuildHasher};
+use crate::record::Key;
 use crate::script::runtime::{
     ProcessContext, ScriptFn, TimerOp, discard_emitted, set_key, set_process_context,
     take_emitted, take_timer_ops, with_frame, with_frame_state,
 };
 use crate::state::timers::{TimeDomain, Timers};
 use crate::state::ttl::{Ttl, TtlRule};
-use crate::state::{StateBackend, StateId};
+use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
 
 /// The `process` operator.
 pub struct ProcessOperator {
@@ -51,6 +50,8 @@ pub struct ProcessOperator {
     next_sweep: Option<i64>,
     /// The timers, when the script defines `fn on_timer(ts, kind)` (after `open`).
     timers: Option<Timers>,
+    /// How far the end-of-input pass got.
+    end: EndCursor,
 }
 
 impl ProcessOperator {
@@ -66,6 +67,7 @@ impl ProcessOperator {
             ttl: None,
             next_sweep: None,
             timers: None,
+            end: EndCursor::default(),
         }
     }
 
@@ -323,53 +325,64 @@ impl Operator for ProcessOperator {
         Ok(())
     }
 
+    /// Calls `fn on_end(key)` for the keys of the next key groups, until about
+    /// [`END_CHUNK`] records were emitted ([`EndCursor`]).
     fn on_end(&mut self, out: &mut Vec<Dynamic>, ctx: &mut OperatorContext) -> Result<()> {
         if !self.script.defines("on_end", 1) {
             return Ok(());
         }
         let now = ctx.clock.now_ms();
-        let mut keys: HashSet<Key, KeyBuildHasher> = HashSet::default();
-        {
-            let state = ctx.state_mut()?;
-            for (_, id) in &self.names {
-                for k in state.keys(*id)? {
-                    // A key whose only values expired holds no state any more.
-                    let expired = match &self.ttl {
-                        Some(ttl) => ttl.is_expired(state.as_ref(), *id, &k, now)?,
-                        None => false,
-                    };
-                    if !expired {
-                        keys.insert(k);
-                    }
-                }
-            }
-        }
+        let ids: Vec<StateId> = self.names.iter().map(|(_, id)| *id).collect();
         let mut failures = Vec::new();
         let cx = self.context(now, ctx);
         let script = &mut self.script;
+        let cursor = &mut self.end;
+        let ttl = self.ttl.clone();
+        let start = out.len();
         let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
             set_process_context(cx);
-            for k in keys {
-                let kd = k.to_dynamic();
-                set_key(Some(k));
-                let failed = match script.call("on_end", (kd.clone(),)) {
-                    Ok(_) => take_emitted(out).err(),
-                    Err(e) => {
-                        discard_emitted();
-                        Some(e)
-                    }
+            while out.len() - start < END_CHUNK {
+                let keys = with_frame_state(|state| {
+                    cursor.next_keys(state, &ids, |state, id, k| match &ttl {
+                        // A key whose only values expired holds no state any more.
+                        Some(ttl) => Ok(!ttl.is_expired(state, id, k, now)?),
+                        None => Ok(true),
+                    })
+                });
+                let keys: Option<Vec<Key>> = match keys {
+                    Some(Ok(keys)) => keys,
+                    Some(Err(e)) => return Err(e),
+                    None => None,
                 };
-                if let Some(e) = failed {
-                    failures.push((kd, e));
+                let Some(keys) = keys else {
+                    break;
+                };
+                for k in keys {
+                    let kd = k.to_dynamic();
+                    set_key(Some(k));
+                    let failed = match script.call("on_end", (kd.clone(),)) {
+                        Ok(_) => take_emitted(out).err(),
+                        Err(e) => {
+                            discard_emitted();
+                            Some(e)
+                        }
+                    };
+                    if let Some(e) = failed {
+                        failures.push((kd, e));
+                    }
                 }
             }
-            take_timer_ops()
-        });
+            Ok(take_timer_ops())
+        })?;
         self.apply(ops, ctx)?;
         for (r, e) in failures {
             ctx.record_failed(r, e)?;
         }
         Ok(())
+    }
+
+    fn end_pending(&self) -> bool {
+        self.end.pending()
     }
 }
 

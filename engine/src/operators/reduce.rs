@@ -14,7 +14,7 @@ use crate::base::message::Batch;
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{Key, excerpt};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
-use crate::state::{StateBackend, StateId};
+use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
 
 /// Rewrites every restored keyed value through the script's `migrate` function, after a
 /// savepoint restore (`ctx.migrate`); does nothing otherwise, or when the script defines no
@@ -201,6 +201,8 @@ pub struct ReduceOperator {
     emit: EmitMode,
     key_field: String,
     state: Option<StateId>,
+    /// How far the end-of-input pass got (`emit: final`).
+    end: EndCursor,
 }
 
 impl ReduceOperator {
@@ -211,6 +213,7 @@ impl ReduceOperator {
             emit,
             key_field,
             state: None,
+            end: EndCursor::default(),
         }
     }
 }
@@ -289,12 +292,22 @@ impl Operator for ReduceOperator {
             .state
             .ok_or_else(|| RunError::Internal("reduce used before open".into()))?;
         let state = ctx.state_mut()?;
-        for k in state.keys(id)? {
-            if let Some(v) = state.get(id, &k)? {
-                out.push(keyed_output(&self.key_field, &k, &v));
+        let start = out.len();
+        while out.len() - start < END_CHUNK {
+            let Some(keys) = self.end.next_keys(state.as_ref(), &[id], |_, _, _| Ok(true))? else {
+                break;
+            };
+            for k in keys {
+                if let Some(v) = state.get(id, &k)? {
+                    out.push(keyed_output(&self.key_field, &k, &v));
+                }
             }
         }
         Ok(())
+    }
+
+    fn end_pending(&self) -> bool {
+        self.end.pending()
     }
 }
 

@@ -455,7 +455,8 @@ impl ChainTask {
     }
 
     /// Ends the input: each node, upstream first, gets `on_watermark(WATERMARK_END)` (every
-    /// event-time timer and window fires) and then `on_end`, their output flowing downstream;
+    /// event-time timer and window fires) and then `on_end` (again while `end_pending`),
+    /// their output flowing downstream;
     /// then every operator closes and every output gets end-of-stream.
     ///
     /// # Errors
@@ -468,6 +469,9 @@ impl ChainTask {
                     .await?;
             }
             self.run_hook(i, |op, out, ctx| op.on_end(out, ctx)).await?;
+            while self.nodes[i].operator.end_pending() {
+                self.run_hook(i, |op, out, ctx| op.on_end(out, ctx)).await?;
+            }
         }
         self.close()?;
         for node in &mut self.nodes {

@@ -104,6 +104,67 @@ pub fn read_canonical(store: &dyn CheckpointStore, files: &[FileRef]) -> Result<
     Ok(blobs)
 }
 
+/// Where an end-of-input pass over the keys of some states stands: operators that emit one
+/// result per key at the end of a bounded input visit the keys one key group at a time and
+/// return after about [`END_CHUNK`] results (see [`crate::element::Operator::end_pending`]),
+/// so that neither every key nor every result is held at once.
+#[derive(Debug, Default)]
+pub struct EndCursor {
+    /// The next key group to visit and the end of the backend's range; `None` before the
+    /// first visit.
+    at: Option<(u32, u32)>,
+}
+
+/// Results an end-of-input pass emits per call, about (it stops after the key group that
+/// reaches it).
+pub const END_CHUNK: usize = 4096;
+
+impl EndCursor {
+    /// The keys of the next key group of `state`'s backend holding a value of any of
+    /// `states` that `keep(backend, state, key)` accepts, each once; `None` when every key
+    /// group was visited.
+    ///
+    /// # Errors
+    /// Backend failures, and `keep`'s.
+    pub fn next_keys(
+        &mut self,
+        state: &dyn StateBackend,
+        states: &[StateId],
+        mut keep: impl FnMut(&dyn StateBackend, StateId, &Key) -> Result<bool>,
+    ) -> Result<Option<Vec<Key>>> {
+        let range = state.key_groups();
+        let (kg, end) = self.at.unwrap_or((range.start, range.end));
+        if kg >= end {
+            self.at = Some((end, end));
+            return Ok(None);
+        }
+        self.at = Some((kg + 1, end));
+        let one = KeyGroupRange {
+            start: kg,
+            end: kg + 1,
+        };
+        let mut keys = Vec::new();
+        let mut seen: std::collections::HashSet<Key, crate::record::KeyBuildHasher> =
+            std::collections::HashSet::default();
+        for &id in states {
+            for k in state.keys_in(id, one)? {
+                if !seen.contains(&k) && keep(state, id, &k)? {
+                    if states.len() > 1 {
+                        seen.insert(k.clone());
+                    }
+                    keys.push(k);
+                }
+            }
+        }
+        Ok(Some(keys))
+    }
+
+    /// Whether a pass started and has key groups left to visit.
+    pub fn pending(&self) -> bool {
+        self.at.is_some_and(|(kg, end)| kg < end)
+    }
+}
+
 /// Handle of a registered named state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StateId(pub u32);
@@ -159,7 +220,17 @@ pub trait StateBackend: Send {
     ///
     /// # Errors
     /// Backend failures.
-    fn keys(&self, state: StateId) -> Result<Vec<Key>>;
+    fn keys(&self, state: StateId) -> Result<Vec<Key>> {
+        self.keys_in(state, self.key_groups())
+    }
+
+    /// The keys holding a value of `state` in the key groups `range` (intersected with the
+    /// backend's), in no particular order: a pass over many keys visits them a few key groups
+    /// at a time (see [`EndCursor`]) instead of holding every key at once.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn keys_in(&self, state: StateId, range: KeyGroupRange) -> Result<Vec<Key>>;
 
     /// Writes every state of the key groups in `range` (intersected with the backend's) into a
     /// self-describing, versioned byte string.

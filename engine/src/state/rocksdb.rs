@@ -21,9 +21,22 @@
 //! synchronous half of a checkpoint (before the memtables are flushed, so the checkpoint holds
 //! every update), [`StateBackend::snapshot`], [`StateBackend::keys`], [`RocksdbBackend::compact`]
 //! and restores (which then empty the cache). The cache holds at most
-//! [`DEFAULT_CACHE_ENTRIES`] entries (see [`RocksdbBackend::set_cache_capacity`]); when a
-//! miss finds it full, every dirty entry is written back and the whole cache is emptied (a
-//! simple, predictable policy: at most one write batch per `capacity` distinct keys).
+//! [`DEFAULT_CACHE_ENTRIES`] entries (see [`RocksdbBackend::set_cache_capacity`]) and at
+//! most [`DEFAULT_CACHE_BYTES`] estimated bytes ([`entry_bytes`]: a fixed share per entry plus
+//! the decoded value's heap, estimated when the entry is cached and again whenever it is
+//! written back); when a miss finds it full, every dirty entry is written back and the whole
+//! cache is emptied (a simple, predictable policy: at most one write batch per `capacity`
+//! distinct keys).
+//!
+//! **Memory model.** A process's RocksDB memory is bounded by configuration, not by the
+//! number of keys: (1) one LRU block cache of `block_cache_size` shared by every instance of
+//! the process opened with the same sizes (not one per subtask), holding data, index and
+//! filter blocks; (2) memtables of `write_buffer_size` each, all instances' together limited
+//! to twice that by one write-buffer manager whose memory is charged to the same block cache,
+//! so that blocks and memtables together stay near `block_cache_size`; (3) per instance, the
+//! value cache above, at most [`DEFAULT_CACHE_BYTES`]. Nothing holds every key: a restore
+//! opens the downloaded database (or copies entries in batches of 4096), and an end-of-input
+//! pass visits the keys one key group at a time ([`super::EndCursor`]).
 //!
 //! **Native checkpoints.** [`StateBackend::checkpoint`] flushes the memtables and takes a
 //! RocksDB checkpoint (hard links) into a local directory; the [`PendingSnapshot`] it returns
@@ -56,7 +69,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ::rocksdb::checkpoint::Checkpoint;
 use ::rocksdb::{
     BlockBasedOptions, Cache, DB, DBCompressionType, FlushOptions, Options, WriteBatch,
-    WriteOptions,
+    WriteBufferManager, WriteOptions,
 };
 use rhai::{Dynamic, ImmutableString};
 use serde::{Deserialize, Serialize};
@@ -88,6 +101,9 @@ const MANIFEST_VERSION: u32 = 1;
 
 /// Default bound of the value cache, in entries (decoded values of keys of any state).
 pub const DEFAULT_CACHE_ENTRIES: usize = 100_000;
+
+/// Default bound of the value cache, in estimated bytes ([`entry_bytes`]).
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 /// Entries copied per write batch when restoring.
 const BATCH_ENTRIES: usize = 4096;
@@ -459,11 +475,13 @@ impl Manifest {
     }
 }
 
-/// One cached value: the decoded value (`None`: absent) and whether the database lags it.
+/// One cached value: the decoded value (`None`: absent), whether the database lags it, and
+/// the bytes it was estimated to take ([`entry_bytes`]) when cached or last written back.
 #[derive(Debug)]
 struct Slot {
     value: Option<Dynamic>,
     dirty: bool,
+    bytes: usize,
 }
 
 /// The write-back cache of decoded values (see the module docs).
@@ -473,18 +491,28 @@ struct ValueCache {
     maps: Vec<HashMap<Key, Slot, KeyBuildHasher>>,
     /// Entries over all maps.
     len: usize,
+    /// Estimated bytes over all entries (the sum of their `bytes`).
+    bytes: usize,
     /// The entries whose `dirty` flag is set, each once.
     dirty: Vec<(StateId, Key)>,
     /// Bound of `len`.
     capacity: usize,
+    /// Bound of `bytes`.
+    budget: usize,
 }
 
 impl ValueCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, budget: usize) -> Self {
         Self {
             capacity: capacity.max(1),
+            budget,
             ..Self::default()
         }
+    }
+
+    /// Whether one more entry must first empty the cache.
+    fn full(&self) -> bool {
+        self.len >= self.capacity || self.bytes >= self.budget
     }
 
     /// The map of `state` (which the caller has validated), created on first use.
@@ -496,12 +524,58 @@ impl ValueCache {
         &mut self.maps[i]
     }
 
+    /// Caches a value (dirty when the database lags it).
+    fn insert(&mut self, state: StateId, key: &Key, value: Option<Dynamic>, dirty: bool) {
+        let bytes = entry_bytes(value.as_ref());
+        self.map(state).insert(
+            key.clone(),
+            Slot {
+                value,
+                dirty,
+                bytes,
+            },
+        );
+        self.len += 1;
+        self.bytes += bytes;
+        if dirty {
+            self.dirty.push((state, key.clone()));
+        }
+    }
+
     /// Forgets every entry (dirty ones included: write them back first).
     fn clear(&mut self) {
         self.maps.clear();
         self.len = 0;
+        self.bytes = 0;
         self.dirty.clear();
     }
+}
+
+/// About the memory one cached entry takes: its hash-table slot, key and dirty-list entry
+/// (a fixed share) and the decoded value's heap (a Rhai map is a B-tree of 11-entry nodes of
+/// about 500 bytes, a list 16 bytes per item, a long string its text). An estimate, so that
+/// the cache is bounded in bytes without measuring allocations.
+fn entry_bytes(value: Option<&Dynamic>) -> usize {
+    fn heap(v: &Dynamic, depth: u32) -> usize {
+        if depth > 16 {
+            return 0;
+        }
+        if let Ok(m) = v.as_map_ref() {
+            return 32
+                + 512 * m.len().div_ceil(11).max(1)
+                + m.values().map(|x| heap(x, depth + 1)).sum::<usize>();
+        }
+        if let Ok(a) = v.as_array_ref() {
+            return 24
+                + 16 * a.capacity()
+                + a.iter().map(|x| heap(x, depth + 1)).sum::<usize>();
+        }
+        if let Ok(s) = v.as_immutable_string_ref() {
+            return 48 + if s.len() > 23 { s.len() } else { 0 };
+        }
+        0
+    }
+    160 + value.map_or(0, |v| heap(v, 0))
 }
 
 /// Keyed state in an embedded RocksDB instance, for one subtask's key-group range.
@@ -539,18 +613,54 @@ impl std::fmt::Debug for RocksdbBackend {
     }
 }
 
+/// The block cache and the memtable budget that every instance of this process opened with
+/// the same sizes shares (see the module docs), by (block cache, write buffer) size.
+static SHARED_MEMORY: std::sync::LazyLock<Mutex<HashMap<(usize, usize), (Cache, WriteBufferManager)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The shared block cache and memtable budget for these sizes, created on first use.
+fn shared_memory(cache_size: usize, write_buffer: usize) -> (Cache, WriteBufferManager) {
+    let mut shared = SHARED_MEMORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    shared
+        .entry((cache_size, write_buffer))
+        .or_insert_with(|| {
+            let cache = Cache::new_lru_cache(cache_size);
+            // Memtables are charged to the block cache: together they stay near its size.
+            let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+                write_buffer.saturating_mul(2),
+                false,
+                cache.clone(),
+            );
+            (cache, buffers)
+        })
+        .clone()
+}
+
 fn db_options(spec: &RocksdbSpec) -> Options {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.set_compression_type(DBCompressionType::Lz4);
-    let write_buffer = usize::try_from(spec.write_buffer_size.bytes()).unwrap_or(usize::MAX);
-    opts.set_write_buffer_size(write_buffer.max(64 * 1024));
+    let write_buffer = usize::try_from(spec.write_buffer_size.bytes())
+        .unwrap_or(usize::MAX)
+        .max(64 * 1024);
+    opts.set_write_buffer_size(write_buffer);
     let mut table = BlockBasedOptions::default();
     let cache_size = usize::try_from(spec.block_cache_size.bytes()).unwrap_or(usize::MAX);
     if cache_size == 0 {
         table.disable_cache();
+        opts.set_write_buffer_manager(&WriteBufferManager::new_write_buffer_manager(
+            write_buffer.saturating_mul(2),
+            false,
+        ));
     } else {
-        table.set_block_cache(&Cache::new_lru_cache(cache_size));
+        let (cache, buffers) = shared_memory(cache_size, write_buffer);
+        table.set_block_cache(&cache);
+        // Index and filter blocks live in the cache too, so that they count against it.
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        opts.set_write_buffer_manager(&buffers);
     }
     opts.set_block_based_table_factory(&table);
     opts
@@ -601,7 +711,7 @@ impl RocksdbBackend {
             states: Vec::new(),
             uploads: Arc::default(),
             next_dir: 1,
-            cache: RefCell::new(ValueCache::new(DEFAULT_CACHE_ENTRIES)),
+            cache: RefCell::new(ValueCache::new(DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_BYTES)),
             generation: 0,
             root,
         })
@@ -648,6 +758,7 @@ impl RocksdbBackend {
         // Only once the batch is written are the entries clean (an error leaves them dirty).
         self.write(batch)?;
         let dirty = std::mem::take(&mut cache.dirty);
+        let mut bytes = cache.bytes;
         for (state, key) in &dirty {
             if let Some(slot) = cache
                 .maps
@@ -655,8 +766,13 @@ impl RocksdbBackend {
                 .and_then(|m| m.get_mut(key))
             {
                 slot.dirty = false;
+                // The value may have grown since it was cached: estimate it again.
+                let now = entry_bytes(slot.value.as_ref());
+                bytes = bytes - slot.bytes + now;
+                slot.bytes = now;
             }
         }
+        cache.bytes = bytes;
         Ok(())
     }
 
@@ -684,10 +800,7 @@ impl RocksdbBackend {
     /// Makes room for one more cache entry: when the cache is full, writes back every dirty
     /// entry and empties it.
     fn make_room(&self) -> Result<()> {
-        let full = {
-            let cache = self.cache.borrow();
-            cache.len >= cache.capacity
-        };
+        let full = self.cache.borrow().full();
         if full {
             self.flush_cache()?;
             self.cache.borrow_mut().clear();
@@ -1016,15 +1129,9 @@ impl StateBackend for RocksdbBackend {
         }
         let value = self.load(state, key)?;
         self.make_room()?;
-        let mut cache = self.cache.borrow_mut();
-        cache.map(state).insert(
-            key.clone(),
-            Slot {
-                value: value.clone(),
-                dirty: false,
-            },
-        );
-        cache.len += 1;
+        self.cache
+            .borrow_mut()
+            .insert(state, key, value.clone(), false);
         Ok(value)
     }
 
@@ -1044,15 +1151,7 @@ impl StateBackend for RocksdbBackend {
         let value = self.load(state, key)?;
         f(value.as_ref());
         self.make_room()?;
-        let mut cache = self.cache.borrow_mut();
-        cache.map(state).insert(
-            key.clone(),
-            Slot {
-                value,
-                dirty: false,
-            },
-        );
-        cache.len += 1;
+        self.cache.borrow_mut().insert(state, key, value, false);
         Ok(())
     }
 
@@ -1082,21 +1181,17 @@ impl StateBackend for RocksdbBackend {
         f(&mut value);
         let dirty = existed || value.is_some();
         self.make_room()?;
-        let cache = self.cache.get_mut();
-        cache.map(state).insert(key.clone(), Slot { value, dirty });
-        cache.len += 1;
-        if dirty {
-            cache.dirty.push((state, key.clone()));
-        }
+        self.cache.get_mut().insert(state, key, value, dirty);
         Ok(())
     }
 
-    fn keys(&self, state: StateId) -> Result<Vec<Key>> {
+    fn keys_in(&self, state: StateId, range: KeyGroupRange) -> Result<Vec<Key>> {
         let db_id = self.state(state)?.db_id;
         self.flush_cache()?;
+        let range = intersect(range, self.range);
         let mut out = Vec::new();
         let mut it = self.db.raw_iterator();
-        for kg in self.range.start..self.range.end {
+        for kg in range.start..range.end {
             let prefix = self.layout.prefix(kg, db_id);
             it.seek(&prefix);
             while let Some(k) = it.key() {
