@@ -260,7 +260,7 @@ impl Operator for ReduceOperator {
                     Some(acc) => {
                         let backup = keep_backup.then(|| acc.clone());
                         let mut args = [acc, r];
-                        match script.invoke("reduce", &mut args) {
+                        match script.invoke_owned("reduce", &mut args) {
                             Ok(new) => new,
                             Err(e) => {
                                 let [_, left] = args;

@@ -9,9 +9,12 @@
 //! A body may also start with assignments to its parameters' properties (`acc.sum += r.amount;
 //! acc.n = if "n" in acc { acc.n + 1 } else { 1 };`) and end with such an expression or the
 //! parameter itself (`acc`), as reduce scripts do; there, if-expressions and `"field" in map`
-//! are native too. The assignments are collected aside and only show in the result: the
-//! arguments themselves are never changed (callers read them only after an error, and the
-//! native path never produces one).
+//! are native too. The assignments are collected aside, one slot per property assigned, and
+//! only show in the result: the arguments are never changed before the whole body has been
+//! evaluated (callers read them only after an error, and the native path never produces one).
+//! A body that returns the parameter it assigned to (`...; acc`) builds its result from a copy
+//! ([`FastExpr::eval`]) or, for a caller done with the arguments, by writing the slots into
+//! that argument itself and handing it over ([`FastExpr::eval_owned`]).
 //!
 //! The fast path only ever *reads* its arguments, and it gives up on a record (returns `None`)
 //! whenever Rhai might do anything other than the obvious: a type it does not cover, a missing
@@ -24,40 +27,51 @@ use std::cmp::Ordering;
 
 use rhai::{AST, Dynamic, Engine, Expr, ImmutableString, Map, Stmt};
 
+use crate::script::runtime::DataSizes;
+
 /// A compiled body; see the module docs.
 #[derive(Debug)]
 pub struct FastExpr {
     /// Property assignments before the final expression, in order.
     sets: Vec<Set>,
+    /// The properties the assignments write, `(param, prop)`, each once: a [`Set`] and a
+    /// [`Node::Prop`] name theirs by its index here, a *slot*. While a body is evaluated, a
+    /// slot holds the value last written to its property.
+    slots: Vec<(usize, ImmutableString)>,
     root: Node,
     limits: Limits,
 }
 
-/// `param.prop = value` or `param.prop op= value`.
+/// `param.prop = value` or `param.prop op= value`, `(param, prop)` being `slot`.
 #[derive(Debug)]
 struct Set {
-    param: usize,
-    prop: ImmutableString,
+    slot: usize,
     op: Option<Op>,
     value: Node,
 }
 
-/// What the assignments so far wrote: `(param, prop, value)`.
-type Writes = Vec<(usize, ImmutableString, Dynamic)>;
+/// The values of the slots (see [`FastExpr::slots`]); `None`: not written yet.
+type Values = [Option<Dynamic>];
+
+/// Slot values kept on the stack; a body with more assigned properties allocates.
+const INLINE_SLOTS: usize = 8;
 
 /// What an expression is evaluated against.
 struct Cx<'a> {
     args: &'a [Dynamic],
-    writes: &'a Writes,
+    slots: &'a [(usize, ImmutableString)],
+    values: &'a Values,
     limits: Limits,
 }
 
 impl Cx<'_> {
+    /// The value last written to `param.prop`, if any.
     fn written(&self, param: usize, prop: &str) -> Option<&Dynamic> {
-        self.writes
+        let slot = self
+            .slots
             .iter()
-            .find(|(p, k, _)| *p == param && k.as_str() == prop)
-            .map(|(.., v)| v)
+            .position(|(p, k)| *p == param && k.as_str() == prop)?;
+        self.values[slot].as_ref()
     }
 }
 
@@ -90,8 +104,9 @@ enum Op {
 enum Node {
     Const(Dynamic),
     Param(usize),
-    /// A property chain on a parameter: `r.a.b`.
-    Prop(usize, Vec<ImmutableString>),
+    /// A property chain on a parameter, `r.a.b`, and the slot its first property is
+    /// assigned through, if any (see [`FastExpr::slots`]).
+    Prop(usize, Vec<ImmutableString>, Option<usize>),
     Map(Vec<(rhai::Identifier, Node)>),
     Binary(Op, Box<Node>, Box<Node>),
     Not(Box<Node>),
@@ -102,8 +117,10 @@ enum Node {
     If(Box<Node>, Box<Node>, Box<Node>),
     /// `"field" in param.path` on a map (statement bodies only): Rhai parses it as
     /// `contains(param.path, "field")`, so a script that defines its own `contains` is never
-    /// compiled natively (see `script::runtime`).
-    Has(usize, Vec<ImmutableString>, Box<Node>),
+    /// compiled natively (see `script::runtime`). The slot is the one that says whether what
+    /// is looked into was assigned: `param.path[0]`'s, or for no path `param.field`'s when the
+    /// field is a constant (a computed field is looked up by name).
+    Has(usize, Vec<ImmutableString>, Box<Node>, Option<usize>),
 }
 
 /// Rhai counts at least one operation per node it evaluates, plus a few per call; the fast path
@@ -117,8 +134,9 @@ impl FastExpr {
     /// single expression of the supported kinds, or could reach the operation budget.
     pub fn compile(engine: &Engine, program: &AST, params: &[String]) -> Option<Self> {
         let mut nodes = 0;
+        let mut slots = Vec::new();
         let statements = body_statements(program.statements());
-        let (sets, root) = match statements {
+        let (mut sets, mut root) = match statements {
             [_] => {
                 let expr = single_expression(statements)?;
                 (Vec::new(), compile_expr(&expr, params, &mut nodes, false)?)
@@ -126,7 +144,7 @@ impl FastExpr {
             [init @ .., last] => {
                 let sets = init
                     .iter()
-                    .map(|s| compile_set(s, params, &mut nodes))
+                    .map(|s| compile_set(s, params, &mut slots, &mut nodes))
                     .collect::<Option<Vec<_>>>()?;
                 let expr = single_expression(std::slice::from_ref(last))?;
                 (sets, compile_expr(&expr, params, &mut nodes, true)?)
@@ -137,8 +155,12 @@ impl FastExpr {
         if max_ops != 0 && OPS_PER_NODE * nodes + OPS_BESIDES >= max_ops {
             return None;
         }
+        for node in sets.iter_mut().map(|s| &mut s.value).chain([&mut root]) {
+            resolve_slots(node, &slots);
+        }
         Some(Self {
             sets,
+            slots,
             root,
             limits: Limits {
                 string: engine.max_string_size(),
@@ -150,68 +172,180 @@ impl FastExpr {
 
     /// Evaluates the body on `args`; `None` hands the record to Rhai.
     pub fn eval(&self, args: &[Dynamic]) -> Option<Dynamic> {
+        self.with_values(|values| {
+            self.assign(args, values)?;
+            match &self.root {
+                // The parameter as the assignments left it.
+                Node::Param(i) if self.assigns(*i) => {
+                    let mut map = args.get(*i)?.as_map_ref().ok()?.clone();
+                    self.write_into(*i, values, &mut map);
+                    Some(Dynamic::from_map(map))
+                }
+                root => eval(root, &self.cx(args, values)),
+            }
+        })
+    }
+
+    /// [`eval`](Self::eval) for a caller that no longer needs `args` after a success: a body
+    /// that returns a parameter it assigned to (`acc.n += 1; acc`) writes into that argument
+    /// and returns it, instead of a changed copy (the argument is left `()`). `None` hands
+    /// the record to Rhai with `args` untouched.
+    pub fn eval_owned(&self, args: &mut [Dynamic]) -> Option<Dynamic> {
+        self.with_values(|values| {
+            self.assign(args, values)?;
+            match &self.root {
+                Node::Param(i) if self.assigns(*i) => {
+                    let arg = args.get_mut(*i)?;
+                    // A map: `assign` read its properties.
+                    let mut map = arg.as_map_mut().ok()?;
+                    self.write_into(*i, values, &mut map);
+                    drop(map);
+                    Some(std::mem::take(arg))
+                }
+                root => eval(root, &self.cx(args, values)),
+            }
+        })
+    }
+
+    /// Runs `f` on fresh slot values (on the stack for a few slots).
+    fn with_values<R>(&self, f: impl FnOnce(&mut Values) -> Option<R>) -> Option<R> {
+        let n = self.slots.len();
+        if n == 0 {
+            f(&mut [])
+        } else if n <= INLINE_SLOTS {
+            let mut inline: [Option<Dynamic>; INLINE_SLOTS] = Default::default();
+            f(&mut inline[..n])
+        } else {
+            f(&mut vec![None; n])
+        }
+    }
+
+    fn cx<'a>(&'a self, args: &'a [Dynamic], values: &'a Values) -> Cx<'a> {
+        Cx {
+            args,
+            slots: &self.slots,
+            values,
+            limits: self.limits,
+        }
+    }
+
+    /// Whether an assignment writes to a property of parameter `param`.
+    fn assigns(&self, param: usize) -> bool {
+        self.slots.iter().any(|(p, _)| *p == param)
+    }
+
+    /// Runs the assignments on `args` into `values` (every slot is written when it returns
+    /// `Some`); `None` when Rhai must run the body.
+    fn assign(&self, args: &[Dynamic], values: &mut Values) -> Option<()> {
         let limits = self.limits;
-        let mut writes = Writes::new();
         for set in &self.sets {
-            let cx = Cx {
-                args,
-                writes: &writes,
-                limits,
-            };
-            let value = eval(&set.value, &cx)?;
-            let map = args.get(set.param)?.as_map_ref().ok()?;
-            let current = cx
-                .written(set.param, &set.prop)
-                .or_else(|| map.get(set.prop.as_str()))
-                .cloned();
+            let value = eval(&set.value, &self.cx(args, values))?;
+            let (param, prop) = &self.slots[set.slot];
             let new = match set.op {
                 None => value,
-                Some(op) => binary(op, &scalar(current.clone()?)?, &value, limits)?,
+                Some(op) => {
+                    let map = args.get(*param)?.as_map_ref().ok()?;
+                    let current = match &values[set.slot] {
+                        Some(v) => v,
+                        None => map.get(prop.as_str())?,
+                    };
+                    if !is_scalar(current) {
+                        return None;
+                    }
+                    binary(op, current, &value, limits)?
+                }
             };
             // Strings count towards the size limits: Rhai's business.
             if !(new.is_int() || new.is_bool() || new.is_unit()) {
                 return None;
             }
-            let added = writes
-                .iter()
-                .filter(|(p, k, _)| *p == set.param && !map.contains_key(k.as_str()))
-                .count()
-                + usize::from(current.is_none());
-            if !fits(&map, added, limits) {
-                return None;
+            values[set.slot] = Some(new);
+        }
+        // Rhai checks the whole target after each property assignment. The values written are
+        // scalars, so what the target holds only grows with the properties added to it, and
+        // the check after its last assignment (every property added) decides all of them.
+        for (slot, (param, _)) in self.slots.iter().enumerate() {
+            if self.slots[..slot].iter().any(|(p, _)| p == param) {
+                continue;
             }
-            drop(map);
-            match writes
-                .iter_mut()
-                .find(|(p, k, _)| *p == set.param && *k == set.prop)
-            {
-                Some(w) => w.2 = new,
-                None => writes.push((set.param, set.prop.clone(), new)),
+            let map = args.get(*param)?.as_map_ref().ok()?;
+            let sizes = crate::script::runtime::map_sizes(&map);
+            // At most one property per slot is added: when that many fit, the ones that are
+            // added do, and only otherwise are they counted.
+            let assigned = self.slots.iter().filter(|(p, _)| p == param).count();
+            if !fits(sizes, assigned, limits) {
+                let added = self
+                    .slots
+                    .iter()
+                    .filter(|(p, k)| p == param && !map.contains_key(k.as_str()))
+                    .count();
+                if !fits(sizes, added, limits) {
+                    return None;
+                }
             }
         }
-        let cx = Cx {
-            args,
-            writes: &writes,
-            limits,
-        };
-        match &self.root {
-            // The parameter as the assignments left it.
-            Node::Param(i) if writes.iter().any(|(p, ..)| p == i) => {
-                let mut map = args.get(*i)?.as_map_ref().ok()?.clone();
-                for (_, k, v) in writes.iter().filter(|(p, ..)| p == i) {
-                    map.insert(k.as_str().into(), v.clone());
-                }
-                fits(&map, 0, limits).then(|| Dynamic::from_map(map))
+        Some(())
+    }
+
+    /// Writes the slots of parameter `param` into `map`, its value. The result passes the
+    /// size limits: it holds what the last check in [`assign`](Self::assign) counted, or
+    /// less (a scalar written over a string, array or map).
+    fn write_into(&self, param: usize, values: &mut Values, map: &mut Map) {
+        for ((p, k), v) in self.slots.iter().zip(values.iter_mut()) {
+            if *p != param {
+                continue;
             }
-            root => eval(root, &cx),
+            let Some(v) = v.take() else { continue };
+            match map.get_mut(k.as_str()) {
+                Some(old) => *old = v,
+                None => {
+                    map.insert(k.as_str().into(), v);
+                }
+            }
         }
     }
 }
 
-/// Whether `map` with `added` more scalar entries stays below every size limit (Rhai checks
-/// the whole target after a property assignment; at the limit, Rhai decides).
-fn fits(map: &Map, added: usize, limits: Limits) -> bool {
-    let (arrays, maps, strings) = crate::script::runtime::map_sizes(map);
+/// Fills in the slot of every property read of `node` (see [`FastExpr::slots`]).
+fn resolve_slots(node: &mut Node, slots: &[(usize, ImmutableString)]) {
+    match node {
+        Node::Const(_) | Node::Param(_) => {}
+        Node::Prop(param, path, slot) => {
+            *slot = slots
+                .iter()
+                .position(|(p, k)| p == param && path.first() == Some(k));
+        }
+        Node::Map(fields) => fields.iter_mut().for_each(|(_, n)| resolve_slots(n, slots)),
+        Node::Binary(_, a, b) => {
+            resolve_slots(a, slots);
+            resolve_slots(b, slots);
+        }
+        Node::Not(a) | Node::Neg(a) => resolve_slots(a, slots),
+        Node::And(items) | Node::Or(items) => items.iter_mut().for_each(|n| resolve_slots(n, slots)),
+        Node::If(c, a, b) => {
+            resolve_slots(c, slots);
+            resolve_slots(a, slots);
+            resolve_slots(b, slots);
+        }
+        Node::Has(param, path, item, slot) => {
+            let found = |name: &str| slots.iter().position(|(p, k)| p == param && k.as_str() == name);
+            *slot = match (path.first(), &**item) {
+                (Some(first), _) => found(first),
+                (None, Node::Const(c)) => c
+                    .as_immutable_string_ref()
+                    .ok()
+                    .and_then(|field| found(field.as_str())),
+                (None, _) => None,
+            };
+            resolve_slots(item, slots);
+        }
+    }
+}
+
+/// Whether a map of `sizes` with `added` more scalar entries stays below every size limit
+/// (Rhai checks the whole target after a property assignment; at the limit, Rhai decides).
+fn fits(sizes: DataSizes, added: usize, limits: Limits) -> bool {
+    let (arrays, maps, strings) = sizes;
     let under = |n: usize, max: usize| max == 0 || n < max;
     under(arrays, limits.array) && under(maps + added, limits.map) && under(strings, limits.string)
 }
@@ -224,8 +358,14 @@ fn body_statements(statements: &[Stmt]) -> &[Stmt] {
     }
 }
 
-/// `param.prop = value;` or `param.prop op= value;`.
-fn compile_set(stmt: &Stmt, params: &[String], nodes: &mut u64) -> Option<Set> {
+/// `param.prop = value;` or `param.prop op= value;`, its target's slot found in (or added to)
+/// `slots`.
+fn compile_set(
+    stmt: &Stmt,
+    params: &[String],
+    slots: &mut Vec<(usize, ImmutableString)>,
+    nodes: &mut u64,
+) -> Option<Set> {
     let Stmt::Assignment(assignment) = stmt else {
         return None;
     };
@@ -245,12 +385,16 @@ fn compile_set(stmt: &Stmt, params: &[String], nodes: &mut u64) -> Option<Set> {
         Some((.., op_syntax)) => Some(binary_op(op_syntax)?),
     };
     *nodes += 3;
-    Some(Set {
-        param,
-        prop: p.2.clone(),
-        op,
-        value: compile_expr(rhs, params, nodes, true)?,
-    })
+    let value = compile_expr(rhs, params, nodes, true)?;
+    let target = (param, p.2.clone());
+    let slot = match slots.iter().position(|s| *s == target) {
+        Some(slot) => slot,
+        None => {
+            slots.push(target);
+            slots.len() - 1
+        }
+    };
+    Some(Set { slot, op, value })
 }
 
 /// The one expression a body consists of: `{ expr }`, possibly nested blocks.
@@ -278,7 +422,7 @@ fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64, branches: bool)
             let mut path = Vec::new();
             property_path(&chain.rhs, &mut path)?;
             *nodes += path.len() as u64;
-            Node::Prop(param, path)
+            Node::Prop(param, path, None)
         }
         Expr::Map(map, _) => {
             let mut fields = Vec::with_capacity(map.0.len());
@@ -330,6 +474,7 @@ fn compile_expr(expr: &Expr, params: &[String], nodes: &mut u64, branches: bool)
                 param,
                 path,
                 Box::new(compile_expr(item, params, nodes, true)?),
+                None,
             )
         }
         Expr::FnCall(call, _) if call.op_token.is_some() && call.namespace.is_empty() => {
@@ -415,9 +560,9 @@ fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
     match node {
         Node::Const(c) => Some(c.clone()),
         Node::Param(i) => scalar(cx.args.get(*i)?.clone()),
-        Node::Prop(i, path) => {
+        Node::Prop(i, path, slot) => {
             let (first, rest) = path.split_first()?;
-            let mut value = match cx.written(*i, first) {
+            let mut value = match slot.and_then(|s| cx.values[s].as_ref()) {
                 Some(v) => v.clone(),
                 None => property(cx.args.get(*i)?, first)?,
             };
@@ -472,11 +617,24 @@ fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
                 eval(b, cx)
             }
         }
-        Node::Has(i, path, item) => {
-            let item = eval(item, cx)?;
-            let field = item.as_immutable_string_ref().ok()?;
+        Node::Has(i, path, item, slot) => {
+            let computed;
+            let (field, constant) = match &**item {
+                Node::Const(c) => (c, true),
+                item => {
+                    computed = eval(item, cx)?;
+                    (&computed, false)
+                }
+            };
+            let field = field.as_immutable_string_ref().ok()?;
+            let assigned = |slot: &Option<usize>| slot.and_then(|s| cx.values[s].as_ref()).is_some();
             if path.is_empty() {
-                if cx.written(*i, &field).is_some() {
+                let written = if constant {
+                    assigned(slot)
+                } else {
+                    cx.written(*i, &field).is_some()
+                };
+                if written {
                     return Some(Dynamic::TRUE);
                 }
                 let map = cx.args.get(*i)?.as_map_ref().ok()?;
@@ -484,7 +642,7 @@ fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
             }
             let (first, rest) = path.split_first()?;
             // A written value is a scalar, never a map.
-            if cx.written(*i, first).is_some() {
+            if assigned(slot) {
                 return None;
             }
             let mut value = property(cx.args.get(*i)?, first)?;
@@ -808,10 +966,28 @@ mod tests {
     /// Whether the native path answered for `args`; when it did, it answered as a plain Rhai
     /// call does. (Where it hands over, the body runs in Rhai; an error report of a body that
     /// changed its arguments before failing names what it left, a plain call the originals.)
+    ///
+    /// The evaluation for a caller done with its arguments (`eval_owned`) answers exactly when
+    /// `eval` does, with the same value, and leaves the arguments untouched when it does not;
+    /// `invoke_owned` answers as `invoke` does.
     fn native_agrees(s: &mut ScriptFn, compiled: &CompiledScript, text: &str, args: &[Dynamic]) -> usize {
+        let mut owned = args.to_vec();
+        let native_owned = compiled.native_eval_owned("f", &mut owned);
+        assert_eq!(
+            s.invoke_owned("f", &mut args.to_vec()).map(|v| format!("{v:?}")),
+            s.invoke("f", &mut args.to_vec()).map(|v| format!("{v:?}")),
+            "{text} on {args:?}"
+        );
         let Some(native) = compiled.native_eval("f", args) else {
+            assert!(native_owned.is_none(), "{text} on {args:?}");
+            assert_eq!(format!("{owned:?}"), format!("{args:?}"), "{text}: arguments kept");
             return 0;
         };
+        assert_eq!(
+            native_owned.map(|v| format!("{v:?}")),
+            Some(format!("{native:?}")),
+            "{text} on {args:?}"
+        );
         let rhai = match args {
             [a] => s.call("f", (a.clone(),)),
             [a, b] => s.call("f", (a.clone(), b.clone())),
@@ -850,12 +1026,25 @@ mod tests {
             // Rhai's optimiser makes a final `return x;` the expression `x`.
             ("fn f(acc, r) { acc.n += 1; return acc; }", true),
             ("fn f(acc, r) { if r.flag { return 1; } acc.n += 1; acc }", false),
+            // `in` on a property assigned before, by a constant and by a computed name.
+            ("fn f(acc, r) { acc.x = 1; acc.y = \"x\" in acc; acc.z = \"n\" in acc; acc }", true),
+            ("fn f(acc, r) { acc.u1 = 1; acc.y = r.user in acc; acc }", true),
+            ("fn f(acc, r) { acc.nested = 1; acc.k = \"a\" in acc.nested; acc }", true),
+            // A property read before a later assignment to it; the record returned; both
+            // parameters assigned.
+            ("fn f(acc, r) { acc.t = acc.n; acc.n = 5; acc.n += acc.t; acc }", true),
+            ("fn f(acc, r) { r.amount = acc.amount; r.seen = true; r }", true),
+            ("fn f(acc, r) { acc.n = 1; r.n = 2; acc.m = r.n; acc }", true),
+            // Three properties assigned, one new: under `max_map_size: 4` only the exact count
+            // of added properties fits.
+            ("fn f(acc, r) { acc.amount += 1; acc.ts = 1; acc.n = 1; acc }", true),
         ];
         let accs: Vec<Dynamic> = [
             r#"{"user":"u1","amount":5,"ts":1,"n":3,"big":9223372036854775807,"f":0.5}"#,
             r#"{"user":"u2","amount":7,"ts":2}"#,
             r#"{"amount":"7","n":true}"#,
             r#"{"arr":[1],"amount":1}"#,
+            r#"{"amount":1,"ts":0}"#,
             r#"{}"#,
             r#"7"#,
         ]

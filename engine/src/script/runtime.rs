@@ -111,6 +111,12 @@ impl CompiledScript {
         self.body(name, args.len())?.1.native(args)
     }
 
+    /// Function `name`'s native evaluation for a caller done with `args` (for tests).
+    #[cfg(test)]
+    pub(crate) fn native_eval_owned(&self, name: &str, args: &mut [Dynamic]) -> Option<Dynamic> {
+        self.body(name, args.len())?.1.native_owned(args)
+    }
+
     /// Whether function `name` is evaluated natively when its records allow (for tests).
     #[cfg(test)]
     pub(crate) fn native(&self, name: &str) -> bool {
@@ -124,6 +130,12 @@ impl FnBody {
     /// The native evaluation, when the body has one and it can answer for `args`.
     fn native(&self, args: &[Dynamic]) -> Option<Dynamic> {
         self.fast.as_ref()?.eval(args)
+    }
+
+    /// [`native`](Self::native) for a caller done with `args` after a success (see
+    /// [`FastExpr::eval_owned`]).
+    fn native_owned(&self, args: &mut [Dynamic]) -> Option<Dynamic> {
+        self.fast.as_ref()?.eval_owned(args)
     }
 
     /// `None` when the body cannot be cut out exactly (the function is then called as usual).
@@ -270,6 +282,23 @@ impl ScriptFn {
     pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
         match self.script.body(name, args.len()) {
             Some((i, body)) => match body.native(args) {
+                Some(value) => Ok(value),
+                None => run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args)
+                    .map_err(|e| explain(&e, &self.script, &body.params, args)),
+            },
+            None => self.call_on_copy(name, args),
+        }
+    }
+
+    /// [`invoke`](Self::invoke) for a caller that drops `args` after a success: the native
+    /// path may then take the argument it returns instead of copying it
+    /// ([`FastExpr::eval_owned`]), as a reduce does with its accumulator.
+    ///
+    /// # Errors
+    /// As [`invoke`](Self::invoke).
+    pub fn invoke_owned(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
+        match self.script.body(name, args.len()) {
+            Some((i, body)) => match body.native_owned(args) {
                 Some(value) => Ok(value),
                 None => run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args)
                     .map_err(|e| explain(&e, &self.script, &body.params, args)),
@@ -1057,14 +1086,17 @@ pub type DataSizes = (usize, usize, usize);
 
 /// [`DataSizes`] of a value on its own.
 pub fn data_sizes(v: &Dynamic) -> DataSizes {
-    if let Ok(a) = v.as_array_ref() {
+    // The common kinds first: each failed cast below looks up a type name.
+    if v.is_int() || v.is_float() || v.is_bool() || v.is_unit() {
+        (0, 0, 0)
+    } else if let Ok(s) = v.as_immutable_string_ref() {
+        (0, 0, s.len())
+    } else if let Ok(a) = v.as_array_ref() {
         array_sizes(&a)
     } else if let Ok(m) = v.as_map_ref() {
         map_sizes(&m)
     } else if let Ok(b) = v.as_blob_ref() {
         (b.len(), 0, 0)
-    } else if let Ok(s) = v.as_immutable_string_ref() {
-        (0, 0, s.len())
     } else {
         (0, 0, 0)
     }
