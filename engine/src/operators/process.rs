@@ -261,8 +261,8 @@ impl Operator for ProcessOperator {
                 set_key(k);
                 let original = exact.then(|| r.clone());
                 let mut args = [r];
-                let failed = match script.invoke("process", &mut args) {
-                    Ok(_) => take_emitted(records).err(),
+                let failed = match script.run_process("process", &mut args) {
+                    Ok(()) => take_emitted(records).err(),
                     Err(e) => {
                         discard_emitted();
                         Some(e)

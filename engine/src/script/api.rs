@@ -659,8 +659,43 @@ pub fn render_markdown() -> String {
             f.emits,
         ));
     }
+    out.push_str(NATIVE);
     out
 }
+
+/// The section on native execution (`script::fast`, `script::native`).
+const NATIVE: &str = "\n## Native execution\n\n\
+Weir runs common script bodies without Rhai's evaluator, with the same results: a body is \
+compiled once per operator, and on each record the native run either does exactly what Rhai \
+would or gives up before anything is visible, and the record runs through Rhai. Differential \
+tests compare both on random records and state.\n\n\
+- **One-expression bodies** (`map`, `filter`, `key_by`, `reduce`, ...): literals, the \
+parameters and their properties, `+ - * / %` on ints, `+` on strings, comparisons, `!`, \
+`&&`, `||` and map literals; in `reduce`-style bodies also leading assignments to the \
+parameters' properties, `if` expressions and `\"field\" in map`.\n\
+- **`process` bodies of statements**: `let` locals, assignment (`x = v`, `x += v` and the \
+other arithmetic assignments, `a[i] = v`, `m[k] = v`, `m.k = v` on locals), `if`/`else` as \
+statement and expression, `for x in array`, `for i in a..b` and `a..=b`, `while`, `break`, \
+`continue`, `return`; array literals and `push`, `pop`, `len`, `sort()` and \
+`sort(|a, b| expr)` (the comparator answering with an int's sign or a bool, as Rhai's `sort` \
+reads it); map literals, properties and indexing; `${..}` interpolation of ints and strings; \
+int arithmetic with Rhai's overflow and division rules, comparisons, `== ()` and `!= ()`; \
+and `state_get`, `state_set`, `state_clear`, `state_add`, `list_get`, `list_push`, \
+`list_len`, `list_set`, `list_top`, `map_get`, `map_put`, `map_add`, `map_remove`, \
+`map_len`, `emit` and `key()` with the state's name written as a string literal. A native \
+run buffers its state writes and emitted records (its own reads see them) and applies them \
+when the body completes.\n\n\
+A record is handed to Rhai, before any effect, on anything Rhai might treat otherwise: a \
+value of another type (floats, chars, timestamps, ...), a missing property or index, a \
+negative index, an integer overflow or a division by zero, a type mix, a size limit of \
+`limits:` reached, a state write the state functions would refuse, an `emit` beyond \
+`limits.max_outputs_per_record`, a comparator answering anything but an int or a bool, an \
+operation count that could reach `limits.max_operations`, an undeclared state, or a state \
+with a `ttl`. A body using anything else (other functions, `print`, timers, `now()`, \
+`watermark()`, `try`/`catch`, `throw`, `switch`, `const`, closures other than a sort \
+comparator, floats, chars, a state name that is not a literal), or whose script defines a \
+function named like one it calls, always runs in Rhai. `on_end`, `on_timer` and `migrate` \
+always run in Rhai.\n";
 
 /// The first sentence of a text, for summary tables.
 fn first_sentence(text: &str) -> &str {

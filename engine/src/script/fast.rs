@@ -76,17 +76,17 @@ impl Cx<'_> {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Limits {
+pub(crate) struct Limits {
     /// Longest string allowed, 0 for no limit (Rhai's convention).
-    string: usize,
+    pub string: usize,
     /// Most map entries allowed, 0 for no limit.
-    map: usize,
+    pub map: usize,
     /// Most array items allowed, 0 for no limit.
-    array: usize,
+    pub array: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Add,
     Sub,
     Mul,
@@ -538,7 +538,7 @@ fn property_path(expr: &Expr, path: &mut Vec<ImmutableString>) -> Option<()> {
     }
 }
 
-fn binary_op(name: &str) -> Option<Op> {
+pub(crate) fn binary_op(name: &str) -> Option<Op> {
     Some(match name {
         "+" => Op::Add,
         "-" => Op::Sub,
@@ -667,7 +667,7 @@ fn property(target: &Dynamic, key: &str) -> Option<Dynamic> {
     map.get(key).cloned()
 }
 
-fn binary(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
+pub(crate) fn binary(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
     if let (Ok(x), Ok(y)) = (a.as_int(), b.as_int()) {
         return Some(match op {
             Op::Add => Dynamic::from_int(x.checked_add(y)?),

@@ -432,6 +432,7 @@ fn check_functions(
 pub mod api;
 pub mod errors;
 pub mod fast;
+pub mod native;
 pub mod runtime;
 pub mod strict;
 

@@ -24,6 +24,7 @@ use weir_schema::span::offset_of;
 
 use super::errors::{self, ScriptOrigin};
 use super::fast::FastExpr;
+use super::native::{NativeProgram, Scratch};
 use crate::record::Key;
 use crate::state::timers::TimeDomain;
 use crate::state::ttl::{Access, Ttl};
@@ -51,6 +52,8 @@ struct FnBody {
     program: AST,
     /// The native evaluation of a simple body, tried first.
     fast: Option<FastExpr>,
+    /// The native run of a statement body, tried first by [`ScriptFn::run_process`].
+    native: Option<NativeProgram>,
 }
 
 impl CompiledScript {
@@ -117,6 +120,15 @@ impl CompiledScript {
         self.body(name, args.len())?.1.native_owned(args)
     }
 
+    /// Whether function `name`'s statement body runs natively when its records allow (for
+    /// tests).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn runs_natively(&self, name: &str) -> bool {
+        self.bodies
+            .iter()
+            .any(|b| b.name == name && b.native.is_some())
+    }
+
     /// Whether function `name` is evaluated natively when its records allow (for tests).
     #[cfg(test)]
     pub(crate) fn native(&self, name: &str) -> bool {
@@ -145,32 +157,45 @@ impl FnBody {
         functions: &AST,
         def: &rhai::ScriptFuncDef,
     ) -> Option<Self> {
-        // Clamped offsets: a position off the text fails the brace checks below.
-        let offset = |pos: Position| Some(offset_of(text, pos.line()?, pos.position()?));
-        let start = offset(def.body.start_position())?;
-        let close = offset(def.body.end_position())?;
-        if !text[start..].starts_with('{') || !text[close..].starts_with('}') || close < start {
-            return None;
-        }
-        let mut program: String = text[..start]
-            .chars()
-            .map(|c| if c.is_whitespace() { c } else { ' ' })
-            .collect();
-        program.push_str(&text[start..=close]);
-        let body = engine.compile(&program).ok()?;
+        let body = body_program(engine, text, def)?;
         let params: Vec<String> = def.params.iter().map(ToString::to_string).collect();
         // `"f" in m` calls `contains`, which the native path takes to be Rhai's own.
         let own_contains = functions.iter_fn_def().any(|f| f.name == rhai::OP_CONTAINS);
         let fast = (!own_contains)
             .then(|| FastExpr::compile(engine, &body, &params))
             .flatten();
+        let own: Vec<String> = functions.iter_fn_def().map(|f| f.name.to_string()).collect();
+        let native = fast
+            .is_none()
+            .then(|| NativeProgram::compile(engine, &body, &params, &own))
+            .flatten();
         Some(Self {
             name: def.name.to_string(),
             params,
             program: body.merge(functions),
             fast,
+            native,
         })
     }
+}
+
+/// The body of function `def` of the script `text` as a program of its own: the script's text
+/// with everything before the body blanked out (newlines kept, so positions stay the
+/// script's); `None` when the body cannot be cut out exactly.
+fn body_program(engine: &Engine, text: &str, def: &rhai::ScriptFuncDef) -> Option<AST> {
+    // Clamped offsets: a position off the text fails the brace checks below.
+    let offset = |pos: Position| Some(offset_of(text, pos.line()?, pos.position()?));
+    let start = offset(def.body.start_position())?;
+    let close = offset(def.body.end_position())?;
+    if !text[start..].starts_with('{') || !text[close..].starts_with('}') || close < start {
+        return None;
+    }
+    let mut program: String = text[..start]
+        .chars()
+        .map(|c| if c.is_whitespace() { c } else { ' ' })
+        .collect();
+    program.push_str(&text[start..=close]);
+    engine.compile(&program).ok()
 }
 
 /// Runs `body` with `args` moved into `scope` as its parameters, and moves them back.
@@ -214,6 +239,10 @@ pub struct ScriptFn {
     /// Rhai's function-resolution caches, one per body of [`CompiledScript`] (see
     /// [`run_body`]).
     caches: Vec<Caches>,
+    /// The buffers of native runs ([`NativeProgram`]), kept from record to record.
+    scratch: Scratch,
+    /// Whether native runs are tried (tests turn them off to compare with Rhai).
+    natively: bool,
 }
 
 impl ScriptFn {
@@ -225,7 +254,47 @@ impl ScriptFn {
             script,
             scope: Scope::new(),
             caches,
+            scratch: Scratch::default(),
+            natively: true,
         }
+    }
+
+    /// Whether function `name`'s statement body runs natively when its records allow.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn runs_natively(&self, name: &str) -> bool {
+        self.script.runs_natively(name)
+    }
+
+    /// How many calls completed natively through [`run_process`](Self::run_process) (for
+    /// tests).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn native_runs(&self) -> u64 {
+        self.scratch.completed
+    }
+
+    /// Turns native runs of statement bodies off or on (for differential tests).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn set_native(&mut self, on: bool) {
+        self.natively = on;
+    }
+
+    /// Calls `name` for its effects (state writes, `emit`), as a `process` operator does: a
+    /// statement body runs natively first ([`NativeProgram`]: its effects are applied only
+    /// when it completes; when it gives up, the record runs through Rhai as by
+    /// [`invoke`](Self::invoke)). The function's value is not returned.
+    ///
+    /// # Errors
+    /// The script's error as text (with its script position), or a state backend error
+    /// while a native run's writes are applied.
+    pub fn run_process(&mut self, name: &str, args: &mut [Dynamic]) -> Result<(), String> {
+        if self.natively
+            && let Some((_, body)) = self.script.body(name, args.len())
+            && let Some(native) = &body.native
+            && let Some(done) = native.run(args, &mut self.scratch)
+        {
+            return done;
+        }
+        self.invoke(name, args).map(|_| ())
     }
 
     /// Calls `name` with `args`; a script error, thrown value or sandbox breach becomes the
@@ -666,6 +735,41 @@ fn with_state<T>(
     })
 }
 
+/// What a native `process` run ([`super::native`]) reads and, once it completed, writes: the
+/// frame's state backend, the current key, the declared states and the records emitted so far.
+pub(crate) struct StateAccess<'a> {
+    pub state: &'a mut dyn StateBackend,
+    pub key: &'a Key,
+    pub names: &'a [(String, StateId)],
+    pub emitted: &'a mut Vec<Dynamic>,
+    /// Most records one call may `emit` (`0`: `emit` is not available).
+    pub max_outputs: usize,
+}
+
+/// Runs `f` on the current frame's [`StateAccess`]; `None` (and `f` is not run) whenever a
+/// state function could do anything but read or write the backend: outside a frame, without a
+/// key or a backend, with a state time-to-live (every access renews or expires values), or
+/// after an `emit` over the budget.
+pub(crate) fn with_state_access<R>(f: impl FnOnce(StateAccess<'_>) -> Option<R>) -> Option<R> {
+    FRAME.with(|fr| {
+        let mut fr = fr.borrow_mut();
+        let fr = &mut *fr;
+        if !fr.active || fr.over_budget || fr.process.as_ref().is_some_and(|p| p.ttl.is_some()) {
+            return None;
+        }
+        let (Some(state), Some(key)) = (fr.state.as_deref_mut(), fr.key.as_ref()) else {
+            return None;
+        };
+        f(StateAccess {
+            state,
+            key,
+            names: &fr.names,
+            emitted: &mut fr.emitted,
+            max_outputs: fr.max_outputs,
+        })
+    })
+}
+
 /// Queues a timer set or delete for the current key (see [`TimerOp`]).
 fn timer_op(function: &str, domain: TimeDomain, set: bool, time: i64) -> Res<()> {
     FRAME.with(|fr| {
@@ -753,18 +857,8 @@ fn register(engine: &mut Engine) {
             let mut refused = None;
             with_state(&name, Access::Write, |s, k, id| {
                 s.update(id, k, &mut |slot| {
-                    let Some(v) = item.take() else { return };
-                    let item = element_sizes(&v);
-                    if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
-                        refused = sizes.exceeded(add(item, array_sizes(&list)));
-                        if refused.is_none() {
-                            list.push(v);
-                        }
-                        return;
-                    }
-                    refused = sizes.exceeded(item);
-                    if refused.is_none() {
-                        *slot = Some(Dynamic::from_array(vec![v]));
+                    if let Some(v) = item.take() {
+                        refused = push_onto(slot, v, sizes);
                     }
                 })
             })?;
@@ -843,24 +937,8 @@ fn register(engine: &mut Engine) {
             let mut refused = None;
             with_state(&name, Access::Write, |s, k, id| {
                 s.update(id, k, &mut |slot| {
-                    let Some(v) = entry.take() else { return };
-                    let entry = entry_sizes(&v);
-                    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                        let mut grown = add(entry, map_sizes(&map));
-                        if let Some(old) = map.get(field.as_str()) {
-                            grown = sub(grown, entry_sizes(old));
-                        }
-                        refused = sizes.exceeded(grown);
-                        if refused.is_none() {
-                            map.insert(field.as_str().into(), v);
-                        }
-                        return;
-                    }
-                    refused = sizes.exceeded(entry);
-                    if refused.is_none() {
-                        let mut map = Map::new();
-                        map.insert(field.as_str().into(), v);
-                        *slot = Some(Dynamic::from_map(map));
+                    if let Some(v) = entry.take() {
+                        refused = put_into(slot, &field, v, sizes);
                     }
                 })
             })?;
@@ -877,12 +955,7 @@ fn register(engine: &mut Engine) {
         |name: ImmutableString, delta: Dynamic| -> Res<Dynamic> {
             let mut outcome = Ok(Dynamic::UNIT);
             with_state(&name, Access::Write, |s, k, id| {
-                s.update(id, k, &mut |slot| {
-                    outcome = add_to(slot.as_ref(), &delta);
-                    if let Ok(sum) = &outcome {
-                        *slot = Some(sum.clone());
-                    }
-                })
+                s.update(id, k, &mut |slot| outcome = add_in_place(slot, &delta))
             })?;
             outcome.or_else(|e| err(format!("state_add(\"{name}\"): {e}")))
         },
@@ -892,41 +965,7 @@ fn register(engine: &mut Engine) {
         move |name: ImmutableString, field: ImmutableString, delta: Dynamic| -> Res<Dynamic> {
             let mut outcome = Ok(Dynamic::UNIT);
             with_state(&name, Access::Write, |s, k, id| {
-                s.update(id, k, &mut |slot| {
-                    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                        if let Some(old) = map.get_mut(field.as_str()) {
-                            // A number replaces a number: the map does not grow.
-                            outcome = add_to(Some(&*old), &delta);
-                            if let Ok(sum) = &outcome {
-                                *old = sum.clone();
-                            }
-                            return;
-                        }
-                        outcome = add_to(None, &delta).and_then(|sum| {
-                            match sizes.exceeded(add(entry_sizes(&sum), map_sizes(&map))) {
-                                Some(e) => Err(format!(
-                                    "{e}; keep the map bounded with `map_remove`"
-                                )),
-                                None => Ok(sum),
-                            }
-                        });
-                        if let Ok(sum) = &outcome {
-                            map.insert(field.as_str().into(), sum.clone());
-                        }
-                        return;
-                    }
-                    outcome = add_to(None, &delta).and_then(|sum| {
-                        match sizes.exceeded(entry_sizes(&sum)) {
-                            Some(e) => Err(e),
-                            None => Ok(sum),
-                        }
-                    });
-                    if let Ok(sum) = &outcome {
-                        let mut map = Map::new();
-                        map.insert(field.as_str().into(), sum.clone());
-                        *slot = Some(Dynamic::from_map(map));
-                    }
-                })
+                s.update(id, k, &mut |slot| outcome = add_into(slot, &field, &delta, sizes))
             })?;
             outcome.or_else(|e| err(format!("map_add(\"{name}\", \"{field}\"): {e}")))
         },
@@ -971,7 +1010,7 @@ fn register(engine: &mut Engine) {
 
 /// `old + delta` for `state_add` and `map_add`: integers (checked) or floats, an absent or
 /// `()` value counting as zero.
-fn add_to(old: Option<&Dynamic>, delta: &Dynamic) -> Result<Dynamic, String> {
+pub(crate) fn add_to(old: Option<&Dynamic>, delta: &Dynamic) -> Result<Dynamic, String> {
     let old = old.filter(|v| !v.is_unit());
     if let Ok(d) = delta.as_int() {
         return match old.map(Dynamic::as_int) {
@@ -996,6 +1035,89 @@ fn add_to(old: Option<&Dynamic>, delta: &Dynamic) -> Result<Dynamic, String> {
     ))
 }
 
+/// `state_add` on a state's value in place; the sum.
+pub(crate) fn add_in_place(slot: &mut Option<Dynamic>, delta: &Dynamic) -> Result<Dynamic, String> {
+    let sum = add_to(slot.as_ref(), delta)?;
+    *slot = Some(sum.clone());
+    Ok(sum)
+}
+
+/// `list_push` on a state's value in place; the refusal, if a size limit refuses the item.
+pub(crate) fn push_onto(slot: &mut Option<Dynamic>, v: Dynamic, sizes: SizeLimits) -> Option<String> {
+    let item = element_sizes(&v);
+    if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
+        let refused = sizes.exceeded(add(item, array_sizes(&list)));
+        if refused.is_none() {
+            list.push(v);
+        }
+        return refused;
+    }
+    let refused = sizes.exceeded(item);
+    if refused.is_none() {
+        *slot = Some(Dynamic::from_array(vec![v]));
+    }
+    refused
+}
+
+/// `map_put` on a state's value in place; the refusal, if a size limit refuses the entry.
+pub(crate) fn put_into(
+    slot: &mut Option<Dynamic>,
+    field: &str,
+    v: Dynamic,
+    sizes: SizeLimits,
+) -> Option<String> {
+    let entry = entry_sizes(&v);
+    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+        let mut grown = add(entry, map_sizes(&map));
+        if let Some(old) = map.get(field) {
+            grown = sub(grown, entry_sizes(old));
+        }
+        let refused = sizes.exceeded(grown);
+        if refused.is_none() {
+            map.insert(field.into(), v);
+        }
+        return refused;
+    }
+    let refused = sizes.exceeded(entry);
+    if refused.is_none() {
+        let mut map = Map::new();
+        map.insert(field.into(), v);
+        *slot = Some(Dynamic::from_map(map));
+    }
+    refused
+}
+
+/// `map_add` on a state's value in place; the sum.
+pub(crate) fn add_into(
+    slot: &mut Option<Dynamic>,
+    field: &str,
+    delta: &Dynamic,
+    sizes: SizeLimits,
+) -> Result<Dynamic, String> {
+    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+        if let Some(old) = map.get_mut(field) {
+            // A number replaces a number: the map does not grow.
+            let sum = add_to(Some(&*old), delta)?;
+            *old = sum.clone();
+            return Ok(sum);
+        }
+        let sum = add_to(None, delta)?;
+        if let Some(e) = sizes.exceeded(add(entry_sizes(&sum), map_sizes(&map))) {
+            return Err(format!("{e}; keep the map bounded with `map_remove`"));
+        }
+        map.insert(field.into(), sum.clone());
+        return Ok(sum);
+    }
+    let sum = add_to(None, delta)?;
+    if let Some(e) = sizes.exceeded(entry_sizes(&sum)) {
+        return Err(e);
+    }
+    let mut map = Map::new();
+    map.insert(field.into(), sum.clone());
+    *slot = Some(Dynamic::from_map(map));
+    Ok(sum)
+}
+
 /// How `list_top` orders two items: ints with ints, floats with floats, strings with strings.
 fn rank(a: &Dynamic, b: &Dynamic) -> Result<std::cmp::Ordering, String> {
     if let (Ok(x), Ok(y)) = (a.as_int(), b.as_int()) {
@@ -1018,7 +1140,7 @@ fn rank(a: &Dynamic, b: &Dynamic) -> Result<std::cmp::Ordering, String> {
 
 /// Inserts `v` into the list in `slot`, kept largest first, after the items equal to it, and
 /// keeps the first `keep`; whether `v` stayed. A list left empty is removed.
-fn insert_top(
+pub(crate) fn insert_top(
     slot: &mut Option<Dynamic>,
     v: Dynamic,
     keep: usize,
@@ -1103,7 +1225,7 @@ pub fn data_sizes(v: &Dynamic) -> DataSizes {
 }
 
 /// [`DataSizes`] of `v` as an item of an array (a blob inside an array counts one more).
-fn element_sizes(v: &Dynamic) -> DataSizes {
+pub(crate) fn element_sizes(v: &Dynamic) -> DataSizes {
     let inner = match v.as_blob_ref() {
         Ok(b) => (b.len() + 1, 0, 0),
         Err(_) => data_sizes(v),
@@ -1112,7 +1234,7 @@ fn element_sizes(v: &Dynamic) -> DataSizes {
 }
 
 /// [`DataSizes`] of `v` as the value of a map entry.
-fn entry_sizes(v: &Dynamic) -> DataSizes {
+pub(crate) fn entry_sizes(v: &Dynamic) -> DataSizes {
     let inner = match v.as_blob_ref() {
         Ok(b) => (b.len() + 1, 0, 0),
         Err(_) => data_sizes(v),
@@ -1120,7 +1242,7 @@ fn entry_sizes(v: &Dynamic) -> DataSizes {
     add((0, 1, 0), inner)
 }
 
-fn array_sizes(a: &[Dynamic]) -> DataSizes {
+pub(crate) fn array_sizes(a: &[Dynamic]) -> DataSizes {
     a.iter()
         .fold((0, 0, 0), |acc, v| add(acc, element_sizes(v)))
 }
@@ -1131,7 +1253,7 @@ pub(crate) fn map_sizes(m: &Map) -> DataSizes {
         .fold((0, 0, 0), |acc, v| add(acc, entry_sizes(v)))
 }
 
-fn add(a: DataSizes, b: DataSizes) -> DataSizes {
+pub(crate) fn add(a: DataSizes, b: DataSizes) -> DataSizes {
     (
         a.0.saturating_add(b.0),
         a.1.saturating_add(b.1),
@@ -1139,7 +1261,7 @@ fn add(a: DataSizes, b: DataSizes) -> DataSizes {
     )
 }
 
-fn sub(a: DataSizes, b: DataSizes) -> DataSizes {
+pub(crate) fn sub(a: DataSizes, b: DataSizes) -> DataSizes {
     (
         a.0.saturating_sub(b.0),
         a.1.saturating_sub(b.1),
@@ -1149,14 +1271,14 @@ fn sub(a: DataSizes, b: DataSizes) -> DataSizes {
 
 /// The size limits of a pipeline's scripts (`0`: none).
 #[derive(Clone, Copy, Debug)]
-struct SizeLimits {
+pub(crate) struct SizeLimits {
     array: usize,
     map: usize,
     string: usize,
 }
 
 impl SizeLimits {
-    fn of(engine: &Engine) -> Self {
+    pub(crate) fn of(engine: &Engine) -> Self {
         Self {
             array: engine.max_array_size(),
             map: engine.max_map_size(),
@@ -1165,7 +1287,7 @@ impl SizeLimits {
     }
 
     /// Which limit `sizes` exceeds, as a sentence.
-    fn exceeded(self, (array, map, string): DataSizes) -> Option<String> {
+    pub(crate) fn exceeded(self, (array, map, string): DataSizes) -> Option<String> {
         let over = |n: usize, max: usize| max > 0 && n > max;
         if over(array, self.array) {
             Some(format!(

@@ -1,0 +1,1856 @@
+//! Native execution of whole `process` bodies: statements, locals, arrays, maps and the keyed
+//! state functions, without Rhai's evaluator.
+//!
+//! [`NativeProgram::compile`] turns a function body (Rhai's AST, through the `internals`
+//! feature) into a small tree once per operator: `let` locals and parameters resolved to
+//! slots, assignment (`x = v`, `x op= v`, `a[i] = v`, `m[k] = v`, `m.k = v` on locals), `if`/
+//! `else` (statement and expression), `for x in array`, `for i in a..b` and `a..=b`, `while`,
+//! `break`, `continue`, `return`; array literals and `push`, `pop`, `len`, `sort()` and
+//! `sort(|a, b| expr)` on locals; map literals, property and index reads; string
+//! interpolation of ints and strings; integer arithmetic and comparisons, string `+` and
+//! comparisons, `!`, `&&`, `||`, `==`/`!=` against `()`; and the keyed state functions
+//! (`state_get`, `state_set`, `state_clear`, `state_add`, `list_get`, `list_push`, `list_len`,
+//! `list_set`, `list_top`, `map_get`, `map_put`, `map_add`, `map_remove`, `map_len`), `emit`
+//! and `key()`, as direct calls on the state named by a string literal. A body with anything
+//! else, or whose script defines a function of the same name as one of those it calls, is
+//! not compiled: Rhai runs it as before.
+//!
+//! Exactness is the rule, as in [`super::fast`]: a native run either does exactly what Rhai
+//! would, or gives up on the record *before any visible effect*, and the caller runs the
+//! record through Rhai, so every error, coercion and sandbox breach stays Rhai's own. The
+//! effects of a run (state writes, emitted records) are buffered in [`Scratch`] and applied
+//! only when the body completed natively; reads see the record's own buffered writes. A run
+//! gives up on: a value of a type it does not cover (floats, chars, timestamps, ...), a
+//! missing property or index, an integer overflow or division by zero, a type mix, any size
+//! (`limits.max_string_size`, `max_array_size`, `max_map_size`) reached, a state write the
+//! state functions would refuse, an `emit` over `limits.max_outputs_per_record`, a
+//! comparator that does not answer with an int or a bool, an operation count that could
+//! reach `limits.max_operations` (counted as [`OPS_PER_NODE`] per node evaluated and
+//! [`OPS_PER_CALL`] per call, more than Rhai counts), an undeclared state, a state with a
+//! time-to-live, or a state backend error. Buffers are kept from record to record, so a run
+//! allocates only for the values it makes.
+
+use std::cmp::Ordering;
+
+use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt, StmtBlock};
+
+use super::fast::{Limits, Op, binary, binary_op};
+use super::runtime::{
+    DataSizes, SizeLimits, StateAccess, add, add_in_place, add_into, add_to, array_sizes,
+    data_sizes, entry_sizes, insert_top, map_sizes, push_onto, put_into, sub, with_state_access,
+};
+use crate::state::{StateBackend, StateId};
+
+/// Operations a native run charges per node it evaluates: Rhai counts at most this many.
+pub const OPS_PER_NODE: u64 = 4;
+/// Operations a native run charges per function call (host functions, methods, comparators).
+pub const OPS_PER_CALL: u64 = 16;
+
+/// A compiled `process` body; see the module docs.
+#[derive(Debug)]
+pub struct NativeProgram {
+    body: Vec<St>,
+    /// Local slots, the parameters first.
+    slots: usize,
+    params: usize,
+    /// Whether the body writes to a parameter (then it runs on copies of the arguments).
+    writes_params: bool,
+    /// The state names the body uses, by index.
+    states: Vec<ImmutableString>,
+    comparators: Vec<Comparator>,
+    limits: Limits,
+    sizes: SizeLimits,
+    max_ops: u64,
+}
+
+/// `|a, b| expr` given to `sort`: its own slots, `a` and `b` first.
+#[derive(Debug)]
+struct Comparator {
+    body: Ex,
+    slots: usize,
+}
+
+#[derive(Debug)]
+enum St {
+    Let(usize, Ex),
+    Assign(usize, Option<Op>, Ex),
+    SetIndex(usize, Ex, Ex),
+    SetProp(usize, ImmutableString, Ex),
+    If(Ex, Vec<St>, Vec<St>),
+    ForIn(usize, Ex, Vec<St>),
+    ForRange(usize, Ex, Ex, bool, Vec<St>),
+    While(Ex, Vec<St>),
+    Expr(Ex),
+    Break,
+    Continue,
+    Return(Option<Ex>),
+}
+
+#[derive(Debug)]
+enum Ex {
+    Const(Dynamic),
+    Local(usize),
+    /// `local.a.b`.
+    Path(usize, Vec<ImmutableString>),
+    /// `(expr).a.b`.
+    PropOf(Box<Ex>, Vec<ImmutableString>),
+    Index(Box<Ex>, Box<Ex>),
+    Binary(Op, Box<Ex>, Box<Ex>),
+    Not(Box<Ex>),
+    Neg(Box<Ex>),
+    And(Vec<Ex>),
+    Or(Vec<Ex>),
+    /// A statement block's value (an `if` expression is one).
+    Block(Vec<St>),
+    Interp(Vec<Ex>),
+    Array(Vec<Ex>),
+    Map(Box<Map>, Vec<(rhai::Identifier, Ex)>),
+    Host(Host, Vec<Ex>),
+    Push(usize, Box<Ex>),
+    Pop(usize),
+    /// `local.sort()` or, with a comparator index, `local.sort(|a, b| ...)`.
+    Sort(usize, Option<usize>),
+    Len(Box<Ex>),
+}
+
+/// A host function; the `usize` is the index of the state name in [`NativeProgram::states`].
+#[derive(Debug, Clone, Copy)]
+enum Host {
+    StateGet(usize),
+    StateSet(usize),
+    StateClear(usize),
+    StateAdd(usize),
+    ListGet(usize),
+    ListPush(usize),
+    ListLen(usize),
+    ListSet(usize),
+    ListTop(usize),
+    MapGet(usize),
+    MapPut(usize),
+    MapAdd(usize),
+    MapRemove(usize),
+    MapLen(usize),
+    Emit,
+    Key,
+}
+
+/// Names of the functions and methods a native body may call: a script that defines a
+/// function of one of these names is not compiled (its own would be called).
+const CALLED: &[&str] = &[
+    "state_get",
+    "state_set",
+    "state_clear",
+    "state_add",
+    "list_get",
+    "list_push",
+    "list_len",
+    "list_set",
+    "list_top",
+    "map_get",
+    "map_put",
+    "map_add",
+    "map_remove",
+    "map_len",
+    "emit",
+    "key",
+    "push",
+    "pop",
+    "len",
+    "sort",
+    "to_string",
+];
+
+struct Compiler<'a> {
+    /// Visible locals, innermost last.
+    scope: Vec<(ImmutableString, usize)>,
+    slots: usize,
+    params: usize,
+    writes_params: bool,
+    states: Vec<ImmutableString>,
+    comparators: Vec<Comparator>,
+    program: &'a AST,
+}
+
+impl NativeProgram {
+    /// Compiles `program` (a function body cut out as a top-level program, see
+    /// `script::runtime`) whose free variables are `params`; `functions` are the names of the
+    /// script's own functions. `None` when the body uses anything not covered.
+    pub fn compile(
+        engine: &Engine,
+        program: &AST,
+        params: &[String],
+        functions: &[String],
+    ) -> Option<Self> {
+        if functions.iter().any(|f| CALLED.contains(&f.as_str())) {
+            return None;
+        }
+        // A comparator is a call one level down; leave tight call limits to Rhai.
+        if engine.max_call_levels() < 4 {
+            return None;
+        }
+        let mut c = Compiler {
+            scope: params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (ImmutableString::from(p.as_str()), i))
+                .collect(),
+            slots: params.len(),
+            params: params.len(),
+            writes_params: false,
+            states: Vec::new(),
+            comparators: Vec::new(),
+            program,
+        };
+        let body = c.block(program.statements())?;
+        Some(Self {
+            body,
+            slots: c.slots,
+            params: params.len(),
+            writes_params: c.writes_params,
+            states: c.states,
+            comparators: c.comparators,
+            limits: Limits {
+                string: engine.max_string_size(),
+                map: engine.max_map_size(),
+                array: engine.max_array_size(),
+            },
+            sizes: SizeLimits::of(engine),
+            max_ops: engine.max_operations(),
+        })
+    }
+
+    /// Runs the body on `args` against the current frame's state (see
+    /// [`with_state_access`]) and applies its effects; `None`: it gave up before any effect
+    /// (the arguments are as they were), and the record is Rhai's.
+    ///
+    /// # Errors
+    /// `Some(Err)` only when the state backend fails while the completed run's writes are
+    /// applied.
+    pub fn run(&self, args: &mut [Dynamic], scratch: &mut Scratch) -> Option<Result<(), String>> {
+        if args.len() != self.params {
+            return None;
+        }
+        with_state_access(|access| self.run_on(args, scratch, access))
+    }
+
+    fn run_on(
+        &self,
+        args: &mut [Dynamic],
+        scratch: &mut Scratch,
+        access: StateAccess<'_>,
+    ) -> Option<Result<(), String>> {
+        scratch.reset(self);
+        let Scratch {
+            locals,
+            bufs,
+            emits,
+            cmp_locals,
+            ..
+        } = scratch;
+        for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
+            *slot = if self.writes_params {
+                arg.clone()
+            } else {
+                std::mem::take(arg)
+            };
+        }
+        let mut run = Run {
+            program: self,
+            state: &*access.state,
+            key: access.key,
+            names: access.names,
+            bufs,
+            emits,
+            emitted_before: access.emitted.len(),
+            max_outputs: access.max_outputs,
+            cmp_locals,
+            ops: 0,
+        };
+        let outcome = run.block(&self.body, locals);
+        let ops = run.ops;
+        if !self.writes_params {
+            for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
+                *arg = std::mem::take(slot);
+            }
+        }
+        outcome?;
+        if self.max_ops != 0 && ops >= self.max_ops {
+            return None;
+        }
+        Some(scratch.commit(access))
+    }
+}
+
+/// What a run keeps from record to record: locals, the buffered effects and the resolved
+/// state handles.
+#[derive(Default)]
+pub struct Scratch {
+    /// Runs that completed natively (for tests).
+    pub completed: u64,
+    locals: Vec<Dynamic>,
+    cmp_locals: Vec<Dynamic>,
+    bufs: Vec<StateBuf>,
+    emits: Vec<Dynamic>,
+}
+
+/// One state's buffered writes of the current record.
+#[derive(Default)]
+struct StateBuf {
+    /// The handle, once resolved in this record.
+    id: Option<StateId>,
+    mode: Mode,
+    /// The value as the record's writes left it ([`Mode::Whole`]).
+    whole: Option<Dynamic>,
+    /// Entries set in a map held by the backend ([`Mode::Fields`]), and the map's sizes after
+    /// them.
+    fields: Vec<(ImmutableString, Dynamic)>,
+    sizes: DataSizes,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Not written: reads go to the backend.
+    #[default]
+    Base,
+    Whole,
+    Fields,
+}
+
+impl Scratch {
+    fn reset(&mut self, program: &NativeProgram) {
+        self.locals.clear();
+        self.locals.resize(program.slots, Dynamic::UNIT);
+        self.bufs.resize_with(program.states.len(), StateBuf::default);
+        for buf in &mut self.bufs {
+            buf.id = None;
+            buf.mode = Mode::Base;
+            buf.whole = None;
+            buf.fields.clear();
+        }
+        self.emits.clear();
+    }
+
+    /// Applies the buffered writes and emitted records of a completed run.
+    fn commit(&mut self, access: StateAccess<'_>) -> Result<(), String> {
+        let StateAccess {
+            state, key, emitted, ..
+        } = access;
+        let mut failed = None;
+        for buf in &mut self.bufs {
+            let Some(id) = buf.id else { continue };
+            let result = match buf.mode {
+                Mode::Base => Ok(()),
+                Mode::Whole => {
+                    let mut whole = buf.whole.take();
+                    state.update(id, key, &mut |slot| *slot = whole.take())
+                }
+                Mode::Fields => {
+                    let fields = &mut buf.fields;
+                    state.update(id, key, &mut |slot| {
+                        if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                            for (k, v) in fields.drain(..) {
+                                map.insert(k.as_str().into(), v);
+                            }
+                        }
+                    })
+                }
+            };
+            if let Err(e) = result {
+                failed.get_or_insert(e.to_string());
+            }
+        }
+        emitted.append(&mut self.emits);
+        self.completed += 1;
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// One native run over one record.
+struct Run<'a> {
+    program: &'a NativeProgram,
+    state: &'a dyn StateBackend,
+    key: &'a crate::record::Key,
+    names: &'a [(String, StateId)],
+    bufs: &'a mut Vec<StateBuf>,
+    emits: &'a mut Vec<Dynamic>,
+    emitted_before: usize,
+    max_outputs: usize,
+    cmp_locals: &'a mut Vec<Dynamic>,
+    ops: u64,
+}
+
+/// How a statement ended.
+enum Flow {
+    Next,
+    Break,
+    Continue,
+    Return,
+}
+
+impl Run<'_> {
+    /// Charges `n` operations; `None` once the budget could be reached.
+    fn charge(&mut self, n: u64) -> Option<()> {
+        self.ops += n;
+        (self.program.max_ops == 0 || self.ops < self.program.max_ops).then_some(())
+    }
+
+    /// Whether a value stays strictly under every size limit (at a limit, Rhai decides).
+    fn fits(&self, v: &Dynamic) -> bool {
+        let (arrays, maps, strings) = data_sizes(v);
+        let l = self.program.limits;
+        let under = |n: usize, max: usize| max == 0 || n < max;
+        under(arrays, l.array) && under(maps, l.map) && under(strings, l.string)
+    }
+
+    fn checked(&self, v: Dynamic) -> Option<Dynamic> {
+        self.fits(&v).then_some(v)
+    }
+
+    fn block(&mut self, stmts: &[St], locals: &mut [Dynamic]) -> Option<Flow> {
+        for st in stmts {
+            match self.stmt(st, locals)? {
+                Flow::Next => {}
+                flow => return Some(flow),
+            }
+        }
+        Some(Flow::Next)
+    }
+
+    /// A block's value: its last statement's (an expression's value, `()` otherwise).
+    fn block_value(&mut self, stmts: &[St], locals: &mut [Dynamic]) -> Option<Dynamic> {
+        let Some((last, init)) = stmts.split_last() else {
+            return Some(Dynamic::UNIT);
+        };
+        for st in init {
+            match self.stmt(st, locals)? {
+                Flow::Next => {}
+                // Control flow out of an expression: Rhai's.
+                _ => return None,
+            }
+        }
+        match last {
+            St::Expr(e) => self.ex(e, locals),
+            St::If(c, a, b) => {
+                self.charge(OPS_PER_NODE)?;
+                if self.ex(c, locals)?.as_bool().ok()? {
+                    self.block_value(a, locals)
+                } else {
+                    self.block_value(b, locals)
+                }
+            }
+            st => match self.stmt(st, locals)? {
+                Flow::Next => Some(Dynamic::UNIT),
+                _ => None,
+            },
+        }
+    }
+
+    fn stmt(&mut self, st: &St, locals: &mut [Dynamic]) -> Option<Flow> {
+        self.charge(OPS_PER_NODE)?;
+        match st {
+            St::Let(slot, e) => {
+                let v = self.ex(e, locals)?;
+                locals[*slot] = v;
+            }
+            St::Assign(slot, None, e) => {
+                let v = self.ex(e, locals)?;
+                locals[*slot] = v;
+            }
+            St::Assign(slot, Some(op), e) => {
+                let v = self.ex(e, locals)?;
+                let new = binary(*op, &locals[*slot], &v, self.program.limits)?;
+                locals[*slot] = new;
+            }
+            St::SetIndex(slot, index, e) => {
+                let index = self.ex(index, locals)?;
+                let v = self.ex(e, locals)?;
+                let target = &mut locals[*slot];
+                if let Ok(i) = index.as_int() {
+                    let mut array = target.as_array_mut().ok()?;
+                    let i = usize::try_from(i).ok().filter(|i| *i < array.len())?;
+                    array[i] = v;
+                } else {
+                    let key = index.as_immutable_string_ref().ok()?;
+                    let mut map = target.as_map_mut().ok()?;
+                    map.insert(key.as_str().into(), v);
+                }
+                if !self.fits(&locals[*slot]) {
+                    return None;
+                }
+            }
+            St::SetProp(slot, prop, e) => {
+                let v = self.ex(e, locals)?;
+                locals[*slot]
+                    .as_map_mut()
+                    .ok()?
+                    .insert(prop.as_str().into(), v);
+                if !self.fits(&locals[*slot]) {
+                    return None;
+                }
+            }
+            St::If(c, a, b) => {
+                let branch = if self.ex(c, locals)?.as_bool().ok()? {
+                    a
+                } else {
+                    b
+                };
+                return self.block(branch, locals);
+            }
+            St::ForIn(var, e, body) => {
+                let items = self.ex(e, locals)?.into_array().ok()?;
+                for item in items {
+                    self.charge(OPS_PER_NODE)?;
+                    locals[*var] = item;
+                    match self.block(body, locals)? {
+                        Flow::Next | Flow::Continue => {}
+                        Flow::Break => break,
+                        Flow::Return => return Some(Flow::Return),
+                    }
+                }
+            }
+            St::ForRange(var, from, to, inclusive, body) => {
+                let from = self.ex(from, locals)?.as_int().ok()?;
+                let to = self.ex(to, locals)?.as_int().ok()?;
+                let end = if *inclusive { to.checked_add(1)? } else { to };
+                for i in from..end {
+                    self.charge(OPS_PER_NODE)?;
+                    locals[*var] = Dynamic::from_int(i);
+                    match self.block(body, locals)? {
+                        Flow::Next | Flow::Continue => {}
+                        Flow::Break => break,
+                        Flow::Return => return Some(Flow::Return),
+                    }
+                }
+            }
+            St::While(c, body) => loop {
+                self.charge(OPS_PER_NODE)?;
+                if !self.ex(c, locals)?.as_bool().ok()? {
+                    break;
+                }
+                match self.block(body, locals)? {
+                    Flow::Next | Flow::Continue => {}
+                    Flow::Break => break,
+                    Flow::Return => return Some(Flow::Return),
+                }
+            },
+            St::Expr(e) => {
+                let _ = self.ex(e, locals)?;
+            }
+            St::Break => return Some(Flow::Break),
+            St::Continue => return Some(Flow::Continue),
+            St::Return(e) => {
+                if let Some(e) = e {
+                    let _ = self.ex(e, locals)?;
+                }
+                return Some(Flow::Return);
+            }
+        }
+        Some(Flow::Next)
+    }
+
+    fn ex(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
+        self.charge(OPS_PER_NODE)?;
+        let limits = self.program.limits;
+        Some(match e {
+            Ex::Const(c) => c.clone(),
+            Ex::Local(slot) => locals[*slot].clone(),
+            Ex::Path(slot, path) => read_path(&locals[*slot], path)?,
+            Ex::PropOf(target, path) => read_path(&self.ex(target, locals)?, path)?,
+            Ex::Index(target, index) => {
+                let index = self.ex(index, locals)?;
+                match &**target {
+                    Ex::Local(slot) => read_index(&locals[*slot], &index)?,
+                    target => read_index(&self.ex(target, locals)?, &index)?,
+                }
+            }
+            Ex::Binary(op, a, b) => {
+                let a = self.ex(a, locals)?;
+                let b = self.ex(b, locals)?;
+                match *op {
+                    Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
+                        let same = a.is_unit() && b.is_unit();
+                        Dynamic::from_bool(if *op == Op::Eq { same } else { !same })
+                    }
+                    op => binary(op, &a, &b, limits)?,
+                }
+            }
+            Ex::Not(a) => Dynamic::from_bool(!self.ex(a, locals)?.as_bool().ok()?),
+            Ex::Neg(a) => Dynamic::from_int(self.ex(a, locals)?.as_int().ok()?.checked_neg()?),
+            Ex::And(items) => {
+                for item in items {
+                    if !self.ex(item, locals)?.as_bool().ok()? {
+                        return Some(Dynamic::FALSE);
+                    }
+                }
+                Dynamic::TRUE
+            }
+            Ex::Or(items) => {
+                for item in items {
+                    if self.ex(item, locals)?.as_bool().ok()? {
+                        return Some(Dynamic::TRUE);
+                    }
+                }
+                Dynamic::FALSE
+            }
+            Ex::Block(stmts) => self.block_value(stmts, locals)?,
+            Ex::Interp(parts) => {
+                let mut text = String::new();
+                for part in parts {
+                    let v = self.ex(part, locals)?;
+                    if let Ok(s) = v.as_immutable_string_ref() {
+                        text.push_str(s.as_str());
+                    } else {
+                        use std::fmt::Write;
+                        let i = v.as_int().ok()?;
+                        let _ = write!(text, "{i}");
+                    }
+                    if limits.string != 0 && text.len() >= limits.string {
+                        return None;
+                    }
+                }
+                Dynamic::from(ImmutableString::from(text))
+            }
+            Ex::Array(items) => {
+                let mut array = Array::with_capacity(items.len());
+                for item in items {
+                    array.push(self.ex(item, locals)?);
+                }
+                self.checked(Dynamic::from_array(array))?
+            }
+            Ex::Map(template, items) => {
+                let mut map = (**template).clone();
+                for (name, item) in items {
+                    let v = self.ex(item, locals)?;
+                    map.insert(name.clone(), v);
+                }
+                self.checked(Dynamic::from_map(map))?
+            }
+            Ex::Host(host, args) => {
+                self.charge(OPS_PER_CALL)?;
+                self.host(*host, args, locals)?
+            }
+            Ex::Push(slot, item) => {
+                self.charge(OPS_PER_CALL)?;
+                let item = self.ex(item, locals)?;
+                locals[*slot].as_array_mut().ok()?.push(item);
+                if !self.fits(&locals[*slot]) {
+                    return None;
+                }
+                Dynamic::UNIT
+            }
+            Ex::Pop(slot) => {
+                self.charge(OPS_PER_CALL)?;
+                let popped = locals[*slot].as_array_mut().ok()?.pop();
+                popped.unwrap_or(Dynamic::UNIT)
+            }
+            Ex::Sort(slot, comparator) => {
+                self.charge(OPS_PER_CALL)?;
+                let mut array = std::mem::take(&mut locals[*slot]).into_array().ok();
+                let sorted = match (&mut array, comparator) {
+                    (Some(array), None) => sort_plain(array),
+                    (Some(array), Some(c)) => {
+                        let program = self.program;
+                        self.sort_by(array, &program.comparators[*c])
+                    }
+                    (None, _) => None,
+                };
+                // Put the value back even when giving up (the slot may be a parameter).
+                locals[*slot] = array.map_or(Dynamic::UNIT, Dynamic::from_array);
+                sorted?;
+                Dynamic::UNIT
+            }
+            Ex::Len(target) => {
+                let len = match &**target {
+                    Ex::Local(slot) => length(&locals[*slot])?,
+                    target => length(&self.ex(target, locals)?)?,
+                };
+                Dynamic::from_int(i64::try_from(len).ok()?)
+            }
+        })
+    }
+
+    /// `array.sort(|a, b| ...)` as Rhai's `sort`: the same `slice::sort_by` with the same
+    /// answers, an int's sign or a bool (`true`: less); any other answer gives up.
+    fn sort_by(&mut self, array: &mut Array, comparator: &Comparator) -> Option<()> {
+        if array.len() <= 1 {
+            return Some(());
+        }
+        let mut locals = std::mem::take(self.cmp_locals);
+        locals.clear();
+        locals.resize(comparator.slots, Dynamic::UNIT);
+        let mut failed = false;
+        let sorted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            array.sort_by(|x, y| {
+                if failed {
+                    return Ordering::Equal;
+                }
+                locals[0] = x.clone();
+                locals[1] = y.clone();
+                let answer = self.charge(OPS_PER_CALL).and_then(|()| {
+                    let v = self.ex(&comparator.body, &mut locals)?;
+                    v.as_int()
+                        .ok()
+                        .or_else(|| v.as_bool().ok().map(|b| if b { -1 } else { 1 }))
+                });
+                match answer {
+                    Some(v) => v.cmp(&0),
+                    None => {
+                        failed = true;
+                        Ordering::Equal
+                    }
+                }
+            });
+        }));
+        *self.cmp_locals = locals;
+        (sorted.is_ok() && !failed).then_some(())
+    }
+
+    /// The state buffer of state `index`, its handle resolved.
+    fn buf(&mut self, index: usize) -> Option<(StateId, &mut StateBuf)> {
+        let buf = &mut self.bufs[index];
+        let id = match buf.id {
+            Some(id) => id,
+            None => {
+                let name = &self.program.states[index];
+                let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
+                buf.id = Some(*id);
+                *id
+            }
+        };
+        Some((id, buf))
+    }
+
+    /// The whole value of state `index` as the record's writes left it, to write it.
+    fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
+        let state = self.state;
+        let key = self.key;
+        let (id, buf) = self.buf(index)?;
+        match buf.mode {
+            Mode::Whole => {}
+            Mode::Base => {
+                buf.whole = state.get(id, key).ok()?;
+                buf.mode = Mode::Whole;
+            }
+            Mode::Fields => {
+                let mut whole = state.get(id, key).ok()?;
+                if let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                    for (k, v) in buf.fields.drain(..) {
+                        map.insert(k.as_str().into(), v);
+                    }
+                }
+                buf.whole = whole;
+                buf.mode = Mode::Whole;
+            }
+        }
+        Some(&mut buf.whole)
+    }
+
+    /// The value of state `index` as the record's writes left it, to replace it whole.
+    fn overwrite(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
+        let (_, buf) = self.buf(index)?;
+        buf.fields.clear();
+        buf.mode = Mode::Whole;
+        Some(&mut buf.whole)
+    }
+
+    /// Reads state `index` as the record's writes left it.
+    fn read<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+        let state = self.state;
+        let key = self.key;
+        let (id, buf) = self.buf(index)?;
+        match buf.mode {
+            Mode::Base => {
+                let mut f = Some(f);
+                let mut out = None;
+                state
+                    .read(id, key, &mut |v| out = f.take().map(|f| f(v)))
+                    .ok()?;
+                out
+            }
+            Mode::Whole => Some(f(buf.whole.as_ref())),
+            Mode::Fields => Some(f(self.whole(index)?.as_ref())),
+        }
+    }
+
+    /// The entry `field` of map state `index` (`None` inside: absent), as the record's
+    /// writes left it.
+    fn map_entry(&mut self, index: usize, field: &str) -> Option<Option<Dynamic>> {
+        let state = self.state;
+        let key = self.key;
+        let (id, buf) = self.buf(index)?;
+        match buf.mode {
+            Mode::Whole => Some(
+                buf.whole
+                    .as_ref()
+                    .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
+            ),
+            Mode::Fields => {
+                if let Some((_, v)) = buf.fields.iter().find(|(k, _)| k.as_str() == field) {
+                    return Some(Some(v.clone()));
+                }
+                state.map_get(id, key, field).ok()
+            }
+            Mode::Base => state.map_get(id, key, field).ok(),
+        }
+    }
+
+    /// Puts buffer `index` in [`Mode::Fields`] when the backend holds a map for it (its
+    /// sizes computed once); `Some(false)` when it does not.
+    fn fields(&mut self, index: usize) -> Option<bool> {
+        let state = self.state;
+        let key = self.key;
+        let (id, buf) = self.buf(index)?;
+        match buf.mode {
+            Mode::Fields => Some(true),
+            Mode::Whole => Some(false),
+            Mode::Base => {
+                let mut sizes = None;
+                state
+                    .read(id, key, &mut |v| {
+                        sizes = v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m)));
+                    })
+                    .ok()?;
+                let Some(sizes) = sizes else {
+                    return Some(false);
+                };
+                buf.sizes = sizes;
+                buf.mode = Mode::Fields;
+                Some(true)
+            }
+        }
+    }
+
+    fn host(&mut self, host: Host, args: &[Ex], locals: &mut [Dynamic]) -> Option<Dynamic> {
+        let mut values = [Dynamic::UNIT, Dynamic::UNIT];
+        for (value, arg) in values.iter_mut().zip(args) {
+            *value = self.ex(arg, locals)?;
+        }
+        let [a, b] = values;
+        let sizes = self.program.sizes;
+        Some(match host {
+            Host::StateGet(s) => {
+                let v = self.read(s, |v| v.cloned().unwrap_or(Dynamic::UNIT))?;
+                self.checked(v)?
+            }
+            Host::ListGet(s) => {
+                let v = self.read(s, |v| {
+                    v.and_then(|d| d.as_array_ref().ok().map(|a| a.clone()))
+                        .unwrap_or_default()
+                })?;
+                self.checked(Dynamic::from_array(v))?
+            }
+            Host::ListLen(s) => {
+                let len = self.read(s, |v| {
+                    v.and_then(|d| d.as_array_ref().ok().map(|a| a.len()))
+                        .unwrap_or(0)
+                })?;
+                Dynamic::from_int(i64::try_from(len).ok()?)
+            }
+            Host::MapLen(s) => {
+                let len = self.read(s, |v| {
+                    v.and_then(|d| d.as_map_ref().ok().map(|m| m.len()))
+                        .unwrap_or(0)
+                })?;
+                Dynamic::from_int(i64::try_from(len).ok()?)
+            }
+            Host::MapGet(s) => {
+                let field = a.as_immutable_string_ref().ok()?;
+                let v = self.map_entry(s, &field)?.unwrap_or(Dynamic::UNIT);
+                drop(field);
+                self.checked(v)?
+            }
+            Host::StateSet(s) => {
+                if sizes.exceeded(data_sizes(&a)).is_some() {
+                    return None;
+                }
+                *self.overwrite(s)? = Some(a);
+                Dynamic::UNIT
+            }
+            Host::StateClear(s) => {
+                let (_, buf) = self.buf(s)?;
+                buf.whole = None;
+                buf.fields.clear();
+                buf.mode = Mode::Whole;
+                Dynamic::UNIT
+            }
+            Host::StateAdd(s) => {
+                let sum = add_in_place(self.whole(s)?, &a).ok()?;
+                self.checked(sum)?
+            }
+            Host::ListPush(s) => {
+                if push_onto(self.whole(s)?, a, sizes).is_some() {
+                    return None;
+                }
+                Dynamic::UNIT
+            }
+            Host::ListSet(s) => {
+                let items = a.into_array().ok()?;
+                if sizes.exceeded(array_sizes(&items)).is_some() {
+                    return None;
+                }
+                *self.overwrite(s)? = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                Dynamic::UNIT
+            }
+            Host::ListTop(s) => {
+                let keep = usize::try_from(b.as_int().ok()?).ok()?;
+                Dynamic::from_bool(insert_top(self.whole(s)?, a, keep, sizes).ok()?)
+            }
+            Host::MapPut(s) => {
+                let field = a.into_immutable_string().ok()?;
+                if self.fields(s)? {
+                    let old = self.map_entry(s, &field)?;
+                    let (_, buf) = self.buf(s)?;
+                    let mut grown = add(entry_sizes(&b), buf.sizes);
+                    if let Some(old) = &old {
+                        grown = sub(grown, entry_sizes(old));
+                    }
+                    if sizes.exceeded(grown).is_some() {
+                        return None;
+                    }
+                    buf.sizes = grown;
+                    set_field(&mut buf.fields, field, b);
+                } else if put_into(self.whole(s)?, &field, b, sizes).is_some() {
+                    return None;
+                }
+                Dynamic::UNIT
+            }
+            Host::MapAdd(s) => {
+                let field = a.into_immutable_string().ok()?;
+                let sum = if self.fields(s)? {
+                    let old = self.map_entry(s, &field)?;
+                    let sum = add_to(old.as_ref(), &b).ok()?;
+                    let (_, buf) = self.buf(s)?;
+                    match &old {
+                        None => {
+                            let grown = add(entry_sizes(&sum), buf.sizes);
+                            if sizes.exceeded(grown).is_some() {
+                                return None;
+                            }
+                            buf.sizes = grown;
+                        }
+                        Some(old) => {
+                            buf.sizes = add(sub(buf.sizes, entry_sizes(old)), entry_sizes(&sum));
+                        }
+                    }
+                    set_field(&mut buf.fields, field, sum.clone());
+                    sum
+                } else {
+                    add_into(self.whole(s)?, &field, &b, sizes).ok()?
+                };
+                self.checked(sum)?
+            }
+            Host::MapRemove(s) => {
+                let field = a.as_immutable_string_ref().ok()?;
+                let slot = self.whole(s)?;
+                let mut empty = false;
+                if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                    map.remove(field.as_str());
+                    empty = map.is_empty();
+                }
+                if empty {
+                    *slot = None;
+                }
+                Dynamic::UNIT
+            }
+            Host::Emit => {
+                if self.max_outputs == 0
+                    || self.emitted_before + self.emits.len() >= self.max_outputs
+                {
+                    return None;
+                }
+                self.emits.push(a);
+                Dynamic::UNIT
+            }
+            Host::Key => self.key.to_dynamic(),
+        })
+    }
+}
+
+fn set_field(fields: &mut Vec<(ImmutableString, Dynamic)>, field: ImmutableString, v: Dynamic) {
+    match fields.iter_mut().find(|(k, _)| *k == field) {
+        Some(entry) => entry.1 = v,
+        None => fields.push((field, v)),
+    }
+}
+
+/// `value.a.b` on maps that have those properties.
+fn read_path(value: &Dynamic, path: &[ImmutableString]) -> Option<Dynamic> {
+    let (first, rest) = path.split_first()?;
+    let map = value.as_map_ref().ok()?;
+    let next = map.get(first.as_str())?;
+    if rest.is_empty() {
+        Some(next.clone())
+    } else {
+        read_path(next, rest)
+    }
+}
+
+/// `value[index]`: an array item at `0..len` or a map entry that exists.
+fn read_index(value: &Dynamic, index: &Dynamic) -> Option<Dynamic> {
+    if let Ok(array) = value.as_array_ref() {
+        let i = usize::try_from(index.as_int().ok()?).ok()?;
+        return array.get(i).cloned();
+    }
+    let map = value.as_map_ref().ok()?;
+    let key = index.as_immutable_string_ref().ok()?;
+    map.get(key.as_str()).cloned()
+}
+
+/// `len()` of an array, a map or a string (in characters, as Rhai counts).
+fn length(value: &Dynamic) -> Option<usize> {
+    if let Ok(array) = value.as_array_ref() {
+        return Some(array.len());
+    }
+    if let Ok(map) = value.as_map_ref() {
+        return Some(map.len());
+    }
+    let s = value.as_immutable_string_ref().ok()?;
+    Some(s.chars().count())
+}
+
+/// Rhai's `sort()` for arrays of ints, strings or bools (all of one type); anything else
+/// gives up.
+fn sort_plain(array: &mut Array) -> Option<()> {
+    if array.len() <= 1 {
+        return Some(());
+    }
+    if array.iter().all(Dynamic::is_int) {
+        array.sort_by_key(|v| v.as_int().unwrap_or_default());
+    } else if array.iter().all(Dynamic::is_bool) {
+        array.sort_by_key(|v| v.as_bool().unwrap_or_default());
+    } else if array.iter().all(Dynamic::is_string) {
+        array.sort_by(|a, b| match (a.as_immutable_string_ref(), b.as_immutable_string_ref()) {
+            (Ok(a), Ok(b)) => a.as_str().cmp(b.as_str()),
+            _ => Ordering::Equal,
+        });
+    } else {
+        return None;
+    }
+    Some(())
+}
+
+impl Compiler<'_> {
+    fn lookup(&self, name: &str) -> Option<usize> {
+        self.scope
+            .iter()
+            .rev()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, slot)| *slot)
+    }
+
+    fn new_slot(&mut self) -> usize {
+        self.slots += 1;
+        self.slots - 1
+    }
+
+    /// A statement block in a scope of its own.
+    fn block(&mut self, stmts: &[Stmt]) -> Option<Vec<St>> {
+        let depth = self.scope.len();
+        let out = stmts.iter().map(|s| self.stmt(s)).collect::<Option<Vec<_>>>();
+        self.scope.truncate(depth);
+        out
+    }
+
+    fn stmt_block(&mut self, block: &StmtBlock) -> Option<Vec<St>> {
+        self.block(block.statements())
+    }
+
+    /// The slot of an assigned local; writing a parameter makes runs work on copies.
+    fn target(&mut self, expr: &Expr) -> Option<usize> {
+        let slot = self.variable(expr)?;
+        if slot < self.params {
+            self.writes_params = true;
+        }
+        Some(slot)
+    }
+
+    fn variable(&self, expr: &Expr) -> Option<usize> {
+        let Expr::Variable(var, ..) = expr else {
+            return None;
+        };
+        if !var.2.is_empty() {
+            return None;
+        }
+        self.lookup(var.1.as_str())
+    }
+
+    fn stmt(&mut self, stmt: &Stmt) -> Option<St> {
+        Some(match stmt {
+            Stmt::Noop(_) => St::Expr(Ex::Const(Dynamic::UNIT)),
+            Stmt::Var(def, flags, _) if flags.is_empty() => {
+                let (ident, value, _) = &**def;
+                let value = self.expr(value)?;
+                let slot = self.new_slot();
+                self.scope.push((ident.name.clone(), slot));
+                St::Let(slot, value)
+            }
+            Stmt::Assignment(assignment) => {
+                let (info, rhai::BinaryExpr { lhs, rhs }) = &**assignment;
+                let op = match info.get_op_assignment_info() {
+                    None => None,
+                    Some((.., op_syntax)) => Some(binary_op(op_syntax)?),
+                };
+                let value = self.expr(rhs)?;
+                match lhs {
+                    Expr::Variable(..) => St::Assign(self.target(lhs)?, op, value),
+                    Expr::Index(chain, flags, _) if op.is_none() && plain(*flags) => {
+                        if matches!(chain.rhs, Expr::Dot(..) | Expr::Index(..)) {
+                            return None;
+                        }
+                        let slot = self.target(&chain.lhs)?;
+                        St::SetIndex(slot, self.expr(&chain.rhs)?, value)
+                    }
+                    Expr::Dot(chain, flags, _) if op.is_none() && plain(*flags) => {
+                        let Expr::Property(p, _) = &chain.rhs else {
+                            return None;
+                        };
+                        St::SetProp(self.target(&chain.lhs)?, p.2.clone(), value)
+                    }
+                    _ => return None,
+                }
+            }
+            Stmt::If(flow, _) => St::If(
+                self.expr(&flow.expr)?,
+                self.stmt_block(&flow.body)?,
+                self.stmt_block(&flow.branch)?,
+            ),
+            Stmt::While(flow, _) => {
+                if matches!(flow.expr, Expr::Unit(_)) {
+                    return None;
+                }
+                St::While(self.expr(&flow.expr)?, self.stmt_block(&flow.body)?)
+            }
+            Stmt::For(def, _) => {
+                let (var, counter, flow) = &**def;
+                if counter.is_some() {
+                    return None;
+                }
+                let range = self.range(&flow.expr);
+                let iterable = match range {
+                    Some(_) => None,
+                    None => Some(self.expr(&flow.expr)?),
+                };
+                let depth = self.scope.len();
+                let slot = self.new_slot();
+                self.scope.push((var.name.clone(), slot));
+                let body = self.stmt_block(&flow.body);
+                self.scope.truncate(depth);
+                let body = body?;
+                match (range, iterable) {
+                    (Some((from, to, inclusive)), _) => St::ForRange(slot, from, to, inclusive, body),
+                    (None, Some(items)) => St::ForIn(slot, items, body),
+                    (None, None) => return None,
+                }
+            }
+            Stmt::Block(block) => St::If(
+                Ex::Const(Dynamic::TRUE),
+                self.block(block.statements())?,
+                Vec::new(),
+            ),
+            Stmt::Expr(e) => St::Expr(self.expr(e)?),
+            Stmt::FnCall(call, pos) => St::Expr(self.expr(&Expr::FnCall(call.clone(), *pos))?),
+            Stmt::BreakLoop(None, flags, _) => {
+                if flags.contains(rhai::ASTFlags::BREAK) {
+                    St::Break
+                } else {
+                    St::Continue
+                }
+            }
+            Stmt::Return(value, flags, _) if flags.is_empty() => {
+                St::Return(match value {
+                    Some(v) => Some(self.expr(v)?),
+                    None => None,
+                })
+            }
+            _ => return None,
+        })
+    }
+
+    /// `a..b` or `a..=b` (or such a range folded into a constant).
+    fn range(&mut self, expr: &Expr) -> Option<(Ex, Ex, bool)> {
+        match expr {
+            Expr::FnCall(call, _) if call.op_token.is_some() && call.namespace.is_empty() => {
+                let inclusive = match call.name.as_str() {
+                    ".." => false,
+                    "..=" => true,
+                    _ => return None,
+                };
+                let [a, b] = call.args.as_slice() else {
+                    return None;
+                };
+                Some((self.expr(a)?, self.expr(b)?, inclusive))
+            }
+            Expr::DynamicConstant(d, _) => {
+                if let Some(r) = d.read_lock::<std::ops::Range<i64>>() {
+                    let (a, b) = (r.start, r.end);
+                    return Some((
+                        Ex::Const(Dynamic::from_int(a)),
+                        Ex::Const(Dynamic::from_int(b)),
+                        false,
+                    ));
+                }
+                let r = d.read_lock::<std::ops::RangeInclusive<i64>>()?;
+                let (a, b) = (*r.start(), *r.end());
+                Some((
+                    Ex::Const(Dynamic::from_int(a)),
+                    Ex::Const(Dynamic::from_int(b)),
+                    true,
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    fn exprs(&mut self, items: &[Expr]) -> Option<Vec<Ex>> {
+        items.iter().map(|e| self.expr(e)).collect()
+    }
+
+    fn expr(&mut self, expr: &Expr) -> Option<Ex> {
+        Some(match expr {
+            Expr::IntegerConstant(i, _) => Ex::Const(Dynamic::from_int(*i)),
+            Expr::StringConstant(s, _) => Ex::Const(Dynamic::from(s.clone())),
+            Expr::BoolConstant(b, _) => Ex::Const(Dynamic::from_bool(*b)),
+            Expr::Unit(_) => Ex::Const(Dynamic::UNIT),
+            Expr::DynamicConstant(d, _)
+                if d.is_int() || d.is_string() || d.is_bool() || d.is_unit() =>
+            {
+                Ex::Const((**d).clone())
+            }
+            Expr::DynamicConstant(d, _) if d.is_array() || d.is_map() => {
+                // A constant array or map (the optimiser folds literals): scalar items only;
+                // cloned on every evaluation, as Rhai does.
+                let scalars = match (d.as_array_ref(), d.as_map_ref()) {
+                    (Ok(a), _) => a.iter().all(scalar),
+                    (_, Ok(m)) => m.values().all(scalar),
+                    _ => false,
+                };
+                if !scalars {
+                    return None;
+                }
+                Ex::Const((**d).clone())
+            }
+            Expr::Variable(..) => Ex::Local(self.variable(expr)?),
+            Expr::InterpolatedString(parts, _) => Ex::Interp(self.exprs(parts)?),
+            Expr::Array(items, _) => Ex::Array(self.exprs(items)?),
+            Expr::Map(map, _) => {
+                let (items, template) = &**map;
+                let mut fields = Vec::with_capacity(items.len());
+                for (name, value) in items {
+                    fields.push((name.name.as_str().into(), self.expr(value)?));
+                }
+                Ex::Map(Box::new(template.clone()), fields)
+            }
+            Expr::Dot(chain, flags, _) if plain(*flags) => match &chain.rhs {
+                Expr::MethodCall(call, _) => self.method(&chain.lhs, call)?,
+                rhs => {
+                    let mut path = Vec::new();
+                    property_path(rhs, &mut path)?;
+                    match self.variable(&chain.lhs) {
+                        Some(slot) => Ex::Path(slot, path),
+                        None => Ex::PropOf(Box::new(self.expr(&chain.lhs)?), path),
+                    }
+                }
+            },
+            Expr::Index(chain, flags, _) if plain(*flags) => {
+                if matches!(chain.rhs, Expr::Dot(..) | Expr::Index(..)) {
+                    return None;
+                }
+                Ex::Index(
+                    Box::new(self.expr(&chain.lhs)?),
+                    Box::new(self.expr(&chain.rhs)?),
+                )
+            }
+            Expr::And(items, _) => Ex::And(self.exprs(items)?),
+            Expr::Or(items, _) => Ex::Or(self.exprs(items)?),
+            Expr::Stmt(block) => Ex::Block(self.block(block.statements())?),
+            Expr::FnCall(call, _) if call.namespace.is_empty() && !call.capture_parent_scope => {
+                let args = call.args.as_slice();
+                if call.op_token.is_some() {
+                    return Some(match (call.name.as_str(), args) {
+                        ("!", [a]) => Ex::Not(Box::new(self.expr(a)?)),
+                        ("-", [a]) => Ex::Neg(Box::new(self.expr(a)?)),
+                        (name, [a, b]) => Ex::Binary(
+                            binary_op(name)?,
+                            Box::new(self.expr(a)?),
+                            Box::new(self.expr(b)?),
+                        ),
+                        _ => return None,
+                    });
+                }
+                self.call(call.name.as_str(), args)?
+            }
+            _ => return None,
+        })
+    }
+
+    /// A host function call: the state name must be a string literal.
+    fn call(&mut self, name: &str, args: &[Expr]) -> Option<Ex> {
+        match (name, args) {
+            ("emit", [v]) => return Some(Ex::Host(Host::Emit, vec![self.expr(v)?])),
+            ("key", []) => return Some(Ex::Host(Host::Key, Vec::new())),
+            _ => {}
+        }
+        let (state, rest) = args.split_first()?;
+        let Expr::StringConstant(state, _) = state else {
+            return None;
+        };
+        let s = match self.states.iter().position(|n| n == state) {
+            Some(i) => i,
+            None => {
+                self.states.push(state.clone());
+                self.states.len() - 1
+            }
+        };
+        let host = match (name, rest.len()) {
+            ("state_get", 0) => Host::StateGet(s),
+            ("state_set", 1) => Host::StateSet(s),
+            ("state_clear", 0) => Host::StateClear(s),
+            ("state_add", 1) => Host::StateAdd(s),
+            ("list_get", 0) => Host::ListGet(s),
+            ("list_push", 1) => Host::ListPush(s),
+            ("list_len", 0) => Host::ListLen(s),
+            ("list_set", 1) => Host::ListSet(s),
+            ("list_top", 2) => Host::ListTop(s),
+            ("map_get", 1) => Host::MapGet(s),
+            ("map_put", 2) => Host::MapPut(s),
+            ("map_add", 2) => Host::MapAdd(s),
+            ("map_remove", 1) => Host::MapRemove(s),
+            ("map_len", 0) => Host::MapLen(s),
+            _ => return None,
+        };
+        Some(Ex::Host(host, self.exprs(rest)?))
+    }
+
+    /// `target.method(args)`: `len` on anything, `push`, `pop` and `sort` on a local.
+    fn method(&mut self, target: &Expr, call: &rhai::FnCallExpr) -> Option<Ex> {
+        if !call.namespace.is_empty() || call.capture_parent_scope {
+            return None;
+        }
+        let args = call.args.as_slice();
+        Some(match (call.name.as_str(), args) {
+            ("len", []) => Ex::Len(Box::new(self.expr(target)?)),
+            ("push", [item]) => {
+                let item = self.expr(item)?;
+                Ex::Push(self.target(target)?, Box::new(item))
+            }
+            ("pop", []) => Ex::Pop(self.target(target)?),
+            ("sort", []) => Ex::Sort(self.target(target)?, None),
+            ("sort", [Expr::DynamicConstant(f, _)]) => {
+                let slot = self.target(target)?;
+                let name = f.read_lock::<FnPtr>()?.fn_name().to_owned();
+                let c = self.comparator(&name)?;
+                Ex::Sort(slot, Some(c))
+            }
+            _ => return None,
+        })
+    }
+
+    /// The anonymous function `name` of two parameters whose body is one expression.
+    fn comparator(&mut self, name: &str) -> Option<usize> {
+        let def = self
+            .program
+            .iter_fn_def()
+            .find(|f| f.name.as_str() == name && f.params.len() == 2)?;
+        // Its body's statements: Rhai's walk over a program holding only this function (the
+        // body's own type is not public).
+        let only = self
+            .program
+            .clone_functions_only_filtered(|_, _, _, n, arity| n == name && arity == 2);
+        let mut statements = Vec::new();
+        only.walk(&mut |path: &[rhai::ASTNode]| {
+            if let [rhai::ASTNode::Stmt(s)] = path {
+                statements.push((*s).clone());
+            }
+            true
+        });
+        let expr = single_expression(&statements)?;
+        let scope = std::mem::replace(
+            &mut self.scope,
+            def.params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.clone(), i))
+                .collect(),
+        );
+        let (slots, params, writes) = (self.slots, self.params, self.writes_params);
+        self.slots = 2;
+        self.params = 2;
+        let body = self.expr(&expr);
+        let cmp_slots = self.slots;
+        self.scope = scope;
+        self.slots = slots;
+        self.params = params;
+        self.writes_params = writes;
+        self.comparators.push(Comparator {
+            body: body?,
+            slots: cmp_slots,
+        });
+        Some(self.comparators.len() - 1)
+    }
+}
+
+fn scalar(d: &Dynamic) -> bool {
+    d.is_int() || d.is_string() || d.is_bool() || d.is_unit()
+}
+
+/// A chain without `?.`/`?[`.
+fn plain(flags: rhai::ASTFlags) -> bool {
+    !flags.contains(rhai::ASTFlags::NEGATED)
+}
+
+/// The one expression a body consists of: `{ expr }`, possibly nested blocks.
+fn single_expression(statements: &[Stmt]) -> Option<Expr> {
+    match statements {
+        [Stmt::Block(block)] => single_expression(block.statements()),
+        [Stmt::Expr(e)] => Some((**e).clone()),
+        [Stmt::FnCall(call, pos)] => Some(Expr::FnCall(call.clone(), *pos)),
+        _ => None,
+    }
+}
+
+/// `a` or `a.b.c` on the right of a `.`.
+fn property_path(expr: &Expr, path: &mut Vec<ImmutableString>) -> Option<()> {
+    match expr {
+        Expr::Property(p, _) => {
+            path.push(p.2.clone());
+            Some(())
+        }
+        Expr::Dot(chain, flags, _) if plain(*flags) => {
+            let Expr::Property(p, _) = &chain.lhs else {
+                return None;
+            };
+            path.push(p.2.clone());
+            property_path(&chain.rhs, path)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rhai::Dynamic;
+    use weir_schema::{ScriptLimitsSpec, StateKind};
+
+    use crate::record::{Key, KeyGroupRange};
+    use crate::script::runtime::{
+        CompiledScript, ProcessContext, ScriptFn, discard_emitted, runtime_engine,
+        set_key, set_process_context, take_emitted, with_frame,
+    };
+    use crate::state::{MemoryBackend, RocksdbBackend, StateBackend, StateId};
+
+    const MAX: u32 = 8;
+
+    /// W4 as written (`shared/bench/w4/w4.yaml.in`).
+    const W4: &str = r#"
+        fn process(r) {
+            let s = state_get("sum");
+            if s == () { s = 0; }
+            let c = state_get("count");
+            if c == () { c = 0; }
+            state_set("sum", s + r.amount);
+            state_set("count", c + 1);
+            let top = list_get("top");
+            top.push(r.amount);
+            top.sort(|a, b| b - a);
+            if top.len() > 5 { top.pop(); }
+            state_clear("top");
+            for a in top { list_push("top", a); }
+            let d = `${(r.amount - 1) / 10}`;
+            let n = map_get("deciles", d);
+            if n == () { n = 0; }
+            map_put("deciles", d, n + 1);
+        }
+        fn on_end(k) {
+            let dec = #{};
+            for i in 0..10 {
+                let n = map_get("deciles", `${i}`);
+                if n != () { dec[`${i}`] = n; }
+            }
+            emit(#{key: k, sum: state_get("sum"), count: state_get("count"), top: list_get("top"), deciles: dec});
+        }
+    "#;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+            items[self.below(items.len() as u64) as usize].clone()
+        }
+
+        /// A value of any kind a state or record may hold, mostly small ints.
+        fn value(&mut self) -> Dynamic {
+            match self.below(12) {
+                0 => Dynamic::UNIT,
+                1 => Dynamic::from(i64::MAX - self.below(3) as i64),
+                2 => Dynamic::from(i64::MIN + self.below(3) as i64),
+                3 => Dynamic::from("7".to_owned()),
+                4 => Dynamic::from(1.5_f64),
+                5 => Dynamic::from(-(self.below(20) as i64)),
+                6 => Dynamic::from(true),
+                _ => Dynamic::from(self.below(120) as i64),
+            }
+        }
+
+        fn ints(&mut self, n: u64) -> Dynamic {
+            let items: rhai::Array = (0..n).map(|_| Dynamic::from(self.below(100) as i64)).collect();
+            Dynamic::from_array(items)
+        }
+    }
+
+    fn key(i: u64) -> Key {
+        Key::from_dynamic(&Dynamic::from(format!("u{i}")))
+    }
+
+    type Factory = Box<dyn Fn() -> Box<dyn StateBackend>>;
+
+    /// A memory and a rocksdb backend factory (each call: a fresh, empty backend).
+    fn backends(dir: &std::path::Path) -> Vec<(&'static str, Factory)> {
+        let all = KeyGroupRange::all(MAX);
+        let dir = dir.to_path_buf();
+        let n = std::cell::Cell::new(0);
+        vec![
+            ("memory", Box::new(move || Box::new(MemoryBackend::new(MAX, all)) as Box<dyn StateBackend>)),
+            (
+                "rocksdb",
+                Box::new(move || {
+                    n.set(n.get() + 1);
+                    let spec = weir_schema::RocksdbSpec {
+                        block_cache_size: weir_schema::units::SizeSpec::mib(8),
+                        write_buffer_size: weir_schema::units::SizeSpec::mib(4),
+                        ..Default::default()
+                    };
+                    Box::new(
+                        RocksdbBackend::open(&dir.join(n.get().to_string()), MAX, all, &spec)
+                            .expect("rocksdb"),
+                    ) as Box<dyn StateBackend>
+                }),
+            ),
+        ]
+    }
+
+    fn script(limits: &ScriptLimitsSpec, text: &str) -> ScriptFn {
+        let engine = Arc::new(runtime_engine(limits));
+        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
+        ScriptFn::new(engine, Arc::new(compiled))
+    }
+
+    /// One side of a comparison: a script (native runs on or off) and its backend.
+    struct Side {
+        script: ScriptFn,
+        state: Option<Box<dyn StateBackend>>,
+        names: Vec<(String, StateId)>,
+    }
+
+    impl Side {
+        fn new(text: &str, limits: &ScriptLimitsSpec, native: bool, backend: Box<dyn StateBackend>, states: &[(&str, StateKind)]) -> Self {
+            let mut script = script(limits, text);
+            script.set_native(native);
+            let mut backend = backend;
+            let names = states
+                .iter()
+                .map(|(n, k)| ((*n).to_owned(), backend.register(n, *k).expect("registers")))
+                .collect();
+            Self { script, state: Some(backend), names }
+        }
+
+        /// Runs `process` on each record; each record's outcome (emitted records or the error).
+        fn run(&mut self, records: &[(Key, Dynamic)], max_outputs: usize) -> Vec<Result<Vec<String>, String>> {
+            let script = &mut self.script;
+            with_frame(&mut self.state, &self.names, max_outputs, || {
+                set_process_context(ProcessContext::default());
+                records
+                    .iter()
+                    .map(|(k, r)| {
+                        set_key(Some(k.clone()));
+                        let mut out = Vec::new();
+                        match script.run_process("process", &mut [r.clone()]) {
+                            Ok(()) => take_emitted(&mut out).map(|()| out.iter().map(|v| format!("{v:?}")).collect()),
+                            Err(e) => {
+                                discard_emitted();
+                                Err(e)
+                            }
+                        }
+                    })
+                    .collect()
+            })
+        }
+
+        /// Every state value of `keys`, as text.
+        fn dump(&self, keys: &[Key]) -> Vec<String> {
+            let state = self.state.as_deref().expect("state");
+            let mut out = Vec::new();
+            for (name, id) in &self.names {
+                for k in keys {
+                    out.push(format!("{name} {k:?} {:?}", state.get(*id, k).expect("reads")));
+                }
+            }
+            out
+        }
+
+        fn put(&mut self, name: &str, k: &Key, v: Dynamic) {
+            let id = self.names.iter().find(|(n, _)| n == name).expect("declared").1;
+            self.state.as_deref_mut().expect("state").put(id, k, v).expect("writes");
+        }
+    }
+
+    /// Runs `records` through `text` natively and through Rhai alone, from the same initial
+    /// state, on both backends; asserts equal outcomes and equal state afterwards. Returns
+    /// how many records completed natively.
+    fn differential(
+        text: &str,
+        limits: &ScriptLimitsSpec,
+        states: &[(&str, StateKind)],
+        init: &[(String, Key, Dynamic)],
+        records: &[(Key, Dynamic)],
+        max_outputs: usize,
+    ) -> u64 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut keys: Vec<Key> = records.iter().map(|(k, _)| k.clone()).collect();
+        keys.extend(init.iter().map(|(_, k, _)| k.clone()));
+        keys.dedup();
+        let mut completed = 0;
+        let mut dumps = Vec::new();
+        for (backend, factory) in backends(dir.path()) {
+            let mut native = Side::new(text, limits, true, factory(), states);
+            let mut rhai = Side::new(text, limits, false, factory(), states);
+            for (name, k, v) in init {
+                native.put(name, k, v.clone());
+                rhai.put(name, k, v.clone());
+            }
+            // In batches, as a task hands them over.
+            for chunk in records.chunks(7) {
+                let a = native.run(chunk, max_outputs);
+                let b = rhai.run(chunk, max_outputs);
+                assert_eq!(a, b, "{backend}: {text}\non {chunk:?}");
+            }
+            let dump = native.dump(&keys);
+            assert_eq!(dump, rhai.dump(&keys), "{backend}: {text}");
+            dumps.push(dump);
+            completed += native.script.native_runs();
+        }
+        assert_eq!(dumps[0], dumps[1], "the same state on every backend: {text}");
+        completed
+    }
+
+    fn w4_states() -> Vec<(&'static str, StateKind)> {
+        vec![
+            ("sum", StateKind::Value),
+            ("count", StateKind::Value),
+            ("top", StateKind::List),
+            ("deciles", StateKind::Map),
+        ]
+    }
+
+    /// A record `{user, amount}`: mostly a plain amount, sometimes one that overflows, of
+    /// another type, missing, or no map at all.
+    fn record(rng: &mut Rng, keys: u64) -> (Key, Dynamic) {
+        let k = rng.below(keys);
+        let mut m = rhai::Map::new();
+        m.insert("user".into(), Dynamic::from(format!("u{k}")));
+        let r = match rng.below(20) {
+            0 => Dynamic::from(5_i64),
+            1 => Dynamic::from_map(m),
+            _ => {
+                let amount = if rng.below(4) == 0 { rng.value() } else { Dynamic::from(1 + rng.below(100) as i64) };
+                m.insert("amount".into(), amount);
+                Dynamic::from_map(m)
+            }
+        };
+        (key(k), r)
+    }
+
+    #[test]
+    fn w4_as_written_compiles_natively() {
+        let s = script(&ScriptLimitsSpec::default(), W4);
+        assert!(s.runs_natively("process"));
+    }
+
+    #[test]
+    fn w4_agrees_with_rhai_on_random_records_and_state() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut completed = 0;
+        for round in 0..6 {
+            let keys = 1 + rng.below(6);
+            let mut init = Vec::new();
+            for k in 0..keys {
+                if round % 2 == 1 {
+                    continue;
+                }
+                let k = key(k);
+                for name in ["sum", "count"] {
+                    if rng.below(3) > 0 {
+                        init.push((name.to_owned(), k.clone(), rng.value()));
+                    }
+                }
+                match rng.below(5) {
+                    0 => {}
+                    1 => init.push(("top".to_owned(), k.clone(), rng.value())),
+                    2 => {
+                        let mut items = vec![Dynamic::from(3_i64), rng.value()];
+                        items.push(Dynamic::from(9_i64));
+                        init.push(("top".to_owned(), k.clone(), Dynamic::from_array(items)));
+                    }
+                    _ => {
+                        let n = rng.below(7);
+                        init.push(("top".to_owned(), k.clone(), rng.ints(n)));
+                    }
+                }
+                match rng.below(4) {
+                    0 => {}
+                    1 => init.push(("deciles".to_owned(), k.clone(), rng.value())),
+                    _ => {
+                        let mut m = rhai::Map::new();
+                        for d in 0..rng.below(10) {
+                            let v = if rng.below(6) == 0 { rng.value() } else { Dynamic::from(rng.below(50) as i64) };
+                            m.insert(d.to_string().into(), v);
+                        }
+                        init.push(("deciles".to_owned(), k.clone(), Dynamic::from_map(m)));
+                    }
+                }
+            }
+            let records: Vec<_> = (0..300).map(|_| record(&mut rng, keys)).collect();
+            completed += differential(W4, &ScriptLimitsSpec::default(), &w4_states(), &init, &records, 10);
+        }
+        assert!(completed >= 800, "{completed} records completed natively");
+        // Plain records on a fresh state all complete natively.
+        let records: Vec<_> = (0..200)
+            .map(|i| {
+                let mut m = rhai::Map::new();
+                m.insert("amount".into(), Dynamic::from(1 + rng.below(100) as i64));
+                (key(i % 5), Dynamic::from_map(m))
+            })
+            .collect();
+        let completed = differential(W4, &ScriptLimitsSpec::default(), &w4_states(), &[], &records, 10);
+        assert_eq!(completed, 400, "every record, on each backend");
+    }
+
+    /// Tight limits: lists, maps and strings reach their sizes, so runs give up and Rhai
+    /// refuses the writes.
+    #[test]
+    fn w4_agrees_with_rhai_at_the_size_limits() {
+        let limits = ScriptLimitsSpec {
+            max_array_size: 4,
+            max_map_size: 6,
+            max_string_size: weir_schema::units::SizeSpec(8),
+            ..ScriptLimitsSpec::default()
+        };
+        let mut rng = Rng(7);
+        let records: Vec<_> = (0..400).map(|_| record(&mut rng, 4)).collect();
+        let completed = differential(W4, &limits, &w4_states(), &[], &records, 10);
+        assert!(completed > 0, "some records stay under the limits");
+    }
+
+    /// Statement bodies covering each construct and each give-up path, on records of every
+    /// kind: results, emitted records and state afterwards as Rhai's.
+    #[test]
+    fn statement_bodies_agree_with_rhai() {
+        let states = [("v", StateKind::Value), ("l", StateKind::List), ("m", StateKind::Map)];
+        let bodies: &[(&str, bool)] = &[
+            ("let x = r.a; x += 1; state_set(\"v\", x); emit(x);", true),
+            ("let x = r.a * r.b; let y = x / r.b; let z = x % 7; emit([x, y, z, -x]);", true),
+            ("if r.a > r.b { emit(\"gt\"); } else if r.a == r.b { emit(\"eq\"); } else { emit(\"lt\"); }", true),
+            ("let t = if r.a > 3 { \"big\" } else { \"small\" }; emit(t + \"!\");", true),
+            ("let s = 0; for i in 0..r.a { s += i; } emit(s);", true),
+            ("let s = 0; for i in 1..=5 { if i == 3 { continue; } if i == 5 { break; } s += i; } emit(s);", true),
+            ("let a = [r.a, r.b, 3]; a.sort(); emit(a); a.sort(|x, y| y - x); emit(a); emit(a.len()); emit(a.pop()); emit(a);", true),
+            ("let a = []; a.push(r.a); a.push(r.s); a.sort(); emit(a);", true),
+            ("let a = [r.a, r.b]; a.sort(|x, y| x < y); emit(a);", true),
+            ("let a = [r.a, r.b, 1]; a.sort(|x, y| \"no\"); emit(a);", true),
+            ("let m = #{x: r.a}; m.y = r.b; m[\"z\"] = r.s; emit(m); emit(m.x + m[\"y\"]);", true),
+            ("let a = [1, 2, 3]; a[1] = r.a; emit(a[1] + a[2]); let i = r.b; emit(a[i]);", true),
+            ("let a = [1, 2, 3]; emit(a[r.b]);", false),
+            ("let k = `k${r.a}-${r.s}`; map_put(\"m\", k, r.b); emit(map_get(\"m\", k)); emit(map_len(\"m\"));", true),
+            ("emit(map_add(\"m\", r.s, r.a)); emit(map_get(\"m\", r.s)); map_remove(\"m\", \"x\"); emit(map_len(\"m\"));", true),
+            ("emit(state_add(\"v\", r.a)); emit(state_get(\"v\"));", true),
+            ("list_push(\"l\", r.a); list_push(\"l\", r.b); emit(list_len(\"l\")); emit(list_get(\"l\"));", true),
+            ("emit(list_top(\"l\", r.a, 3)); emit(list_get(\"l\")); list_set(\"l\", [r.b]); emit(list_get(\"l\"));", true),
+            ("state_clear(\"l\"); emit(list_get(\"l\")); state_set(\"l\", r.a); list_push(\"l\", 1); emit(state_get(\"l\"));", true),
+            ("map_put(\"m\", \"a\", 1); state_clear(\"m\"); emit(map_get(\"m\", \"a\")); map_put(\"m\", \"b\", r.a); emit(state_get(\"m\"));", true),
+            ("let n = map_get(\"m\", r.s); if n == () { n = 0; } map_put(\"m\", r.s, n + 1); emit(n != ());", true),
+            ("let i = 0; while i < r.a { i += 2; } emit(i);", true),
+            ("if r.flag && !r.other || r.a < 0 { return; } emit(1);", true),
+            ("emit(key()); emit(r.missing);", true),
+            ("let x = r.a; x -= r.b; x *= 3; emit(x); emit(r.s < \"m\"); emit(r.s == ());", true),
+            ("emit(r.a); emit(r.a); emit(r.a);", true),
+            ("state_set(\"v\", [r.a, r.s]); emit(state_get(\"v\"));", true),
+            ("state_set(\"nope\", 1);", true),
+            ("let s = \"\"; for x in [r.s, r.s, r.s] { s += x; } emit(s);", true),
+            ("let n = 0; for x in r.list { n += x; } emit(n); let l = r.list; emit(l.len()); emit(r.nested.inner.x);", true),
+            ("emit(r.list.len());", false),
+            // Not compiled natively.
+            ("let x = r.a; print(x);", false),
+            ("register_event_timer(r.a);", false),
+            ("let x = 1.5; emit(x);", false),
+            ("try { emit(r.a); } catch { }", false),
+            ("const X = 1; emit(X);", false),
+            ("let a = [1]; for (x, i) in a { emit(x); }", false),
+        ];
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut records = Vec::new();
+        for _ in 0..60 {
+            let k = key(rng.below(3));
+            let r = match rng.below(10) {
+                0 => Dynamic::from(3_i64),
+                1 => Dynamic::from_map(rhai::Map::new()),
+                _ => {
+                    let mut m = rhai::Map::new();
+                    m.insert("a".into(), if rng.below(5) == 0 { rng.value() } else { Dynamic::from(rng.below(8) as i64) });
+                    m.insert("b".into(), if rng.below(5) == 0 { rng.value() } else { Dynamic::from(rng.below(4) as i64) });
+                    m.insert("s".into(), if rng.below(6) == 0 { rng.value() } else { Dynamic::from(rng.pick(&["a", "zz", "ü", ""]).to_owned()) });
+                    m.insert("flag".into(), Dynamic::from(rng.below(2) == 0));
+                    m.insert("other".into(), if rng.below(4) == 0 { rng.value() } else { Dynamic::from(rng.below(2) == 0) });
+                    let n = rng.below(4);
+                    let list = if rng.below(4) == 0 { rng.value() } else { rng.ints(n) };
+                    m.insert("list".into(), list);
+                    let mut inner = rhai::Map::new();
+                    inner.insert("x".into(), rng.value());
+                    let mut nested = rhai::Map::new();
+                    nested.insert("inner".into(), Dynamic::from_map(inner));
+                    m.insert("nested".into(), Dynamic::from_map(nested));
+                    Dynamic::from_map(m)
+                }
+            };
+            records.push((k, r));
+        }
+        let init = vec![
+            ("v".to_owned(), key(0), Dynamic::from(5_i64)),
+            ("l".to_owned(), key(1), rng.ints(3)),
+            ("m".to_owned(), key(2), {
+                let mut m = rhai::Map::new();
+                m.insert("a".into(), Dynamic::from(1_i64));
+                Dynamic::from_map(m)
+            }),
+        ];
+        let tight = ScriptLimitsSpec {
+            max_array_size: 5,
+            max_map_size: 3,
+            max_string_size: weir_schema::units::SizeSpec(6),
+            max_operations: 400,
+            ..ScriptLimitsSpec::default()
+        };
+        let mut completed = 0;
+        for (body, native) in bodies {
+            let text = format!("fn process(r) {{ {body} }}");
+            assert_eq!(script(&ScriptLimitsSpec::default(), &text).runs_natively("process"), *native, "{text}");
+            for limits in [ScriptLimitsSpec::default(), tight.clone()] {
+                for max_outputs in [2, 10] {
+                    completed += differential(&text, &limits, &states, &init, &records, max_outputs);
+                }
+            }
+        }
+        assert!(completed >= 3000, "{completed} records completed natively");
+    }
+}
