@@ -9,41 +9,30 @@
 #
 # Env: WORK (/tmp/weirbench/w4), RUNS (3), BYTEWAX (1; 0 skips it; its runs need the virtualenv
 # of PEER_VENVS as shared/bench/README.md says), CONFIGS (the Weir rows to run, default
-# "orig-memory orig-rocksdb fast-memory fast-rocksdb"), INPUT (default /tmp/peerbench/n10m.jsonl
+# "orig-memory orig-rocksdb fast-memory fast-rocksdb"; CONFIGS= runs Bytewax alone), INPUT (default /tmp/peerbench/n10m.jsonl
 # when N=10000000 and present, else $WORK/n$N.jsonl, generated with the Rust generator,
 # byte-identical to gen.py), SKIP_BUILD (set: use the binaries already in
 # $CARGO_TARGET_DIR/release).
 # Prints, per run: wall seconds of the whole process, CPU seconds (user+sys), records/s, peak
-# RSS and check4's verdict; then the median wall, CPU and records/s of every row.
+# RSS and check4's verdict; then the median wall, CPU and records/s of every row. Bytewax's CPU
+# is that of all its processes; its peak RSS, as time(1) reports it, is its largest process's
+# (the launcher and its 2 workers), not their sum. Bytewax's workers listen on localhost ports
+# 2101 and 2102: run one Bytewax at a time on the machine.
 set -euo pipefail
 N=${1:-10000000}
 WORK=${WORK:-/tmp/weirbench/w4}
 RUNS=${RUNS:-3}
 BYTEWAX=${BYTEWAX:-1}
-CONFIGS=${CONFIGS:-orig-memory orig-rocksdb fast-memory fast-rocksdb}
+CONFIGS=${CONFIGS-orig-memory orig-rocksdb fast-memory fast-rocksdb}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-SHARED=$ROOT/../shared/bench
-[ -f "$SHARED/w4/check4.py" ] || SHARED=/work/shared/bench
+. "$HERE/lib.sh"
+bench_paths w4/check4.py
 CHECK=$SHARED/w4/check4.py
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-export PEER_VENVS=${PEER_VENVS:-$HOME/.cache/weir-peers}
 BWPY=$PEER_VENVS/.venv-bytewax/bin/python
 mkdir -p "$WORK"
 
-[ -n "${SKIP_BUILD:-}" ] ||
-  (cd "$ROOT" && cargo build --release -q --bin weir && cargo build --release -q -p weir-engine --example bench_gen)
-WEIR=$TARGET/release/weir
-GEN=$TARGET/release/examples/bench_gen
-
-if [ -z "${INPUT:-}" ]; then
-  INPUT=$WORK/n$N.jsonl
-  [ "$N" = 10000000 ] && [ -s /tmp/peerbench/n10m.jsonl ] && INPUT=/tmp/peerbench/n10m.jsonl
-fi
-if [ ! -s "$INPUT" ]; then
-  echo "generating $N records into $INPUT"
-  "$GEN" "$N" "$INPUT"
-fi
+bench_build
+bench_input
 if [ "$BYTEWAX" = 1 ] && [ ! -x "$BWPY" ]; then
   echo "no Bytewax virtualenv at $BWPY (BYTEWAX=0 skips the peer)" >&2
   exit 1

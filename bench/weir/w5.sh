@@ -17,27 +17,13 @@ RUNS=${RUNS:-1}
 FLINK=${FLINK:-1}
 BACKEND=${BACKEND:-hashmap}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-SHARED=$ROOT/../shared/bench
-[ -f "$SHARED/w5/check5.py" ] || SHARED=/work/shared/bench
+. "$HERE/lib.sh"
+bench_paths w5/check5.py
 CHECK=$SHARED/w5/check5.py
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-export PEER_VENVS=${PEER_VENVS:-$HOME/.cache/weir-peers}
 mkdir -p "$WORK"
 
-[ -n "${SKIP_BUILD:-}" ] ||
-  (cd "$ROOT" && cargo build --release -q --bin weir && cargo build --release -q -p weir-engine --example bench_gen)
-WEIR=$TARGET/release/weir
-GEN=$TARGET/release/examples/bench_gen
-
-if [ -z "${INPUT:-}" ]; then
-  INPUT=$WORK/n$N.jsonl
-  [ "$N" = 10000000 ] && [ -s /tmp/peerbench/n10m.jsonl ] && INPUT=/tmp/peerbench/n10m.jsonl
-fi
-if [ ! -s "$INPUT" ]; then
-  echo "generating $N records into $INPUT"
-  "$GEN" "$N" "$INPUT"
-fi
+bench_build
+bench_input
 if [ "$FLINK" = 1 ] && [ ! -d "${PEER_CLASSES:-/tmp/peerbench/flink-w5-classes}" ]; then
   bash "$SHARED/w5/run.sh" build
 fi

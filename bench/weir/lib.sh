@@ -1,0 +1,34 @@
+# Set-up shared by the peer benchmark scripts (w4.sh, w5.sh); source it after setting N, WORK
+# and HERE (the script's directory), then call:
+#   bench_paths PROBE  sets ROOT, SHARED (../shared/bench beside the checkout when it holds
+#                      PROBE, else /work/shared/bench), TARGET, WEIR and GEN; exports PEER_VENVS
+#   bench_build        builds weir and the input generator, unless SKIP_BUILD is set
+#   bench_input        sets INPUT, unless given: /tmp/peerbench/n10m.jsonl for N=10000000 when
+#                      present, else $WORK/n$N.jsonl, generated when missing (the Rust
+#                      generator, byte-identical to gen.py)
+
+bench_paths() {
+  ROOT=$(cd "$HERE/../.." && pwd)
+  SHARED=$ROOT/../shared/bench
+  [ -f "$SHARED/$1" ] || SHARED=/work/shared/bench
+  TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+  WEIR=$TARGET/release/weir
+  GEN=$TARGET/release/examples/bench_gen
+  export PEER_VENVS=${PEER_VENVS:-$HOME/.cache/weir-peers}
+}
+
+bench_build() {
+  [ -n "${SKIP_BUILD:-}" ] ||
+    (cd "$ROOT" && cargo build --release -q --bin weir && cargo build --release -q -p weir-engine --example bench_gen)
+}
+
+bench_input() {
+  if [ -z "${INPUT:-}" ]; then
+    INPUT=$WORK/n$N.jsonl
+    [ "$N" = 10000000 ] && [ -s /tmp/peerbench/n10m.jsonl ] && INPUT=/tmp/peerbench/n10m.jsonl
+  fi
+  if [ ! -s "$INPUT" ]; then
+    echo "generating $N records into $INPUT"
+    "$GEN" "$N" "$INPUT"
+  fi
+}
