@@ -615,8 +615,11 @@ impl std::fmt::Debug for RocksdbBackend {
 
 /// The block cache and the memtable budget that every instance of this process opened with
 /// the same sizes shares (see the module docs), by (block cache, write buffer) size.
-static SHARED_MEMORY: std::sync::LazyLock<Mutex<HashMap<(usize, usize), (Cache, WriteBufferManager)>>> =
+static SHARED_MEMORY: std::sync::LazyLock<Mutex<SharedMemory>> =
     std::sync::LazyLock::new(Default::default);
+
+/// (block cache size, write buffer size) → the cache and memtable budget made for them.
+type SharedMemory = HashMap<(usize, usize), (Cache, WriteBufferManager)>;
 
 /// The shared block cache and memtable budget for these sizes, created on first use.
 fn shared_memory(cache_size: usize, write_buffer: usize) -> (Cache, WriteBufferManager) {
