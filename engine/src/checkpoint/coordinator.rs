@@ -600,7 +600,7 @@ impl Coordinator {
 
     /// The metadata of checkpoint `id` is durable: the checkpoint is complete. Returns
     /// [`Command::NotifyComplete`], preceded by aborts of every lower checkpoint in flight
-    /// (subsumed; savepoints in flight go on); or, when `id` was aborted while its write was in flight, that abort.
+    /// (subsumed); or, when `id` was aborted while its write was in flight, that abort.
     ///
     /// # Errors
     /// [`CheckpointError::Protocol`] when no metadata write for `id` was requested.
@@ -626,14 +626,7 @@ impl Coordinator {
         self.last_completed = Some(self.last_completed.map_or(id, |c| c.max(id)));
         self.last_completion_at = Some(now);
         self.consecutive_failures = 0;
-        // A savepoint is never subsumed (as in Flink): it was asked for by someone waiting
-        // for it, and a newer checkpoint does not replace it.
-        let lower: Vec<CheckpointId> = self
-            .pending
-            .range(..id)
-            .filter(|(_, p)| p.barrier.kind == BarrierKind::Checkpoint)
-            .map(|(&n, _)| n)
-            .collect();
+        let lower: Vec<CheckpointId> = self.pending.range(..id).map(|(&n, _)| n).collect();
         for n in lower {
             self.abort(n, AbortReason::Subsumed { by: id }, &mut out);
         }
@@ -988,36 +981,6 @@ mod tests {
     }
 
     #[test]
-    fn a_completed_checkpoint_does_not_subsume_a_savepoint_in_flight() {
-        let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 3,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
-        let _ = c.poll(t0 + 10 * SEC);
-        c.trigger_now(t0 + 11 * SEC, BarrierKind::Savepoint)
-            .expect("savepoint triggered");
-        let _ = c.poll(t0 + 20 * SEC);
-        assert_eq!(c.in_flight(), vec![1, 2, 3]);
-        ack_all(&mut c, 3);
-        let cmds = c.metadata_written(3, t0 + 21 * SEC).expect("written");
-        assert_eq!(
-            aborted(&cmds),
-            vec![(1, AbortReason::Subsumed { by: 3 })],
-            "only the checkpoint is subsumed"
-        );
-        assert_eq!(c.in_flight(), vec![2], "the savepoint goes on");
-        ack_all(&mut c, 2);
-        let cmds = c.metadata_written(2, t0 + 22 * SEC).expect("written");
-        assert!(aborted(&cmds).is_empty());
-        assert!(matches!(cmds.last(), Some(Command::NotifyComplete(b)) if b.checkpoint == 2));
-    }
-
-    #[test]
     fn a_checkpoint_subsumed_twice_while_writing_is_aborted_once_after_its_write() {
         let t0 = Instant::now();
         let mut c = Coordinator::new(
@@ -1154,7 +1117,6 @@ mod tests {
             let mut writing: BTreeSet<CheckpointId> = BTreeSet::new();
             let mut ended: BTreeMap<CheckpointId, &'static str> = BTreeMap::new();
             let mut completed: Vec<CheckpointId> = Vec::new();
-            let mut last_periodic: Option<CheckpointId> = None;
             let mut handle = |cmds: Vec<Command>,
                               owed: &mut BTreeMap<CheckpointId, Vec<TaskId>>,
                               writing: &mut BTreeSet<CheckpointId>| {
@@ -1176,15 +1138,10 @@ mod tests {
                                 ended.insert(id, "completed").is_none(),
                                 "seed {seed}: {id} ended twice"
                             );
-                            // Checkpoints complete in id order; a savepoint is never
-                            // subsumed, so it may complete after a newer checkpoint.
-                            if b.kind == BarrierKind::Checkpoint {
-                                assert!(
-                                    last_periodic.is_none_or(|l| l < id),
-                                    "seed {seed}: completions out of order"
-                                );
-                                last_periodic = Some(id);
-                            }
+                            assert!(
+                                completed.last().is_none_or(|&l| l < id),
+                                "seed {seed}: completions out of order"
+                            );
                             completed.push(id);
                         }
                         Command::Abort { barrier, .. } => {
@@ -1285,11 +1242,7 @@ mod tests {
                 "seed {seed}: {:?} still in flight with nothing owed",
                 c.in_flight()
             );
-            assert_eq!(
-                c.last_completed(),
-                completed.iter().max().copied(),
-                "seed {seed}"
-            );
+            assert_eq!(c.last_completed(), completed.last().copied(), "seed {seed}");
         }
     }
 
