@@ -6,6 +6,12 @@
 #   bench_input        sets INPUT, unless given: /tmp/peerbench/n10m.jsonl for N=10000000 when
 #                      present, else $WORK/n$N.jsonl, generated when missing (the Rust
 #                      generator, byte-identical to gen.py)
+#   bench_pipeline TEMPLATE BACKEND DIR
+#                      writes DIR/pipeline.yaml (DIR emptied first) from TEMPLATE with @STATE@
+#                      the backend's settings (memory, or rocksdb incremental), @DIR@ and @INPUT@
+#   bytewax_prepare DIR
+#                      an empty DIR with Bytewax's recovery store for 2 partitions in DIR/rec
+#                      and an empty DIR/out (its FileSink appends)
 
 bench_paths() {
   ROOT=$(cd "$HERE/../.." && pwd)
@@ -31,4 +37,24 @@ bench_input() {
     echo "generating $N records into $INPUT"
     "$GEN" "$N" "$INPUT"
   fi
+}
+
+bench_pipeline() {
+  local template=$1 backend=$2 dir=$3 state
+  case $backend in
+    memory) state='{ backend: memory }' ;;
+    rocksdb) state='{ backend: rocksdb, incremental: true }' ;;
+    *) echo "unknown backend $backend" >&2; exit 1 ;;
+  esac
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  sed -e "s#@STATE@#$state#" -e "s#@DIR@#$dir#" -e "s#@INPUT@#$INPUT#" "$template" > "$dir/pipeline.yaml"
+  grep -q "path: $INPUT" "$dir/pipeline.yaml"
+}
+
+bytewax_prepare() {
+  rm -rf "$1"
+  mkdir -p "$1/rec"
+  : > "$1/out"
+  "$BWPY" -m bytewax.recovery "$1/rec" 2 > /dev/null
 }

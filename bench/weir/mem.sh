@@ -23,6 +23,7 @@ RUNS=${RUNS:-3}
 BYTEWAX=${BYTEWAX:-1}
 CONFIGS=${CONFIGS:-memory}
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export PEER_VENVS=${PEER_VENVS:-$HOME/.cache/weir-peers}
@@ -61,24 +62,13 @@ measure() {
 printf '%-5s %-16s %8s %8s %10s %10s  %s\n' round engine wall_s cpu_s sum_MiB one_MiB check
 for r in $(seq "$RUNS"); do
   for backend in $CONFIGS; do
-    case $backend in
-      memory) state='{ backend: memory }' ;;
-      rocksdb) state='{ backend: rocksdb, incremental: true }' ;;
-      *) echo "unknown backend $backend" >&2; exit 1 ;;
-    esac
     dir=$WORK/weir-$backend
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    sed -e "s#@STATE@#$state#" -e "s#@DIR@#$dir#" -e "s#@INPUT@#$INPUT#" "$HERE/mem.yaml.in" > "$dir/pipeline.yaml"
-    grep -q "path: $INPUT" "$dir/pipeline.yaml"
+    bench_pipeline "$HERE/mem.yaml.in" "$backend" "$dir"
     measure "weir-$backend" "$dir" "$WEIR" run --no-progress --no-api "$dir/pipeline.yaml"
   done
   if [ "$BYTEWAX" = 1 ]; then
     dir=$WORK/bytewax
-    rm -rf "$dir"
-    mkdir -p "$dir/rec"
-    : > "$dir/out"   # FileSink appends to an existing file
-    "$BWPY" -m bytewax.recovery "$dir/rec" 2 > /dev/null
+    bytewax_prepare "$dir"
     (cd "$HERE" && measure bytewax "$dir" "$BWPY" -m bytewax.testing \
       "bw_mem:get_flow('$INPUT', '$dir/out')" -p 2 -r "$dir/rec" -s 1 -b 0)
   fi

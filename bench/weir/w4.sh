@@ -64,24 +64,13 @@ for r in $(seq "$RUNS"); do
       fast) template=$HERE/w4_fast.yaml.in ;;
       *) echo "unknown config $config" >&2; exit 1 ;;
     esac
-    case $backend in
-      memory) state='{ backend: memory }' ;;
-      rocksdb) state='{ backend: rocksdb, incremental: true }' ;;
-      *) echo "unknown backend in $config" >&2; exit 1 ;;
-    esac
     dir=$WORK/$config
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    sed -e "s#@STATE@#$state#" -e "s#@DIR@#$dir#" -e "s#@INPUT@#$INPUT#" "$template" > "$dir/pipeline.yaml"
-    grep -q "path: $INPUT" "$dir/pipeline.yaml"
+    bench_pipeline "$template" "$backend" "$dir"
     measure "weir-$config" "$dir" "$WEIR" run --no-progress --no-api "$dir/pipeline.yaml"
   done
   if [ "$BYTEWAX" = 1 ]; then
     dir=$WORK/bytewax
-    rm -rf "$dir"
-    mkdir -p "$dir/rec"
-    : > "$dir/out"   # FileSink appends to an existing file
-    "$BWPY" -m bytewax.recovery "$dir/rec" 2 > /dev/null
+    bytewax_prepare "$dir"
     (cd "$SHARED/w4" && measure bytewax "$dir" "$BWPY" -m bytewax.testing \
       "bw_w4:get_flow('$INPUT', '$dir/out')" -p 2 -r "$dir/rec" -s 1 -b 0)
   fi
