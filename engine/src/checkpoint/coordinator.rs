@@ -517,6 +517,7 @@ impl Coordinator {
             )));
         }
         pending.awaiting.remove(&task);
+        tracing::trace!(checkpoint = id, %task, awaiting = ?pending.awaiting, "Ack.");
         pending.acks.insert(task, states);
         Ok(self.maybe_acknowledged(id).into_iter().collect())
     }

@@ -1061,6 +1061,12 @@ pub async fn run_source(
             if env.control.should_stop() && env.checkpointing.is_none() {
                 break SourceFlow::EndInput;
             }
+            // A barrier forwarded by a command just now may wait in an output's queue (its
+            // channel was full): it goes out (at the top of the loop) before the source
+            // polls again or, paused after a stop-with-savepoint, waits for the next command.
+            if chain.has_queued() {
+                continue;
+            }
             if paused {
                 let flow = match env.commands.recv().await {
                     Some(cmd) => {
@@ -1250,6 +1256,7 @@ pub async fn run_chain(
             )?;
         }
         env.started();
+        tracing::trace!(task = %env.task, "Chain running.");
         let n = inputs.get().len();
         let mode = env
             .checkpointing
@@ -1419,6 +1426,7 @@ pub async fn run_chain(
                     continue;
                 }
                 Message::Barrier(b) => {
+                    tracing::trace!(task = %env.task, input, checkpoint = b.checkpoint, fresh, "Barrier in.");
                     if aligner.aligning().is_none() {
                         env.aligning_since = Some(Instant::now());
                     }
@@ -1437,6 +1445,7 @@ pub async fn run_chain(
                     continue;
                 }
                 Message::EndOfStream => {
+                    tracing::trace!(task = %env.task, input, "End in.");
                     let advance = watermarks.on_end(input as usize);
                     follow_watermark(advance, &mut chain).await?;
                     aligner.on_end_of_stream(input)
@@ -1636,6 +1645,11 @@ mod tests {
     /// Spawns a source task over [`Endless`] with `queued` already waiting in its command
     /// channel (as when the supervisor sends several commands at once).
     fn spawn_source(queued: &[TaskCommand]) -> Probe {
+        spawn_source_with(queued, Vec::new())
+    }
+
+    /// [`spawn_source`] whose chain sends on `outputs`.
+    fn spawn_source_with(queued: &[TaskCommand], outputs: Vec<Output>) -> Probe {
         let polls = Arc::new(AtomicU64::new(0));
         let ended = Arc::new(AtomicBool::new(false));
         let (commands, rx) = mpsc::unbounded_channel();
@@ -1664,7 +1678,7 @@ mod tests {
                 }),
                 ctx: OperatorContext::standalone("p", "src", 128),
                 metrics: Arc::new(SubtaskMetrics::default()),
-                outputs: Vec::new(),
+                outputs,
                 dead_letters: Vec::new(),
                 late_from: 0,
                 counts_output: true,
@@ -1842,10 +1856,12 @@ mod tests {
         assert_eq!((f.dead_lettered, f.late_sent, f.late_dropped), (2, 2, 2));
     }
 
-    const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(Barrier {
+    const STOP_SAVEPOINT_BARRIER: Barrier = Barrier {
         checkpoint: 1,
         kind: BarrierKind::SavepointThenStop,
-    });
+    };
+
+    const STOP_SAVEPOINT: TaskCommand = TaskCommand::Trigger(STOP_SAVEPOINT_BARRIER);
 
     #[tokio::test]
     async fn a_drain_queued_behind_the_stop_savepoint_ends_the_input() {
@@ -1861,6 +1877,34 @@ mod tests {
             p.ended.load(Ordering::Relaxed),
             "a drain ends the input (on_end runs)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stop_savepoint_barrier_queued_behind_a_full_channel_still_goes_out() {
+        // The output's channel is full when the trigger arrives, so the barrier waits in the
+        // output's queue; the paused source must still send it once the channel has room.
+        let (tx, mut rx) = mpsc::channel(1);
+        tx.try_send(batch(0)).expect("room for the filler");
+        let mut p = spawn_source_with(&[STOP_SAVEPOINT], vec![forward_to(tx)]);
+        // The source takes the trigger (and pauses) while the channel is still full.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = rx.recv().await;
+        assert!(matches!(first, Some(Message::Records(_))), "{first:?}");
+        let next = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("the barrier leaves the paused source");
+        assert!(
+            matches!(next, Some(Message::Barrier(b)) if b == STOP_SAVEPOINT_BARRIER),
+            "{next:?}"
+        );
+        p.commands
+            .send(TaskCommand::Stop)
+            .expect("the task is running");
+        let result = tokio::time::timeout(Duration::from_secs(60), &mut p.task)
+            .await
+            .expect("the stopped source task ends")
+            .expect("the task does not panic");
+        assert!(result.is_ok(), "{result:?}");
     }
 
     #[tokio::test]
