@@ -1061,6 +1061,12 @@ pub async fn run_source(
             if env.control.should_stop() && env.checkpointing.is_none() {
                 break SourceFlow::EndInput;
             }
+            // A trigger just taken may have queued its barrier behind full channels: it goes
+            // out first (at the top of the loop), or a paused source would wait for a command
+            // that only comes once that barrier has reached every task.
+            if chain.has_queued() {
+                continue;
+            }
             if paused {
                 let flow = match env.commands.recv().await {
                     Some(cmd) => {
@@ -1861,6 +1867,74 @@ mod tests {
             p.ended.load(Ordering::Relaxed),
             "a drain ends the input (on_end runs)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stop_savepoint_barrier_behind_a_full_channel_still_goes_out() {
+        use crate::runtime::exchange::Target;
+        // The output channel is full when the trigger arrives: the barrier waits in the
+        // output's queue, and the paused source must still send it once there is room.
+        let (tx, mut rx) = mpsc::channel(1);
+        tx.try_send(Message::Watermark(Watermark::Idle))
+            .expect("room for one");
+        let output = Output::new(
+            crate::plan::Partitioning::Forward,
+            vec![Target::new(tx)],
+            128,
+            "p".into(),
+            "src".into(),
+        );
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        commands.send(STOP_SAVEPOINT).expect("the task's receiver is alive");
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let env = TaskEnv::new(
+            TaskId::new(0, 0),
+            "p".into(),
+            "src".into(),
+            commands_rx,
+            events,
+            Some(Checkpointing {
+                store: Arc::new(MemoryStore::new()),
+                mode: AlignmentMode::ExactlyOnce,
+                unaligned: None,
+            }),
+            None,
+            Arc::new(Control::default()),
+        );
+        let ended = Arc::new(AtomicBool::new(false));
+        let chain = ChainTask {
+            nodes: vec![node(Box::new(EndProbe { ended }), "src", vec![output])],
+            taps: Arc::default(),
+            tap_cursors: Vec::new(),
+        };
+        let source = Box::new(Endless {
+            polls: Arc::default(),
+        });
+        let sctx = SourceContext::new("p", "src", 0, 1, None);
+        let task = tokio::spawn(run_source(source, sctx, chain, env));
+        // The source acknowledges its snapshot whatever its outputs do.
+        loop {
+            match events_rx.recv().await.expect("the task reports") {
+                TaskEvent::Ack { checkpoint: 1, .. } => break,
+                TaskEvent::Started { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let patience = Duration::from_secs(60);
+        assert!(matches!(
+            tokio::time::timeout(patience, rx.recv()).await,
+            Ok(Some(Message::Watermark(Watermark::Idle)))
+        ));
+        match tokio::time::timeout(patience, rx.recv()).await {
+            Ok(Some(Message::Barrier(b))) => assert_eq!(b.checkpoint, 1),
+            other => panic!("the barrier never came out of the paused source: {other:?}"),
+        }
+        commands.send(TaskCommand::Stop).expect("the task is running");
+        let result = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the stopped source task ends")
+            .expect("the task does not panic");
+        assert!(result.is_ok(), "{result:?}");
     }
 
     #[tokio::test]
