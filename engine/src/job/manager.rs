@@ -76,7 +76,7 @@ pub(super) struct Job {
     pub(super) reload_history: Mutex<VecDeque<ReloadOutcome>>,
     pub(super) reload_lock: tokio::sync::Mutex<()>,
     pub(super) started: Instant,
-    pub(super) workers: tokio::runtime::Handle,
+    pub(super) workers: crate::runtime::workers::Workers,
     pub(super) faults: Vec<(String, String, Arc<Fault>)>,
     pub(super) render: Option<RenderFn>,
     pub(super) allow_non_restored_state: bool,
@@ -173,7 +173,7 @@ pub const RELOAD_SAVEPOINTS_KEPT: usize = 3;
 impl Job {
     pub(super) fn new(
         options: &JobOptions,
-        workers: tokio::runtime::Handle,
+        workers: crate::runtime::workers::Workers,
         started: Instant,
     ) -> Arc<Self> {
         let (changes, _) = watch::channel(0);
@@ -813,7 +813,7 @@ mod tests {
             .expect("a runtime");
         rt.block_on(async {
             let (ready, job) = tokio::sync::oneshot::channel();
-            let workers = tokio::runtime::Handle::current();
+            let workers = tokio::runtime::Handle::current().into();
             let run = tokio::spawn(run_async_observed(
                 plan,
                 JobOptions::default(),

@@ -1,5 +1,6 @@
-//! Running a [`FilePlan`]: every pipeline at once on one tokio multi-thread runtime, each
-//! pipeline's chains spawned as one task per subtask and wired with bounded channels; then a
+//! Running a [`FilePlan`]: every pipeline at once on one pool of worker threads
+//! ([`crate::runtime::workers`]), each pipeline's chains spawned as one task per subtask and
+//! wired with bounded channels; then a
 //! [`JobSummary`] per operator (records in/out, errors), wall time and throughput.
 //!
 //! Each pipeline runs under its own supervisor (`pipeline`), which takes checkpoints and
@@ -17,6 +18,7 @@ use crate::base::metrics::{NodeReport, PipelineMetrics};
 use crate::plan::{FilePlan, PipelinePlan, Role};
 use crate::runtime::fault::Fault;
 use crate::runtime::task::Control;
+use crate::runtime::workers::{WorkerPool, Workers};
 
 mod apply_reload;
 mod confine;
@@ -52,7 +54,7 @@ pub struct JobOptions {
     pub handle_signals: bool,
     /// Progress callback (about every 250 ms).
     pub progress: Option<ProgressFn>,
-    /// Tokio worker threads (default: one per core).
+    /// Worker threads the tasks are placed on (default: one per core).
     pub worker_threads: Option<usize>,
     /// The instant times are measured from (default: when the job starts), e.g. the
     /// process start so that validation counts in the time to first record.
@@ -184,32 +186,33 @@ impl JobSummary {
 /// When the runtime cannot start, or the control API cannot listen ([`RunError::Api`]: no
 /// pipeline started); pipeline failures are reported in the summary.
 pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    // Scripts run on the workers and recurse on their stack: size it for what `limits:`
-    // allows (tokio's default of 2 MiB is too small; see `SCRIPT_STACK_SIZE`). Only the
-    // pages a thread touches take memory.
-    builder
-        .enable_all()
-        .thread_name("weir-worker")
-        .thread_stack_size(crate::script::SCRIPT_STACK_SIZE);
-    if let Some(n) = options.worker_threads {
-        builder.worker_threads(n.max(1));
-    }
-    let rt = builder
-        .build()
-        .map_err(|e| RunError::Internal(format!("cannot start the tokio runtime: {e}")))?;
+    // One thread per core unless told otherwise, each task placed on one of them for good
+    // (see `runtime::workers`). Scripts run on the workers and recurse on their stack: size
+    // it for what `limits:` allows (tokio's default of 2 MiB is too small; see
+    // `SCRIPT_STACK_SIZE`). Only the pages a thread touches take memory.
+    let threads = options.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let pool = WorkerPool::start(threads, crate::script::SCRIPT_STACK_SIZE)?;
     // The control plane (supervisors, checkpoint timers, progress, the API) runs on its own
     // thread, so that checkpoints trigger on time however busy the workers are.
-    let control = tokio::runtime::Builder::new_current_thread()
+    let control = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weir-control")
         .thread_stack_size(crate::script::SCRIPT_STACK_SIZE)
         .build()
-        .map_err(|e| RunError::Internal(format!("cannot start the control runtime: {e}")))?;
-    let workers = rt.handle().clone();
-    let summary = control.block_on(run_async(plan, options, workers));
+    {
+        Ok(control) => control,
+        Err(e) => {
+            pool.shutdown();
+            return Err(RunError::Internal(format!(
+                "cannot start the control runtime: {e}"
+            )));
+        }
+    };
+    let summary = control.block_on(run_async(plan, options, Workers::Pool(Arc::clone(&pool))));
     drop(control);
-    drop(rt);
+    pool.shutdown();
     crate::base::dispose::wait_disposed();
     summary
 }
@@ -222,7 +225,7 @@ pub fn run(plan: FilePlan, options: JobOptions) -> Result<JobSummary> {
 pub async fn run_async(
     plan: FilePlan,
     options: JobOptions,
-    workers: tokio::runtime::Handle,
+    workers: Workers,
 ) -> Result<JobSummary> {
     run_async_observed(plan, options, workers, None).await
 }
@@ -233,7 +236,7 @@ pub async fn run_async(
 pub(crate) async fn run_async_observed(
     plan: FilePlan,
     options: JobOptions,
-    workers: tokio::runtime::Handle,
+    workers: Workers,
     ready: Option<tokio::sync::oneshot::Sender<Arc<dyn crate::control::JobControl>>>,
 ) -> Result<JobSummary> {
     let started = options.started.unwrap_or_else(Instant::now);
@@ -414,7 +417,7 @@ pub(super) async fn run_pipeline(
     started: Instant,
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
-    workers: tokio::runtime::Handle,
+    workers: Workers,
     links: pipeline::SupervisorLinks,
 ) -> PipelineOutcome {
     let id = plan.id.clone();

@@ -1,6 +1,7 @@
 //! The runtime: tasks, input channels and exchanges.
 //!
-//! A pipeline runs as one tokio task per (chain, subtask). Records travel in
+//! A pipeline runs as one tokio task per (chain, subtask), placed on one of the job's worker
+//! threads for good ([`workers`]). Records travel in
 //! [`Batch`](crate::base::message::Batch)es on bounded channels; data and control share one
 //! channel ([`Message`](crate::base::message::Message)), so barriers, watermarks and
 //! end-of-stream stay in order with the records. A full channel suspends the sender, which is
@@ -17,3 +18,4 @@ pub mod input;
 pub mod tap;
 pub mod task;
 pub mod watermark;
+pub mod workers;

@@ -1419,7 +1419,7 @@ pub async fn run_chain(
                     // run before the next: buffered input is served without waiting, so the
                     // task might otherwise hold its thread for many batches, and a task that
                     // it woke (an upstream sender that got room) would wait there all along,
-                    // unstealable in the worker's LIFO slot, holding its barrier back.
+                    // on the same worker, holding its barrier back.
                     if started.elapsed() >= YIELD_AFTER {
                         tokio::task::yield_now().await;
                     }

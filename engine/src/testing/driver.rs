@@ -272,7 +272,7 @@ impl<'a> Driver<'a> {
         let task = control.spawn(crate::job::run_async_observed(
             plan,
             options,
-            workers.handle().clone(),
+            workers.handle().clone().into(),
             Some(tx),
         ));
         let patience = self.scenario.patience;

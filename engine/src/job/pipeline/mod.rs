@@ -226,7 +226,7 @@ pub(super) async fn supervise(
     control: Arc<Control>,
     recovery: RecoveryOptions,
     faults: Vec<(String, Arc<Fault>)>,
-    workers: tokio::runtime::Handle,
+    workers: crate::runtime::workers::Workers,
     links: SupervisorLinks,
 ) -> Ended {
     let mut ended = Ended {

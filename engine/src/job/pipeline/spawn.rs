@@ -51,7 +51,7 @@ pub(super) struct Tasks {
     reports: Arc<Vec<NodeReport>>,
     control: Arc<Control>,
     /// The runtime tasks run on (the supervisor itself runs on the control thread).
-    workers: tokio::runtime::Handle,
+    workers: crate::runtime::workers::Workers,
     /// Faults to inject, by operator id.
     faults: HashMap<String, Arc<Fault>>,
     /// The job's hand-over of keyed state between versions, and this pipeline's
@@ -100,7 +100,7 @@ impl Tasks {
         builders: Vec<NodeBuilder>,
         reports: Arc<Vec<NodeReport>>,
         control: Arc<Control>,
-        workers: tokio::runtime::Handle,
+        workers: crate::runtime::workers::Workers,
         faults: Vec<(String, Arc<Fault>)>,
         events: UnboundedSender<TaskEvent>,
         checkpointing: Option<Checkpointing>,
@@ -254,33 +254,30 @@ impl Tasks {
         let Ok(mut outputs) = self.outputs_of_task(task) else {
             return;
         };
-        self.join.spawn_on(
-            async move {
-                let Some(mut lease) = InputLease::take(&slot) else {
-                    return Ok(());
-                };
-                for o in &mut outputs {
-                    o.watermark(Watermark::Idle).await?;
-                }
-                let mut last = 0;
-                while !lease.get().all_ended() {
-                    match lease.get().recv(|_| false).await {
-                        Received::Message(_, Message::Barrier(b)) if b.checkpoint > last => {
-                            last = b.checkpoint;
-                            for o in &mut outputs {
-                                o.barrier(b).await?;
-                            }
+        self.workers.spawn(&mut self.join, async move {
+            let Some(mut lease) = InputLease::take(&slot) else {
+                return Ok(());
+            };
+            for o in &mut outputs {
+                o.watermark(Watermark::Idle).await?;
+            }
+            let mut last = 0;
+            while !lease.get().all_ended() {
+                match lease.get().recv(|_| false).await {
+                    Received::Message(_, Message::Barrier(b)) if b.checkpoint > last => {
+                        last = b.checkpoint;
+                        for o in &mut outputs {
+                            o.barrier(b).await?;
                         }
-                        _ => {}
                     }
+                    _ => {}
                 }
-                for o in &mut outputs {
-                    o.end().await?;
-                }
-                Ok(())
-            },
-            &self.workers,
-        );
+            }
+            for o in &mut outputs {
+                o.end().await?;
+            }
+            Ok(())
+        });
     }
 
     /// Every output of every node of `task`'s chain (the drainer's view).
@@ -526,18 +523,19 @@ impl Tasks {
         let handle = if restored_finished {
             // Finished before the checkpoint: everything it produced is in downstream state,
             // and its upstream is finished too. It only ends its outputs.
-            self.join
-                .spawn_on(async move { chain_task.end_outputs().await }, &self.workers)
+            self.workers.spawn(
+                &mut self.join,
+                async move { chain_task.end_outputs().await },
+            )
         } else {
             match &self.builders[head.index.0] {
                 NodeBuilder::Source(factory) => {
                     let source = factory(s, p)?;
                     let mut sctx = SourceContext::new(&plan.id, &head.id, s, p, restored_from);
                     sctx.clock = self.clock.clone();
-                    self.join.spawn_on(
-                        async move { run_source(source, sctx, chain_task, env).await },
-                        &self.workers,
-                    )
+                    self.workers.spawn(&mut self.join, async move {
+                        run_source(source, sctx, chain_task, env).await
+                    })
                 }
                 _ => {
                     let slot = self
@@ -546,14 +544,14 @@ impl Tasks {
                         .ok_or_else(|| RunError::Internal(format!("{task} has no inputs")))?;
                     let element = head.id.clone();
                     let pipeline_id = plan.id.clone();
-                    self.join.spawn_on(async move {
+                    self.workers.spawn(&mut self.join, async move {
                         let Some(lease) = InputLease::take(&slot) else {
                             return Err(RunError::Internal(format!(
                                 "pipeline `{pipeline_id}`, `{element}`: inputs still held by a previous attempt"
                             )));
                         };
                         run_chain(lease, chain_task, env).await
-                    }, &self.workers)
+                    })
                 }
             }
         };

@@ -73,7 +73,7 @@ impl Supervisor {
         reports: Arc<Vec<NodeReport>>,
         control: Arc<Control>,
         recovery: &RecoveryOptions,
-        workers: tokio::runtime::Handle,
+        workers: crate::runtime::workers::Workers,
         faults: Vec<(String, Arc<Fault>)>,
     ) -> Result<Self> {
         let engine = Arc::new(crate::script::runtime::runtime_engine(&plan.spec.limits));
