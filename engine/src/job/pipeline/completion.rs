@@ -80,6 +80,10 @@ pub(super) struct Checkpoints {
     pub completed_count: u64,
     /// The highest id the tasks were told completed: they are told in increasing order only.
     notified: Option<CheckpointId>,
+    /// Deletions in flight (aborted checkpoints, retention), awaited at the end of the run:
+    /// a blocking task not started when the runtime shuts down is dropped, which left a
+    /// deleted checkpoint's directory behind.
+    cleanups: Vec<tokio::task::JoinHandle<()>>,
     /// The class of the last checkpoint failure a task or a metadata write reported (a
     /// failover after too many failed checkpoints carries it; storage trouble by default).
     pub failure_class: ErrorClass,
@@ -103,6 +107,7 @@ impl Checkpoints {
             internal_rx,
             completed_count: 0,
             notified: None,
+            cleanups: Vec::new(),
             failure_class: ErrorClass::Io,
             metrics: Arc::default(),
         }
@@ -145,14 +150,27 @@ impl Checkpoints {
     }
 
     /// Deletes checkpoint `id`'s files off the loop.
-    pub(super) fn discard(&self, id: CheckpointId) {
+    pub(super) fn discard(&mut self, id: CheckpointId) {
         let Some(ck) = self.setup.as_ref() else {
             return;
         };
         let store = Arc::clone(&ck.store);
-        tokio::task::spawn_blocking(move || {
+        self.cleanup(move || {
             let _ = delete_checkpoint(&*store, id);
         });
+    }
+
+    /// Runs a deletion on the blocking pool, tracked until [`Self::settle`].
+    fn cleanup(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.cleanups.retain(|h| !h.is_finished());
+        self.cleanups.push(tokio::task::spawn_blocking(f));
+    }
+
+    /// Waits for every deletion in flight (the end of the run).
+    pub(super) async fn settle(&mut self) {
+        for h in self.cleanups.drain(..) {
+            let _ = h.await;
+        }
     }
 
     /// Checkpoint `barrier` was aborted: records it in the history (`failed`, or `aborted`
@@ -408,7 +426,7 @@ impl Checkpoints {
         if !retention.is_empty() {
             let store = Arc::clone(&ck.store);
             let pipeline = plan.id.clone();
-            tokio::task::spawn_blocking(move || {
+            self.cleanup(move || {
                 if let Err(e) = retention.execute(&*store) {
                     tracing::warn!(%pipeline, error = %e, "Deleting old checkpoints failed; they will be retried at the next start.");
                 }
