@@ -20,6 +20,12 @@
 //! - Subsumption: when an input delivers barrier *m* while an older alignment *n < m* still
 //!   waits for that same input, *n* can never complete here (channels are FIFO, so that input
 //!   skipped *n*); *n* is aborted. Completing *m* also aborts every older alignment.
+//! - Savepoints are never overtaken: with unaligned checkpoints a savepoint barrier is also
+//!   announced on the priority lanes (only as a notice: it is aligned in band), and a
+//!   checkpoint announced after it is not taken unaligned while the savepoint is still to be
+//!   taken here ([`BarrierAligner::savepoint_ahead`]); the task loop defers it until the
+//!   savepoint's snapshot. Otherwise the checkpoint's barrier would reach downstream tasks
+//!   ahead of the savepoint's, and they would give the savepoint up (or never see it).
 //! - A barrier of an already aborted or completed checkpoint from an input that had not
 //!   delivered it yet is dropped. An input delivering ids that do not increase is a protocol
 //!   bug: debug builds panic, release builds return [`AlignError::StaleBarrier`].
@@ -150,6 +156,8 @@ pub struct BarrierAligner {
     pending: BTreeMap<CheckpointId, Alignment>,
     /// Every id up to this one is completed or aborted here.
     done_up_to: Option<CheckpointId>,
+    /// The newest savepoint announced on a priority lane or delivered in band.
+    savepoint: Option<CheckpointId>,
 }
 
 impl BarrierAligner {
@@ -160,7 +168,25 @@ impl BarrierAligner {
             inputs: vec![InputState::default(); inputs as usize],
             pending: BTreeMap::new(),
             done_up_to: None,
+            savepoint: None,
         }
+    }
+
+    /// Notes a barrier announced on a priority lane ahead of the records queued in its
+    /// channel. Only a savepoint's matters here: its in-band barrier is still to come, and no
+    /// newer checkpoint may overtake it ([`Self::savepoint_ahead`]).
+    pub fn announced(&mut self, barrier: Barrier) {
+        if barrier.kind != BarrierKind::Checkpoint {
+            self.savepoint = self.savepoint.max(Some(barrier.checkpoint));
+        }
+    }
+
+    /// Whether a savepoint older than checkpoint `id` was announced or delivered but is not
+    /// taken (or aborted) here yet: `id` must not be taken unaligned before it, or its barrier
+    /// would overtake the savepoint's downstream.
+    pub fn savepoint_ahead(&self, id: CheckpointId) -> bool {
+        self.savepoint
+            .is_some_and(|s| s < id && !self.is_done(s))
     }
 
     /// The alignment mode.
@@ -230,6 +256,7 @@ impl BarrierAligner {
             });
         }
         state.last_barrier = Some(id);
+        self.announced(barrier);
 
         // Older alignments still waiting for this input can never complete: abort them.
         let skipped: Vec<CheckpointId> = self
@@ -280,12 +307,17 @@ impl BarrierAligner {
     /// inputs that have not delivered it (ARCHITECTURE.md 6, "Unaligned checkpoints"). Older
     /// alignments are aborted, the alignment of `barrier` (if one started) ends and its parked
     /// inputs are released, and later in-band barriers of it are dropped. Returns `None` when
-    /// the checkpoint is already completed or aborted here.
+    /// the checkpoint is already completed or aborted here. Call it only when no savepoint is
+    /// [ahead](Self::savepoint_ahead) of the checkpoint.
     pub fn unaligned(&mut self, barrier: Barrier) -> Option<UnalignedStart> {
         let id = barrier.checkpoint;
         if self.is_done(id) {
             return None;
         }
+        debug_assert!(
+            !self.savepoint_ahead(id),
+            "checkpoint {id} taken unaligned ahead of a savepoint"
+        );
         let older: Vec<CheckpointId> = self.pending.range(..id).map(|(&n, _)| n).collect();
         for n in &older {
             self.pending.remove(n);
@@ -585,6 +617,47 @@ mod tests {
         let s = a.on_end_of_stream(2).expect("valid input");
         assert_eq!(s.action, AlignerAction::Snapshot(barrier(2)));
         assert_eq!(s.aborted, vec![1]);
+    }
+
+    #[test]
+    fn a_savepoint_announced_or_aligning_holds_newer_unaligned_checkpoints_back() {
+        let savepoint = |n| Barrier {
+            checkpoint: n,
+            kind: BarrierKind::Savepoint,
+        };
+        let mut a = BarrierAligner::new(2, AlignmentMode::ExactlyOnce);
+        // Savepoint 1 is announced on a lane, then checkpoint 2: 2 must wait for 1.
+        a.announced(savepoint(1));
+        a.announced(barrier(2));
+        assert!(a.savepoint_ahead(2));
+        assert!(!a.savepoint_ahead(1), "only newer checkpoints wait");
+        // 1 arrives in band on both inputs and is taken aligned; then 2 may go unaligned.
+        assert_eq!(
+            a.on_barrier(0, savepoint(1)).expect("valid").action,
+            AlignerAction::Park
+        );
+        assert!(a.savepoint_ahead(2), "still aligning");
+        assert_eq!(
+            a.on_barrier(1, savepoint(1)).expect("valid").action,
+            AlignerAction::Snapshot(savepoint(1))
+        );
+        assert!(!a.savepoint_ahead(2));
+        let start = a.unaligned(barrier(2)).expect("not done yet");
+        assert!(start.aborted.is_empty());
+        assert_eq!(start.log, vec![true, true]);
+
+        // A savepoint seen only in band (no lanes) holds newer checkpoints back as well,
+        // until its alignment is given up.
+        let mut a = BarrierAligner::new(2, AlignmentMode::ExactlyOnce);
+        assert_eq!(
+            a.on_barrier(0, savepoint(3)).expect("valid").action,
+            AlignerAction::Park
+        );
+        assert!(a.savepoint_ahead(4));
+        // Input 1 skipped 3 (its upstream gave it up) and delivers 4: 3 is aborted here.
+        let s = step(&mut a, 1, 4);
+        assert_eq!(s.aborted, vec![3]);
+        assert!(!a.savepoint_ahead(4));
     }
 
     #[test]

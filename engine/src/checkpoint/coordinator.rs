@@ -7,6 +7,12 @@
 //! the metadata durable; [`Command::NotifyComplete`] issued) or *aborted* (timeout, decline,
 //! failed metadata write, subsumption, cancellation; [`Command::Abort`] issued).
 //!
+//! Subsumption (as in Flink): a completion aborts the lower *checkpoints* still in flight, so
+//! checkpoints complete in id order. Savepoints are never subsumed by a newer checkpoint: a
+//! savepoint may complete after a newer checkpoint did, and the runtime must then neither
+//! move its restore point back nor notify the tasks out of order (see
+//! `job::pipeline::completion`). Only a stop-with-savepoint ends every lower one.
+//!
 //! The coordinator never sleeps, spawns or does I/O: the runtime calls [`Coordinator::poll`]
 //! at [`Coordinator::next_wakeup`] (or whenever convenient) and feeds acknowledgements,
 //! declines, finished tasks and metadata-write results as they arrive.
@@ -139,7 +145,8 @@ pub enum AbortReason {
     },
     /// Writing its metadata failed.
     MetadataWriteFailed(String),
-    /// A newer checkpoint completed first.
+    /// A newer checkpoint (or savepoint) completed first; never the reason a savepoint is
+    /// aborted, except by a stop-with-savepoint.
     Subsumed {
         /// The completed checkpoint.
         by: CheckpointId,
@@ -188,7 +195,10 @@ pub enum Command {
     /// [`Coordinator::metadata_failed`].
     WriteMetadata(Box<CheckpointMetadata>),
     /// The checkpoint is complete: notify every task (two-phase-commit sinks commit), and run
-    /// retention. For [`BarrierKind::SavepointThenStop`], stop the pipeline.
+    /// retention. For [`BarrierKind::SavepointThenStop`], stop the pipeline. A checkpoint's
+    /// id is above every earlier completion's; a savepoint's may be below a newer
+    /// checkpoint's that completed first: what it would commit is committed already (sinks
+    /// commit everything up to the notified id), so the tasks need no notice of it.
     NotifyComplete(Barrier),
     /// The checkpoint is aborted: tell the tasks to drop it and delete its `chk-<n>/`
     /// directory. For a savepoint, report the failure to whoever asked for it.
@@ -600,8 +610,9 @@ impl Coordinator {
     }
 
     /// The metadata of checkpoint `id` is durable: the checkpoint is complete. Returns
-    /// [`Command::NotifyComplete`], preceded by aborts of every lower checkpoint in flight
-    /// (subsumed); or, when `id` was aborted while its write was in flight, that abort.
+    /// [`Command::NotifyComplete`], preceded by aborts of the lower checkpoints in flight that
+    /// it subsumes (see [`subsumes`]); or, when `id` was aborted while its write was in
+    /// flight, that abort.
     ///
     /// # Errors
     /// [`CheckpointError::Protocol`] when no metadata write for `id` was requested.
@@ -627,7 +638,12 @@ impl Coordinator {
         self.last_completed = Some(self.last_completed.map_or(id, |c| c.max(id)));
         self.last_completion_at = Some(now);
         self.consecutive_failures = 0;
-        let lower: Vec<CheckpointId> = self.pending.range(..id).map(|(&n, _)| n).collect();
+        let lower: Vec<CheckpointId> = self
+            .pending
+            .range(..id)
+            .filter(|(_, p)| subsumes(pending.barrier.kind, p.barrier.kind))
+            .map(|(&n, _)| n)
+            .collect();
         for n in lower {
             self.abort(n, AbortReason::Subsumed { by: id }, &mut out);
         }
@@ -754,6 +770,17 @@ impl Coordinator {
         });
         true
     }
+}
+
+/// Whether a completed checkpoint of kind `completed` subsumes a lower one of kind `lower`
+/// still in flight (as in Flink): only checkpoints are subsumed. A savepoint was asked for by
+/// someone who waits for it, and a newer checkpoint does not replace it; it goes on and
+/// completes (possibly after newer checkpoints) or ends by its own abort (timeout, decline,
+/// failed write, restart). Only a stop-with-savepoint's completion ends every lower one,
+/// savepoints included: the pipeline stops at it, so nothing lower is still taken (and
+/// nothing is left in flight when the tasks end).
+fn subsumes(completed: BarrierKind, lower: BarrierKind) -> bool {
+    lower == BarrierKind::Checkpoint || completed == BarrierKind::SavepointThenStop
 }
 
 #[cfg(test)]
@@ -982,6 +1009,141 @@ mod tests {
     }
 
     #[test]
+    fn a_completed_checkpoint_does_not_subsume_a_savepoint_in_flight() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent: 3,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        let _ = c.poll(t0 + 10 * SEC);
+        c.trigger_now(t0 + 11 * SEC, BarrierKind::Savepoint)
+            .expect("savepoint triggered");
+        let _ = c.poll(t0 + 20 * SEC);
+        assert_eq!(c.in_flight(), vec![1, 2, 3]);
+        ack_all(&mut c, 3);
+        let cmds = c.metadata_written(3, t0 + 21 * SEC).expect("written");
+        assert_eq!(
+            aborted(&cmds),
+            vec![(1, AbortReason::Subsumed { by: 3 })],
+            "the older checkpoint is subsumed, the savepoint is not"
+        );
+        assert!(matches!(cmds.last(), Some(Command::NotifyComplete(b)) if b.checkpoint == 3));
+        assert_eq!(c.in_flight(), vec![2], "the savepoint goes on");
+        // Its tasks acknowledge it after the newer checkpoint completed: it completes too.
+        let meta = ack_all(&mut c, 2);
+        assert_eq!(meta.kind, BarrierKind::Savepoint);
+        let cmds = c.metadata_written(2, t0 + 22 * SEC).expect("written");
+        assert_eq!(
+            cmds,
+            vec![Command::NotifyComplete(Barrier {
+                checkpoint: 2,
+                kind: BarrierKind::Savepoint
+            })]
+        );
+        assert!(c.in_flight().is_empty());
+        assert_eq!(c.last_completed(), Some(3), "the newest completion stays 3");
+        // A late ack of the subsumed checkpoint still only deletes its files.
+        assert_eq!(
+            c.ack(1, SRC, state("src", 1)).expect("late ack"),
+            vec![Command::Discard { checkpoint: 1 }]
+        );
+    }
+
+    #[test]
+    fn a_savepoint_being_written_when_a_newer_checkpoint_completes_is_not_doomed() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent: 2,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        let sp = c
+            .trigger_now(t0 + SEC, BarrierKind::Savepoint)
+            .expect("savepoint triggered");
+        assert_eq!(triggered(&c.poll(t0 + 10 * SEC)), vec![2]);
+        ack_all(&mut c, sp.checkpoint);
+        ack_all(&mut c, 2);
+        let cmds = c.metadata_written(2, t0 + 11 * SEC).expect("written");
+        assert!(aborted(&cmds).is_empty(), "{cmds:?}");
+        let cmds = c
+            .metadata_written(sp.checkpoint, t0 + 12 * SEC)
+            .expect("written");
+        assert_eq!(cmds, vec![Command::NotifyComplete(sp)]);
+        assert_eq!(c.last_completed(), Some(2));
+    }
+
+    #[test]
+    fn a_savepoint_outliving_a_newer_checkpoint_is_aborted_by_its_own_timeout() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent: 2,
+                timeout: 30 * SEC,
+                ..config()
+            },
+            plan(),
+            t0,
+        );
+        let sp = c
+            .trigger_now(t0 + 5 * SEC, BarrierKind::Savepoint)
+            .expect("savepoint triggered");
+        assert_eq!(triggered(&c.poll(t0 + 10 * SEC)), vec![2]);
+        ack_all(&mut c, 2);
+        let cmds = c.metadata_written(2, t0 + 11 * SEC).expect("written");
+        assert!(aborted(&cmds).is_empty());
+        // Only the source acknowledges the savepoint; it times out 30 s after its trigger.
+        assert!(c.ack(1, SRC, state("src", 1)).expect("ack").is_empty());
+        assert!(aborted(&c.poll(t0 + 34 * SEC)).is_empty(), "not due yet");
+        let cmds = c.poll(t0 + 35 * SEC);
+        assert_eq!(aborted(&cmds), vec![(sp.checkpoint, AbortReason::Timeout)]);
+        assert!(
+            matches!(&cmds[0], Command::Abort { barrier, .. } if *barrier == sp),
+            "the abort names the savepoint: {cmds:?}"
+        );
+        assert_eq!(c.consecutive_failures(), 0, "a savepoint is no periodic failure");
+        assert!(!c.in_flight().contains(&sp.checkpoint));
+        // The sink's late acknowledgement has its files deleted; nothing else remains.
+        assert_eq!(
+            c.ack(1, SINK, state("map", 1)).expect("late ack"),
+            vec![Command::Discard { checkpoint: 1 }]
+        );
+    }
+
+    #[test]
+    fn a_completed_stop_with_savepoint_ends_every_lower_one_savepoints_included() {
+        let t0 = Instant::now();
+        let mut c = Coordinator::new(config(), plan(), t0);
+        let sp = c
+            .trigger_now(t0 + SEC, BarrierKind::Savepoint)
+            .expect("savepoint");
+        let stop = c
+            .trigger_now(t0 + 2 * SEC, BarrierKind::SavepointThenStop)
+            .expect("stop");
+        ack_all(&mut c, stop.checkpoint);
+        let cmds = c
+            .metadata_written(stop.checkpoint, t0 + 3 * SEC)
+            .expect("written");
+        assert_eq!(
+            aborted(&cmds),
+            vec![(
+                sp.checkpoint,
+                AbortReason::Subsumed {
+                    by: stop.checkpoint
+                }
+            )]
+        );
+        assert_eq!(cmds.last(), Some(&Command::NotifyComplete(stop)));
+        assert!(c.in_flight().is_empty(), "nothing left in flight at the stop");
+    }
+
+    #[test]
     fn a_checkpoint_subsumed_twice_while_writing_is_aborted_once_after_its_write() {
         let t0 = Instant::now();
         let mut c = Coordinator::new(
@@ -1139,14 +1301,23 @@ mod tests {
                                 ended.insert(id, "completed").is_none(),
                                 "seed {seed}: {id} ended twice"
                             );
-                            assert!(
-                                completed.last().is_none_or(|&l| l < id),
-                                "seed {seed}: completions out of order"
-                            );
+                            // A checkpoint completes above every earlier completion; a
+                            // savepoint is never subsumed, so it may complete below one.
+                            if b.kind == BarrierKind::Checkpoint {
+                                assert!(
+                                    completed.iter().all(|&l| l < id),
+                                    "seed {seed}: completions out of order"
+                                );
+                            }
                             completed.push(id);
                         }
-                        Command::Abort { barrier, .. } => {
+                        Command::Abort { barrier, reason } => {
                             let id = barrier.checkpoint;
+                            assert!(
+                                barrier.kind == BarrierKind::Checkpoint
+                                    || !matches!(reason, AbortReason::Subsumed { .. }),
+                                "seed {seed}: savepoint {id} subsumed"
+                            );
                             assert!(
                                 !writing.contains(&id),
                                 "seed {seed}: {id} aborted while its write is in flight"
@@ -1243,7 +1414,11 @@ mod tests {
                 "seed {seed}: {:?} still in flight with nothing owed",
                 c.in_flight()
             );
-            assert_eq!(c.last_completed(), completed.last().copied(), "seed {seed}");
+            assert_eq!(
+                c.last_completed(),
+                completed.iter().max().copied(),
+                "seed {seed}"
+            );
         }
     }
 

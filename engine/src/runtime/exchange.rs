@@ -2,8 +2,8 @@
 //! subtasks (forward, hash by key group, rebalance, broadcast). Barriers, watermarks and
 //! end-of-stream go to every downstream subtask, whatever the partitioning. An output also
 //! notes how long it waited for room in a full channel (backpressure), which the task reads
-//! once per batch. With unaligned checkpoints, a checkpoint barrier also goes on each
-//! channel's priority lane, ahead of the queued records.
+//! once per batch. With unaligned checkpoints, a barrier also goes on each channel's priority
+//! lane, ahead of the queued records (a savepoint's only as a notice: it is aligned in band).
 //!
 //! An output has a small queue of its own in front of its channels (Flink's "overdraft"):
 //! what does not fit into a full channel waits there, in order. The blocking methods
@@ -25,7 +25,7 @@ use tokio::sync::mpsc::{Sender, UnboundedSender};
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::base::error::{Result, RunError};
-use crate::base::message::{BATCH_SIZE, Barrier, BarrierKind, Batch, Message, Pending, Watermark};
+use crate::base::message::{BATCH_SIZE, Barrier, Batch, Message, Pending, Watermark};
 use crate::plan::Partitioning;
 use crate::record::subtask_for_key_group;
 
@@ -267,10 +267,11 @@ impl Output {
     }
 
     /// Sends a barrier to every target (after every record sent before it) and waits until
-    /// it is in every channel. A checkpoint barrier (not a savepoint's) is first announced on
-    /// every target's priority lane, when it has one: it reaches the receiver ahead of the
-    /// records queued in the channel, which then become channel state of the checkpoint
-    /// (unaligned checkpoints).
+    /// it is in every channel. A barrier is first announced on every target's priority lane,
+    /// when it has one: a checkpoint's reaches the receiver ahead of the records queued in
+    /// the channel, which then become channel state of the checkpoint (unaligned
+    /// checkpoints); a savepoint's is only a notice (a savepoint is aligned in band), which
+    /// keeps the receiver from taking a newer checkpoint unaligned ahead of it.
     ///
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
@@ -285,12 +286,10 @@ impl Output {
     /// # Errors
     /// [`RunError::Disconnected`] when a receiver has stopped.
     pub fn queue_barrier(&mut self, barrier: Barrier) -> Result<()> {
-        if barrier.kind == BarrierKind::Checkpoint {
-            for t in &self.targets {
-                if let Some(p) = &t.priority {
-                    // A closed lane means a stopped receiver; the in-band send says so.
-                    let _ = p.send(barrier);
-                }
+        for t in &self.targets {
+            if let Some(p) = &t.priority {
+                // A closed lane means a stopped receiver; the in-band send says so.
+                let _ = p.send(barrier);
             }
         }
         for t in 0..self.targets.len() {
@@ -336,6 +335,7 @@ impl Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::message::BarrierKind;
     use crate::record::Key;
     use rhai::Dynamic;
 

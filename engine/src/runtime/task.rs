@@ -12,7 +12,8 @@
 //! checkpoints a task also snapshots at a barrier announced on a priority lane (or when its
 //! alignment outlasts `aligned_timeout`), records what that barrier overtook in a
 //! [`ChannelLog`], and acknowledges once the log is complete; a restored task replays its
-//! channel state before its first new record.
+//! channel state before its first new record. It never does so ahead of a savepoint announced
+//! before that barrier: the checkpoint waits for the savepoint's (aligned) snapshot.
 //!
 //! Backpressure never holds a task in the middle of a batch (unless an operator expands one
 //! record into many): a batch runs through the chain and whatever its full output channels do
@@ -1287,6 +1288,9 @@ pub async fn run_chain(
         // The newest checkpoint barrier seen (announced or in-band) and since when; with an
         // `aligned_timeout`, it is taken unaligned once that much time has passed.
         let mut first_seen: Option<(Barrier, Instant)> = None;
+        // A checkpoint due to go unaligned while a savepoint announced before it is still to
+        // be taken here: it goes right after the savepoint's snapshot, never ahead of it.
+        let mut deferred: Option<(Barrier, Instant)> = None;
         let clock = chain.nodes[0].ctx.clock.clone();
         while !inputs.get().all_ended() {
             // An unaligned snapshot records what its barrier overtook as soon as it is queued,
@@ -1342,7 +1346,11 @@ pub async fn run_chain(
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
                     // The alignment lasted longer than `aligned_timeout`: go unaligned.
                     if let Some((barrier, since)) = first_seen.take() {
-                        start_unaligned(barrier, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                        if aligner.savepoint_ahead(barrier.checkpoint) {
+                            deferred = Some((barrier, since));
+                        } else {
+                            start_unaligned(barrier, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                        }
                     }
                     continue;
                 }
@@ -1367,6 +1375,8 @@ pub async fn run_chain(
                     continue;
                 }
                 Received::Priority(b) => {
+                    // A savepoint's announcement is only a notice (it is aligned in band).
+                    aligner.announced(b);
                     if let Some(timeout) = unaligned
                         && b.kind == BarrierKind::Checkpoint
                         && !aligner.is_done(b.checkpoint)
@@ -1377,7 +1387,13 @@ pub async fn run_chain(
                         };
                         if timeout.is_zero() {
                             first_seen = None;
-                            start_unaligned(b, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                            if aligner.savepoint_ahead(b.checkpoint) {
+                                if deferred.is_none_or(|(d, _)| d.checkpoint < b.checkpoint) {
+                                    deferred = Some((b, since));
+                                }
+                            } else {
+                                start_unaligned(b, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+                            }
                         } else if first_seen.is_none_or(|(f, _)| f.checkpoint < b.checkpoint) {
                             first_seen = Some((b, since));
                         }
@@ -1468,6 +1484,11 @@ pub async fn run_chain(
                 first_seen = None;
             }
             apply_step(step, &mut chain, &mut env).await?;
+            if let Some((b, since)) =
+                deferred.take_if(|(b, _)| !aligner.savepoint_ahead(b.checkpoint))
+            {
+                start_unaligned(b, since, &mut aligner, &mut pending, inputs.get(), &mut chain, &mut env).await?;
+            }
         }
         if let Some(u) = pending.take() {
             finish_unaligned(u, &mut env);
@@ -2547,5 +2568,74 @@ mod tests {
             all,
             "before the barrier, then the restored task: each record exactly once"
         );
+    }
+
+    /// A savepoint announced on the priority lane ahead of a newer checkpoint: the task takes
+    /// the checkpoint unaligned only after the savepoint's aligned snapshot, so that neither
+    /// barrier overtakes the other downstream and both are acknowledged (taken at once, the
+    /// checkpoint would have made the task drop the savepoint's barrier unanswered).
+    #[tokio::test]
+    async fn a_newer_unaligned_checkpoint_never_overtakes_a_savepoint() {
+        const SP1: Barrier = Barrier {
+            checkpoint: 1,
+            kind: BarrierKind::Savepoint,
+        };
+        const B2: Barrier = Barrier {
+            checkpoint: 2,
+            kind: BarrierKind::Checkpoint,
+        };
+        let store = Arc::new(MemoryStore::new());
+        let (t0, p0, mut out_rx, mut lane_rx, mut events, task) =
+            spawn_numbering(Arc::clone(&store), None);
+        // As above, the output is full and the task reads no more input; the savepoint and
+        // the checkpoint are announced, then come in band behind batches 2 and 3.
+        for k in 0..4 {
+            t0.send(numbers(k * 10, 3)).await.expect("send");
+        }
+        while t0.capacity() != 16 - 2 {
+            tokio::task::yield_now().await;
+        }
+        p0.send(SP1).expect("lane");
+        t0.send(Message::Barrier(SP1)).await.expect("send");
+        t0.send(numbers(40, 3)).await.expect("send");
+        p0.send(B2).expect("lane");
+        t0.send(Message::Barrier(B2)).await.expect("send");
+        t0.send(numbers(50, 3)).await.expect("send");
+        // Nothing is taken while the savepoint's barrier is still queued in band.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert!(lane_rx.try_recv().is_err(), "nothing went ahead downstream yet");
+        t0.send(Message::EndOfStream).await.expect("send");
+        let sent = collect(&mut out_rx).await;
+        task.await.expect("no panic").expect("runs");
+        let barriers: Vec<Barrier> = sent
+            .iter()
+            .filter_map(|m| match m {
+                Message::Barrier(b) => Some(*b),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(barriers, vec![SP1, B2], "in band, in order");
+        let mut announced = Vec::new();
+        while let Ok(b) = lane_rx.try_recv() {
+            announced.push(b);
+        }
+        assert_eq!(announced, vec![SP1, B2], "on the lane, in order");
+        let mut acked = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            match event {
+                TaskEvent::Ack { checkpoint, .. } => acked.push(checkpoint),
+                TaskEvent::Started { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Written on the blocking pool: the acknowledgements may come in either order.
+        acked.sort_unstable();
+        assert_eq!(acked, vec![1, 2], "both acknowledged, none declined");
+        let all: Vec<i64> = (0..18)
+            .map(|i| (i + 1) * 1000 + (i / 3) * 10 + i % 3)
+            .collect();
+        assert_eq!(ints_of(&sent), all, "every record once, in order");
     }
 }

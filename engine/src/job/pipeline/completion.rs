@@ -78,6 +78,12 @@ pub(super) struct Checkpoints {
     pub internal_rx: UnboundedReceiver<Internal>,
     /// Checkpoints completed in this run.
     pub completed_count: u64,
+    /// The highest id the tasks were told completed: they are told in increasing order only.
+    notified: Option<CheckpointId>,
+    /// Deletions in flight (aborted checkpoints, retention), awaited at the end of the run:
+    /// a blocking task not started when the runtime shuts down is dropped, which left a
+    /// deleted checkpoint's directory behind.
+    cleanups: Vec<tokio::task::JoinHandle<()>>,
     /// The class of the last checkpoint failure a task or a metadata write reported (a
     /// failover after too many failed checkpoints carries it; storage trouble by default).
     pub failure_class: ErrorClass,
@@ -100,6 +106,8 @@ impl Checkpoints {
             internal_tx,
             internal_rx,
             completed_count: 0,
+            notified: None,
+            cleanups: Vec::new(),
             failure_class: ErrorClass::Io,
             metrics: Arc::default(),
         }
@@ -142,14 +150,27 @@ impl Checkpoints {
     }
 
     /// Deletes checkpoint `id`'s files off the loop.
-    pub(super) fn discard(&self, id: CheckpointId) {
+    pub(super) fn discard(&mut self, id: CheckpointId) {
         let Some(ck) = self.setup.as_ref() else {
             return;
         };
         let store = Arc::clone(&ck.store);
-        tokio::task::spawn_blocking(move || {
+        self.cleanup(move || {
             let _ = delete_checkpoint(&*store, id);
         });
+    }
+
+    /// Runs a deletion on the blocking pool, tracked until [`Self::settle`].
+    fn cleanup(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.cleanups.retain(|h| !h.is_finished());
+        self.cleanups.push(tokio::task::spawn_blocking(f));
+    }
+
+    /// Waits for every deletion in flight (the end of the run).
+    pub(super) async fn settle(&mut self) {
+        for h in self.cleanups.drain(..) {
+            let _ = h.await;
+        }
     }
 
     /// Checkpoint `barrier` was aborted: records it in the history (`failed`, or `aborted`
@@ -204,9 +225,25 @@ impl Checkpoints {
         self.discard(id);
     }
 
+    /// Whether the tasks are to be told that checkpoint `id` completed: only when it is above
+    /// every completion they were told of. A savepoint is never subsumed, so it may complete
+    /// after a newer checkpoint did; that checkpoint's notice already committed everything up
+    /// to its id, the savepoint's output included (sinks commit every pending transaction up
+    /// to the notified id), so telling the tasks again could only commit out of order.
+    pub(super) fn notify_tasks(&mut self, id: CheckpointId) -> bool {
+        if self.notified.is_some_and(|n| n >= id) {
+            return false;
+        }
+        self.notified = Some(id);
+        true
+    }
+
     /// Checkpoint `barrier` completed: its statistics and history entry, the latest restore
-    /// point, the answer to the request that waited for it (a savepoint is copied out first),
-    /// the live status, then retention.
+    /// point (never moved back: a savepoint completing after a newer checkpoint is not the
+    /// latest), the answer to the request that waited for it (a savepoint is copied out
+    /// first), the live status, then retention. What is tracked of older checkpoints still in
+    /// flight stays (a savepoint goes on after newer completions; a checkpoint aborted while
+    /// its metadata was written is forgotten at its abort); that of aborted ones is dropped.
     pub(super) fn completed(
         &mut self,
         plan: &PipelinePlan,
@@ -214,15 +251,21 @@ impl Checkpoints {
         status: &SharedStatus,
     ) {
         let id = barrier.checkpoint;
+        let in_flight: BTreeSet<CheckpointId> = self
+            .coordinator
+            .as_ref()
+            .map(|c| c.in_flight().into_iter().collect())
+            .unwrap_or_default();
+        let tracked = |k: CheckpointId| k > id || in_flight.contains(&k);
         let Some(ck) = self.setup.as_mut() else {
             return;
         };
         let Some(meta) = ck.metadata.remove(&id) else {
             return;
         };
-        ck.metadata.retain(|&k, _| k > id);
+        ck.metadata.retain(|&k, _| tracked(k));
         let started = self.triggered.remove(&id);
-        self.triggered.retain(|&k, _| k > id);
+        self.triggered.retain(|&k, _| tracked(k));
         self.metrics
             .set_checkpoints_in_progress(self.triggered.len() as u64);
         let stats = checkpoint_stats(&meta, ck.latest.as_ref(), started);
@@ -237,7 +280,7 @@ impl Checkpoints {
         );
         let now = SystemTime::now();
         let mut subtasks = self.acks.remove(&id).unwrap_or_default();
-        self.acks.retain(|&k, _| k > id);
+        self.acks.retain(|&k, _| tracked(k));
         subtasks.sort_by(|a, b| a.task.cmp(&b.task));
         let info = CheckpointInfo {
             id,
@@ -275,12 +318,18 @@ impl Checkpoints {
         self.stats.push(stats);
         ck.completed.push(CheckpointFiles::from_metadata(&meta));
         let meta = Arc::new(meta);
-        ck.latest = Some(TaskRestore {
-            store: Arc::clone(&ck.store),
-            metadata: Arc::clone(&meta),
-            savepoint: false,
-            plan: None,
-        });
+        let newest = ck
+            .latest
+            .as_ref()
+            .is_none_or(|l| l.metadata.checkpoint < id);
+        if newest {
+            ck.latest = Some(TaskRestore {
+                store: Arc::clone(&ck.store),
+                metadata: Arc::clone(&meta),
+                savepoint: false,
+                plan: None,
+            });
+        }
         match self.waiters.remove(&id) {
             Some(Waiter::Checkpoint(reply)) => {
                 let _ = reply.send(Ok(info.clone()));
@@ -292,7 +341,7 @@ impl Checkpoints {
         }
         if let Ok(mut st) = status.lock() {
             st.checkpoints = self.completed_count;
-            st.latest = Some(id);
+            st.latest = st.latest.max(Some(id));
         }
         push_history(status, info);
         self.run_retention(plan);
@@ -377,7 +426,7 @@ impl Checkpoints {
         if !retention.is_empty() {
             let store = Arc::clone(&ck.store);
             let pipeline = plan.id.clone();
-            tokio::task::spawn_blocking(move || {
+            self.cleanup(move || {
                 if let Err(e) = retention.execute(&*store) {
                     tracing::warn!(%pipeline, error = %e, "Deleting old checkpoints failed; they will be retried at the next start.");
                 }
@@ -397,7 +446,9 @@ impl Supervisor {
             self.failures.consecutive = 0;
             self.publish(self.status_state());
         }
-        self.tasks.send_all(TaskCommand::Complete(id));
+        if self.checkpoints.notify_tasks(id) {
+            self.tasks.send_all(TaskCommand::Complete(id));
+        }
         self.stop_after_checkpoint(id);
         self.probation_checkpoint_completed(id);
         self.checkpoints
@@ -509,4 +560,134 @@ fn state_sizes(meta: &CheckpointMetadata) -> Vec<StateSize> {
             bytes,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::checkpoint::{
+        AlignmentMode, CheckpointPlan, Command, CoordinatorConfig, MemoryStore,
+    };
+    use crate::job::pipeline::storage::CheckpointSetup;
+
+    /// Feeds `cmds` to `ck` as the supervisor does with metadata writes; returns the
+    /// completions, which the test carries out itself.
+    fn write_all(ck: &mut Checkpoints, plan: &PipelinePlan, cmds: Vec<Command>) -> Vec<Barrier> {
+        let mut completed = Vec::new();
+        for cmd in cmds {
+            match cmd {
+                Command::WriteMetadata(meta) => ck.write_metadata(plan, *meta),
+                Command::NotifyComplete(b) => completed.push(b),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        completed
+    }
+
+    /// A savepoint whose metadata is being written when a newer checkpoint completes (it is
+    /// never subsumed): its completion still answers its request with a whole savepoint, and
+    /// neither the restore point, the status nor the tasks' commit notices go back to it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_savepoint_completing_after_a_newer_checkpoint_is_answered_and_moves_nothing_back() {
+        let plan = crate::plan::plan_test_yaml(crate::plan::TEST_JOB, Path::new("/jobs"));
+        let cp = CheckpointPlan::from_plan(&plan);
+        let tasks: Vec<TaskId> = cp.tasks.iter().map(|t| t.task).collect();
+        let config = CoordinatorConfig {
+            periodic: false,
+            ..CoordinatorConfig::from_spec(&plan.spec.checkpoints)
+        };
+        let setup = CheckpointSetup {
+            store: Arc::new(MemoryStore::new()),
+            durable: false,
+            mode: AlignmentMode::ExactlyOnce,
+            retain: 1,
+            completed: Vec::new(),
+            metadata: BTreeMap::new(),
+            latest: None,
+        };
+        let now = Instant::now();
+        let mut ck = Checkpoints::new(Some(setup), Some(Coordinator::new(config, cp, now)));
+        let status = SharedStatus::default();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+
+        let c = ck.coordinator.as_mut().expect("a coordinator");
+        let sp = c
+            .trigger_now(now, BarrierKind::Savepoint)
+            .expect("savepoint");
+        let chk = c
+            .trigger_now(now, BarrierKind::Checkpoint)
+            .expect("checkpoint");
+        ck.triggered(sp.checkpoint);
+        ck.triggered(chk.checkpoint);
+        let (reply, answer) = oneshot::channel();
+        ck.waiters.insert(
+            sp.checkpoint,
+            Waiter::Savepoint {
+                dir: dir.path().to_path_buf(),
+                reply,
+            },
+        );
+        // Every task acknowledges both; both metadata writes start and end.
+        for id in [sp.checkpoint, chk.checkpoint] {
+            for &task in &tasks {
+                let c = ck.coordinator.as_mut().expect("a coordinator");
+                let cmds = c.ack(id, task, Vec::new()).expect("a valid ack");
+                assert!(write_all(&mut ck, &plan, cmds).is_empty());
+            }
+        }
+        for _ in 0..2 {
+            let written = ck.internal_rx.recv().await;
+            assert!(
+                matches!(written, Some(Internal::MetadataWritten(_, Ok(())))),
+                "the metadata is written"
+            );
+        }
+
+        // The checkpoint's write reports back first: it completes, the savepoint goes on.
+        let c = ck.coordinator.as_mut().expect("a coordinator");
+        let cmds = c.metadata_written(chk.checkpoint, now).expect("requested");
+        assert_eq!(write_all(&mut ck, &plan, cmds), vec![chk]);
+        assert!(ck.notify_tasks(chk.checkpoint));
+        ck.completed(&plan, chk, &status);
+        assert!(ck.waiters.contains_key(&sp.checkpoint), "still awaited");
+
+        // Then the savepoint's: it completes after the newer checkpoint.
+        let c = ck.coordinator.as_mut().expect("a coordinator");
+        let cmds = c.metadata_written(sp.checkpoint, now).expect("requested");
+        assert_eq!(write_all(&mut ck, &plan, cmds), vec![sp]);
+        assert!(
+            !ck.notify_tasks(sp.checkpoint),
+            "the tasks committed up to the newer checkpoint already"
+        );
+        ck.completed(&plan, sp, &status);
+        let latest = ck.setup.as_ref().and_then(|s| s.latest.as_ref());
+        assert_eq!(
+            latest.map(|l| l.metadata.checkpoint),
+            Some(chk.checkpoint),
+            "the restore point stays the newer checkpoint"
+        );
+        assert_eq!(status.lock().expect("status").latest, Some(chk.checkpoint));
+
+        // Its copy ends: the request is answered with a whole savepoint.
+        match ck.internal_rx.recv().await {
+            Some(Internal::SavepointWritten { reply, result }) => {
+                ck.savepoint_written(&plan, reply, result);
+            }
+            _ => panic!("expected the savepoint copy to end"),
+        }
+        let info = answer
+            .await
+            .expect("the request is answered")
+            .expect("the savepoint is written");
+        assert_eq!(info.checkpoint, sp.checkpoint);
+        assert!(info.path.join("_metadata").is_file());
+        assert!(ck.waiters.is_empty());
+        assert!(ck.triggered.is_empty() && ck.acks.is_empty());
+        let setup = ck.setup.as_ref().expect("a setup");
+        assert!(setup.metadata.is_empty(), "nothing in flight is tracked");
+        let retained: Vec<CheckpointId> = setup.completed.iter().map(|c| c.checkpoint).collect();
+        assert_eq!(retained, vec![chk.checkpoint], "retain: 1 keeps the newest");
+    }
 }

@@ -258,6 +258,7 @@ impl Supervisor {
     async fn finish(&mut self) -> Result<()> {
         // Let the last metadata writes and retention settle before reporting the end.
         self.drain_internal().await;
+        self.checkpoints.settle().await;
         self.end_probation(Ok(()));
         for (_, w) in std::mem::take(&mut self.checkpoints.waiters) {
             w.fail(ControlError::Failed(format!(
