@@ -30,6 +30,7 @@
 //! time-to-live, or a state backend error. Buffers are kept from record to record, so a run
 //! allocates only for the values it makes.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt, StmtBlock};
@@ -37,7 +38,8 @@ use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt,
 use super::fast::{Limits, Op, binary, binary_op};
 use super::runtime::{
     DataSizes, SizeLimits, StateAccess, add, add_in_place, add_into, add_to, array_sizes,
-    data_sizes, entry_sizes, insert_top, map_sizes, push_onto, put_into, sub, with_state_access,
+    data_sizes, element_sizes, entry_sizes, insert_top, map_sizes, put_into, sub,
+    with_state_access,
 };
 use crate::state::{StateBackend, StateId};
 
@@ -68,6 +70,10 @@ pub struct NativeProgram {
 struct Comparator {
     body: Ex,
     slots: usize,
+    /// `a op b` (`false`) or `b op a` (`true`) with a binary operator: evaluated on the two
+    /// items directly, without the tree walk and its copies (the same answers and operation
+    /// count).
+    direct: Option<(Op, bool)>,
 }
 
 #[derive(Debug)]
@@ -239,12 +245,14 @@ impl NativeProgram {
         scratch: &mut Scratch,
         access: StateAccess<'_>,
     ) -> Option<Result<(), String>> {
-        scratch.reset(self);
+        scratch.reset(self, access.frame);
         let Scratch {
             locals,
             bufs,
+            ids,
             emits,
             cmp_locals,
+            text,
             ..
         } = scratch;
         for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
@@ -259,15 +267,19 @@ impl NativeProgram {
             state: &*access.state,
             key: access.key,
             names: access.names,
+            ids,
             bufs,
+            stored: Stored::new(self.states.len()),
             emits,
             emitted_before: access.emitted.len(),
             max_outputs: access.max_outputs,
             cmp_locals,
+            text,
             ops: 0,
         };
         let outcome = run.block(&self.body, locals);
         let ops = run.ops;
+        drop(run);
         if !self.writes_params {
             for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
                 *arg = std::mem::take(slot);
@@ -290,17 +302,24 @@ pub struct Scratch {
     locals: Vec<Dynamic>,
     cmp_locals: Vec<Dynamic>,
     bufs: Vec<StateBuf>,
+    /// The handle of each state of the program, once resolved in frame `frame`.
+    ids: Vec<Option<StateId>>,
+    frame: u64,
     emits: Vec<Dynamic>,
+    /// Room for string interpolation.
+    text: String,
 }
 
 /// One state's buffered writes of the current record.
 #[derive(Default)]
 struct StateBuf {
-    /// The handle, once resolved in this record.
-    id: Option<StateId>,
     mode: Mode,
     /// The value as the record's writes left it ([`Mode::Whole`]).
     whole: Option<Dynamic>,
+    /// [`array_sizes`] of `whole` when it is a list, `(0, 0, 0)` when absent; `None` when
+    /// not known (kept by `list_push`, so that a list rebuilt item by item is not measured
+    /// again at each item).
+    list_sizes: Option<DataSizes>,
     /// Entries set in a map held by the backend ([`Mode::Fields`]), and the map's sizes after
     /// them.
     fields: Vec<(ImmutableString, Dynamic)>,
@@ -317,15 +336,21 @@ enum Mode {
 }
 
 impl Scratch {
-    fn reset(&mut self, program: &NativeProgram) {
+    fn reset(&mut self, program: &NativeProgram, frame: u64) {
         self.locals.clear();
         self.locals.resize(program.slots, Dynamic::UNIT);
         self.bufs.resize_with(program.states.len(), StateBuf::default);
         for buf in &mut self.bufs {
-            buf.id = None;
             buf.mode = Mode::Base;
             buf.whole = None;
+            buf.list_sizes = None;
             buf.fields.clear();
+        }
+        // The frame's declared states are the same from record to record.
+        if self.frame != frame || self.ids.len() != program.states.len() {
+            self.ids.clear();
+            self.ids.resize(program.states.len(), None);
+            self.frame = frame;
         }
         self.emits.clear();
     }
@@ -336,8 +361,8 @@ impl Scratch {
             state, key, emitted, ..
         } = access;
         let mut failed = None;
-        for buf in &mut self.bufs {
-            let Some(id) = buf.id else { continue };
+        for (buf, id) in self.bufs.iter_mut().zip(&self.ids) {
+            let Some(id) = *id else { continue };
             let result = match buf.mode {
                 Mode::Base => Ok(()),
                 Mode::Whole => {
@@ -365,17 +390,55 @@ impl Scratch {
     }
 }
 
+/// What a run knows of a state's stored value (as it was before the record).
+enum Base<'a> {
+    /// Not asked yet.
+    Unread,
+    /// Lent by the backend (see [`StateBackend::lend`]), or taken into [`StateBuf::whole`].
+    Lent(Option<Cow<'a, Dynamic>>),
+    /// The backend does not lend: each read asks it.
+    Ask,
+}
+
+/// The [`Base`] of each state of a run: eight in place (no allocation per record for most
+/// programs), the others in a vector.
+struct Stored<'a> {
+    near: [Base<'a>; 8],
+    far: Vec<Base<'a>>,
+}
+
+impl<'a> Stored<'a> {
+    fn new(states: usize) -> Self {
+        let mut far = Vec::new();
+        far.resize_with(states.saturating_sub(8), || Base::Unread);
+        Self {
+            near: std::array::from_fn(|_| Base::Unread),
+            far,
+        }
+    }
+
+    fn get(&mut self, index: usize) -> &mut Base<'a> {
+        match index.checked_sub(8) {
+            None => &mut self.near[index],
+            Some(i) => &mut self.far[i],
+        }
+    }
+}
+
 /// One native run over one record.
 struct Run<'a> {
     program: &'a NativeProgram,
     state: &'a dyn StateBackend,
     key: &'a crate::record::Key,
     names: &'a [(String, StateId)],
+    ids: &'a mut Vec<Option<StateId>>,
     bufs: &'a mut Vec<StateBuf>,
+    stored: Stored<'a>,
     emits: &'a mut Vec<Dynamic>,
     emitted_before: usize,
     max_outputs: usize,
     cmp_locals: &'a mut Vec<Dynamic>,
+    text: &'a mut String,
     ops: u64,
 }
 
@@ -566,13 +629,7 @@ impl Run<'_> {
             Ex::Binary(op, a, b) => {
                 let a = self.ex(a, locals)?;
                 let b = self.ex(b, locals)?;
-                match *op {
-                    Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
-                        let same = a.is_unit() && b.is_unit();
-                        Dynamic::from_bool(if *op == Op::Eq { same } else { !same })
-                    }
-                    op => binary(op, &a, &b, limits)?,
-                }
+                operate(*op, &a, &b, limits)?
             }
             Ex::Not(a) => Dynamic::from_bool(!self.ex(a, locals)?.as_bool().ok()?),
             Ex::Neg(a) => Dynamic::from_int(self.ex(a, locals)?.as_int().ok()?.checked_neg()?),
@@ -594,21 +651,30 @@ impl Run<'_> {
             }
             Ex::Block(stmts) => self.block_value(stmts, locals)?,
             Ex::Interp(parts) => {
-                let mut text = String::new();
+                let mut text = std::mem::take(self.text);
+                text.clear();
+                let mut whole = Some(());
                 for part in parts {
-                    let v = self.ex(part, locals)?;
-                    if let Ok(s) = v.as_immutable_string_ref() {
+                    let Some(v) = self.ex(part, locals) else {
+                        whole = None;
+                        break;
+                    };
+                    if let Ok(i) = v.as_int() {
+                        push_int(&mut text, i);
+                    } else if let Ok(s) = v.as_immutable_string_ref() {
                         text.push_str(s.as_str());
                     } else {
-                        use std::fmt::Write;
-                        let i = v.as_int().ok()?;
-                        let _ = write!(text, "{i}");
+                        whole = None;
+                        break;
                     }
                     if limits.string != 0 && text.len() >= limits.string {
-                        return None;
+                        whole = None;
+                        break;
                     }
                 }
-                Dynamic::from(ImmutableString::from(text))
+                let value = whole.map(|()| Dynamic::from(ImmutableString::from(text.as_str())));
+                *self.text = text;
+                value?
             }
             Ex::Array(items) => {
                 let mut array = Array::with_capacity(items.len());
@@ -679,15 +745,25 @@ impl Run<'_> {
         locals.clear();
         locals.resize(comparator.slots, Dynamic::UNIT);
         let mut failed = false;
+        let limits = self.program.limits;
         let sorted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             array.sort_by(|x, y| {
                 if failed {
                     return Ordering::Equal;
                 }
-                locals[0] = x.clone();
-                locals[1] = y.clone();
-                let answer = self.charge(OPS_PER_CALL).and_then(|()| {
-                    let v = self.ex(&comparator.body, &mut locals)?;
+                let v = if let Some((op, swap)) = comparator.direct {
+                    // What the walk below charges: the call, the operator and two locals.
+                    self.charge(OPS_PER_CALL + 3 * OPS_PER_NODE).and_then(|()| {
+                        let (a, b) = if swap { (y, x) } else { (x, y) };
+                        operate(op, a, b, limits)
+                    })
+                } else {
+                    locals[0] = x.clone();
+                    locals[1] = y.clone();
+                    self.charge(OPS_PER_CALL)
+                        .and_then(|()| self.ex(&comparator.body, &mut locals))
+                };
+                let answer = v.and_then(|v| {
                     v.as_int()
                         .ok()
                         .or_else(|| v.as_bool().ok().map(|b| if b { -1 } else { 1 }))
@@ -705,61 +781,34 @@ impl Run<'_> {
         (sorted.is_ok() && !failed).then_some(())
     }
 
-    /// The state buffer of state `index`, its handle resolved.
-    fn buf(&mut self, index: usize) -> Option<(StateId, &mut StateBuf)> {
-        let buf = &mut self.bufs[index];
-        let id = match buf.id {
-            Some(id) => id,
-            None => {
-                let name = &self.program.states[index];
-                let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
-                buf.id = Some(*id);
-                *id
-            }
-        };
-        Some((id, buf))
-    }
-
-    /// The whole value of state `index` as the record's writes left it, to write it.
-    fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
-            Mode::Whole => {}
-            Mode::Base => {
-                buf.whole = state.get(id, key).ok()?;
-                buf.mode = Mode::Whole;
-            }
-            Mode::Fields => {
-                let mut whole = state.get(id, key).ok()?;
-                if let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                    for (k, v) in buf.fields.drain(..) {
-                        map.insert(k.as_str().into(), v);
-                    }
-                }
-                buf.whole = whole;
-                buf.mode = Mode::Whole;
-            }
+    /// The handle of state `index`; `None`: not declared.
+    fn id(&mut self, index: usize) -> Option<StateId> {
+        if let Some(id) = self.ids[index] {
+            return Some(id);
         }
-        Some(&mut buf.whole)
+        let name = &self.program.states[index];
+        let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
+        self.ids[index] = Some(*id);
+        Some(*id)
     }
 
-    /// The value of state `index` as the record's writes left it, to replace it whole.
-    fn overwrite(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
-        let (_, buf) = self.buf(index)?;
-        buf.fields.clear();
-        buf.mode = Mode::Whole;
-        Some(&mut buf.whole)
-    }
-
-    /// Reads state `index` as the record's writes left it.
-    fn read<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+    /// Lets `f` read the stored value of state `index` (as it was before the record), asking
+    /// the backend once per record when it lends values.
+    fn with_stored<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+        let id = self.id(index)?;
         let state = self.state;
         let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
-            Mode::Base => {
+        let base = self.stored.get(index);
+        if let Base::Unread = base {
+            *base = match state.lend(id, key) {
+                Some(Ok(v)) => Base::Lent(v),
+                Some(Err(_)) => return None,
+                None => Base::Ask,
+            };
+        }
+        match base {
+            Base::Lent(v) => Some(f(v.as_deref())),
+            _ => {
                 let mut f = Some(f);
                 let mut out = None;
                 state
@@ -767,52 +816,96 @@ impl Run<'_> {
                     .ok()?;
                 out
             }
-            Mode::Whole => Some(f(buf.whole.as_ref())),
-            Mode::Fields => Some(f(self.whole(index)?.as_ref())),
+        }
+    }
+
+    /// Buffer `index` in [`Mode::Whole`]: its value as the record's writes left it.
+    fn to_whole(&mut self, index: usize) -> Option<&mut StateBuf> {
+        if self.bufs[index].mode != Mode::Whole {
+            let id = self.id(index)?;
+            let mut whole = match std::mem::replace(self.stored.get(index), Base::Ask) {
+                Base::Lent(v) => v.map(Cow::into_owned),
+                _ => self.state.get(id, self.key).ok()?,
+            };
+            let buf = &mut self.bufs[index];
+            if buf.mode == Mode::Fields
+                && let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok())
+            {
+                for (k, v) in buf.fields.drain(..) {
+                    map.insert(k.as_str().into(), v);
+                }
+            }
+            buf.fields.clear();
+            buf.whole = whole;
+            buf.list_sizes = None;
+            buf.mode = Mode::Whole;
+        }
+        Some(&mut self.bufs[index])
+    }
+
+    /// The whole value of state `index` as the record's writes left it, to write it.
+    fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
+        let buf = self.to_whole(index)?;
+        buf.list_sizes = None;
+        Some(&mut buf.whole)
+    }
+
+    /// Buffer `index`, to replace its value whole (its [`StateBuf::whole`]).
+    fn overwrite(&mut self, index: usize) -> Option<&mut StateBuf> {
+        self.id(index)?;
+        let buf = &mut self.bufs[index];
+        buf.fields.clear();
+        buf.list_sizes = None;
+        buf.mode = Mode::Whole;
+        Some(buf)
+    }
+
+    /// Reads state `index` as the record's writes left it.
+    fn read<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+        match self.bufs[index].mode {
+            Mode::Base => self.with_stored(index, f),
+            Mode::Whole => Some(f(self.bufs[index].whole.as_ref())),
+            Mode::Fields => Some(f(self.to_whole(index)?.whole.as_ref())),
         }
     }
 
     /// The entry `field` of map state `index` (`None` inside: absent), as the record's
     /// writes left it.
     fn map_entry(&mut self, index: usize, field: &str) -> Option<Option<Dynamic>> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
+        let buf = &self.bufs[index];
         match buf.mode {
-            Mode::Whole => Some(
-                buf.whole
-                    .as_ref()
-                    .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
-            ),
+            Mode::Whole => {
+                return Some(
+                    buf.whole
+                        .as_ref()
+                        .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
+                );
+            }
             Mode::Fields => {
                 if let Some((_, v)) = buf.fields.iter().find(|(k, _)| k.as_str() == field) {
                     return Some(Some(v.clone()));
                 }
-                state.map_get(id, key, field).ok()
             }
-            Mode::Base => state.map_get(id, key, field).ok(),
+            Mode::Base => {}
         }
+        self.with_stored(index, |v| {
+            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned()))
+        })
     }
 
     /// Puts buffer `index` in [`Mode::Fields`] when the backend holds a map for it (its
     /// sizes computed once); `Some(false)` when it does not.
     fn fields(&mut self, index: usize) -> Option<bool> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
+        match self.bufs[index].mode {
             Mode::Fields => Some(true),
             Mode::Whole => Some(false),
             Mode::Base => {
-                let mut sizes = None;
-                state
-                    .read(id, key, &mut |v| {
-                        sizes = v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m)));
-                    })
-                    .ok()?;
+                let sizes =
+                    self.with_stored(index, |v| v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m))))?;
                 let Some(sizes) = sizes else {
                     return Some(false);
                 };
+                let buf = &mut self.bufs[index];
                 buf.sizes = sizes;
                 buf.mode = Mode::Fields;
                 Some(true)
@@ -863,14 +956,13 @@ impl Run<'_> {
                 if sizes.exceeded(data_sizes(&a)).is_some() {
                     return None;
                 }
-                *self.overwrite(s)? = Some(a);
+                self.overwrite(s)?.whole = Some(a);
                 Dynamic::UNIT
             }
             Host::StateClear(s) => {
-                let (_, buf) = self.buf(s)?;
+                let buf = self.overwrite(s)?;
                 buf.whole = None;
-                buf.fields.clear();
-                buf.mode = Mode::Whole;
+                buf.list_sizes = Some((0, 0, 0));
                 Dynamic::UNIT
             }
             Host::StateAdd(s) => {
@@ -878,17 +970,36 @@ impl Run<'_> {
                 self.checked(sum)?
             }
             Host::ListPush(s) => {
-                if push_onto(self.whole(s)?, a, sizes).is_some() {
+                // `push_onto`, with the list's sizes kept from push to push.
+                let buf = self.to_whole(s)?;
+                let list = match &buf.whole {
+                    Some(d) if d.is_array() => Some(match buf.list_sizes {
+                        Some(known) => known,
+                        None => array_sizes(&d.as_array_ref().ok()?),
+                    }),
+                    // Absent or not a list: a new list of the item.
+                    _ => None,
+                };
+                let grown = add(element_sizes(&a), list.unwrap_or((0, 0, 0)));
+                if sizes.exceeded(grown).is_some() {
                     return None;
                 }
+                match list {
+                    Some(_) => buf.whole.as_mut()?.as_array_mut().ok()?.push(a),
+                    None => buf.whole = Some(Dynamic::from_array(vec![a])),
+                }
+                buf.list_sizes = Some(grown);
                 Dynamic::UNIT
             }
             Host::ListSet(s) => {
                 let items = a.into_array().ok()?;
-                if sizes.exceeded(array_sizes(&items)).is_some() {
+                let known = array_sizes(&items);
+                if sizes.exceeded(known).is_some() {
                     return None;
                 }
-                *self.overwrite(s)? = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                let buf = self.overwrite(s)?;
+                buf.whole = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                buf.list_sizes = Some(known);
                 Dynamic::UNIT
             }
             Host::ListTop(s) => {
@@ -899,7 +1010,7 @@ impl Run<'_> {
                 let field = a.into_immutable_string().ok()?;
                 if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
-                    let (_, buf) = self.buf(s)?;
+                    let buf = &mut self.bufs[s];
                     let mut grown = add(entry_sizes(&b), buf.sizes);
                     if let Some(old) = &old {
                         grown = sub(grown, entry_sizes(old));
@@ -919,7 +1030,7 @@ impl Run<'_> {
                 let sum = if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
                     let sum = add_to(old.as_ref(), &b).ok()?;
-                    let (_, buf) = self.buf(s)?;
+                    let buf = &mut self.bufs[s];
                     match &old {
                         None => {
                             let grown = add(entry_sizes(&sum), buf.sizes);
@@ -963,6 +1074,39 @@ impl Run<'_> {
             }
             Host::Key => self.key.to_dynamic(),
         })
+    }
+}
+
+/// Appends `i` in decimal, as `${i}` writes it.
+fn push_int(text: &mut String, i: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = i.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        text.push('-');
+    }
+    for &d in &digits[at..] {
+        text.push(char::from(d));
+    }
+}
+
+/// `a op b` as [`Ex::Binary`] evaluates it: `==` and `!=` against `()` compare units, every
+/// other case is [`binary`]'s.
+fn operate(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
+    match op {
+        Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
+            let same = a.is_unit() && b.is_unit();
+            Some(Dynamic::from_bool(if op == Op::Eq { same } else { !same }))
+        }
+        op => binary(op, a, b, limits),
     }
 }
 
@@ -1381,9 +1525,19 @@ impl Compiler<'_> {
         self.slots = slots;
         self.params = params;
         self.writes_params = writes;
+        let body = body?;
+        let direct = match &body {
+            Ex::Binary(op, a, b) => match (&**a, &**b) {
+                (Ex::Local(0), Ex::Local(1)) => Some((*op, false)),
+                (Ex::Local(1), Ex::Local(0)) => Some((*op, true)),
+                _ => None,
+            },
+            _ => None,
+        };
         self.comparators.push(Comparator {
-            body: body?,
+            body,
             slots: cmp_slots,
+            direct,
         });
         Some(self.comparators.len() - 1)
     }
