@@ -276,6 +276,11 @@ impl NativeProgram {
             cmp_locals,
             text,
             ops: 0,
+            budget: if self.max_ops == 0 {
+                u64::MAX
+            } else {
+                self.max_ops
+            },
         };
         let outcome = run.block(&self.body, locals);
         let ops = run.ops;
@@ -308,6 +313,9 @@ pub struct Scratch {
     emits: Vec<Dynamic>,
     /// Room for string interpolation.
     text: String,
+    /// The values a commit replaced (a state's whole value, or one entry of a map), to undo
+    /// it when the backend fails part way.
+    undo: Vec<(StateId, Option<ImmutableString>, Option<Dynamic>)>,
 }
 
 /// One state's buffered writes of the current record.
@@ -337,8 +345,12 @@ enum Mode {
 
 impl Scratch {
     fn reset(&mut self, program: &NativeProgram, frame: u64) {
-        self.locals.clear();
-        self.locals.resize(program.slots, Dynamic::UNIT);
+        // A local is always assigned before it is read (its `let`, its loop or the
+        // arguments), so the last record's values may stay until then.
+        if self.locals.len() != program.slots {
+            self.locals.clear();
+            self.locals.resize(program.slots, Dynamic::UNIT);
+        }
         self.bufs.resize_with(program.states.len(), StateBuf::default);
         for buf in &mut self.bufs {
             buf.mode = Mode::Base;
@@ -355,38 +367,71 @@ impl Scratch {
         self.emits.clear();
     }
 
-    /// Applies the buffered writes and emitted records of a completed run.
+    /// Applies the buffered writes and emitted records of a completed run. When the backend
+    /// fails on a write, the writes already applied are undone, so that the failed record
+    /// leaves no effect (unless the backend fails on the undoing too).
     fn commit(&mut self, access: StateAccess<'_>) -> Result<(), String> {
         let StateAccess {
             state, key, emitted, ..
         } = access;
+        let undo = &mut self.undo;
+        undo.clear();
         let mut failed = None;
         for (buf, id) in self.bufs.iter_mut().zip(&self.ids) {
             let Some(id) = *id else { continue };
             let result = match buf.mode {
-                Mode::Base => Ok(()),
+                Mode::Base => continue,
                 Mode::Whole => {
                     let mut whole = buf.whole.take();
-                    state.update(id, key, &mut |slot| *slot = whole.take())
+                    state.update(id, key, &mut |slot| {
+                        let old = std::mem::replace(slot, whole.take());
+                        undo.push((id, None, old));
+                    })
                 }
                 Mode::Fields => {
                     let fields = &mut buf.fields;
                     state.update(id, key, &mut |slot| {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
-                                map.insert(k.as_str().into(), v);
+                                let old = map.insert(k.as_str().into(), v);
+                                undo.push((id, Some(k), old));
                             }
                         }
                     })
                 }
             };
             if let Err(e) = result {
-                failed.get_or_insert(e.to_string());
+                failed = Some(e.to_string());
+                break;
             }
         }
-        emitted.append(&mut self.emits);
-        self.completed += 1;
-        failed.map_or(Ok(()), Err)
+        let Some(e) = failed else {
+            undo.clear();
+            emitted.append(&mut self.emits);
+            self.completed += 1;
+            return Ok(());
+        };
+        while let Some((id, field, old)) = undo.pop() {
+            let mut old = Some(old);
+            let undone = state.update(id, key, &mut |slot| {
+                let Some(old) = old.take() else { return };
+                match &field {
+                    None => *slot = old,
+                    Some(field) => {
+                        if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                            match old {
+                                Some(v) => map.insert(field.as_str().into(), v),
+                                None => map.remove(field.as_str()),
+                            };
+                        }
+                    }
+                }
+            });
+            if let Err(again) = undone {
+                return Err(format!("{e}; undoing the record's earlier state writes failed too: {again}"));
+            }
+        }
+        Err(e)
     }
 }
 
@@ -440,6 +485,8 @@ struct Run<'a> {
     cmp_locals: &'a mut Vec<Dynamic>,
     text: &'a mut String,
     ops: u64,
+    /// `limits.max_operations`, `u64::MAX` for none.
+    budget: u64,
 }
 
 /// How a statement ended.
@@ -454,7 +501,7 @@ impl Run<'_> {
     /// Charges `n` operations; `None` once the budget could be reached.
     fn charge(&mut self, n: u64) -> Option<()> {
         self.ops += n;
-        (self.program.max_ops == 0 || self.ops < self.program.max_ops).then_some(())
+        (self.ops < self.budget).then_some(())
     }
 
     /// Whether a value stays strictly under every size limit (at a limit, Rhai decides).
@@ -613,7 +660,6 @@ impl Run<'_> {
 
     fn ex(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
         self.charge(OPS_PER_NODE)?;
-        let limits = self.program.limits;
         Some(match e {
             Ex::Const(c) => c.clone(),
             Ex::Local(slot) => locals[*slot].clone(),
@@ -629,7 +675,7 @@ impl Run<'_> {
             Ex::Binary(op, a, b) => {
                 let a = self.ex(a, locals)?;
                 let b = self.ex(b, locals)?;
-                operate(*op, &a, &b, limits)?
+                operate(*op, &a, &b, self.program.limits)?
             }
             Ex::Not(a) => Dynamic::from_bool(!self.ex(a, locals)?.as_bool().ok()?),
             Ex::Neg(a) => Dynamic::from_int(self.ex(a, locals)?.as_int().ok()?.checked_neg()?),
@@ -651,6 +697,7 @@ impl Run<'_> {
             }
             Ex::Block(stmts) => self.block_value(stmts, locals)?,
             Ex::Interp(parts) => {
+                let limits = self.program.limits;
                 let mut text = std::mem::take(self.text);
                 text.clear();
                 let mut whole = Some(());
@@ -914,11 +961,14 @@ impl Run<'_> {
     }
 
     fn host(&mut self, host: Host, args: &[Ex], locals: &mut [Dynamic]) -> Option<Dynamic> {
-        let mut values = [Dynamic::UNIT, Dynamic::UNIT];
-        for (value, arg) in values.iter_mut().zip(args) {
-            *value = self.ex(arg, locals)?;
-        }
-        let [a, b] = values;
+        let a = match args.first() {
+            Some(arg) => self.ex(arg, locals)?,
+            None => Dynamic::UNIT,
+        };
+        let b = match args.get(1) {
+            Some(arg) => self.ex(arg, locals)?,
+            None => Dynamic::UNIT,
+        };
         let sizes = self.program.sizes;
         Some(match host {
             Host::StateGet(s) => {
@@ -1891,6 +1941,94 @@ mod tests {
         assert_eq!(completed, 400, "every record, on each backend");
     }
 
+    /// A memory backend whose writes of state `fail` fail.
+    struct Failing {
+        inner: MemoryBackend,
+        fail: StateId,
+    }
+
+    impl StateBackend for Failing {
+        fn key_groups(&self) -> KeyGroupRange {
+            self.inner.key_groups()
+        }
+        fn register(&mut self, name: &str, kind: StateKind) -> crate::base::error::Result<StateId> {
+            self.inner.register(name, kind)
+        }
+        fn get(&self, state: StateId, key: &Key) -> crate::base::error::Result<Option<Dynamic>> {
+            self.inner.get(state, key)
+        }
+        fn update(
+            &mut self,
+            state: StateId,
+            key: &Key,
+            f: &mut dyn FnMut(&mut Option<Dynamic>),
+        ) -> crate::base::error::Result<()> {
+            if state == self.fail {
+                return Err(crate::base::error::RunError::State("disk on fire".into()));
+            }
+            self.inner.update(state, key, f)
+        }
+        fn keys_in(&self, state: StateId, range: KeyGroupRange) -> crate::base::error::Result<Vec<Key>> {
+            self.inner.keys_in(state, range)
+        }
+        fn snapshot(&self, range: KeyGroupRange) -> crate::base::error::Result<Vec<u8>> {
+            self.inner.snapshot(range)
+        }
+        fn restore(&mut self, snapshots: &[&[u8]]) -> crate::base::error::Result<()> {
+            self.inner.restore(snapshots)
+        }
+    }
+
+    /// A backend failing on the last of a completed run's writes: the record fails and the
+    /// writes applied before are undone, whole values and map entries alike.
+    #[test]
+    fn a_failed_commit_leaves_no_write_behind() {
+        let text = "fn process(r) { state_set(\"v\", r.a); map_put(\"m\", \"x\", r.a); map_put(\"m\", \"new\", 1); list_push(\"l\", r.a); emit(r.a); }";
+        let mut inner = MemoryBackend::new(MAX, KeyGroupRange::all(MAX));
+        let states = [("v", StateKind::Value), ("m", StateKind::Map), ("l", StateKind::List)];
+        let ids: Vec<StateId> = states.iter().map(|(n, k)| inner.register(n, *k).expect("registers")).collect();
+        let backend = Box::new(Failing { inner, fail: ids[2] });
+        let mut side = Side::new(text, &ScriptLimitsSpec::default(), true, backend, &states);
+        let k = key(1);
+        side.put("v", &k, Dynamic::from(5_i64));
+        side.put("m", &k, Dynamic::from_map(rhai::Map::from_iter([("x".into(), Dynamic::from(1_i64))])));
+        let before = side.dump(std::slice::from_ref(&k));
+        let mut m = rhai::Map::new();
+        m.insert("a".into(), Dynamic::from(9_i64));
+        let outcome = side.run(&[(k.clone(), Dynamic::from_map(m))], 10);
+        assert!(matches!(&outcome[..], [Err(e)] if e.contains("disk on fire")), "{outcome:?}");
+        assert_eq!(side.script.native_runs(), 0);
+        assert_eq!(side.dump(std::slice::from_ref(&k)), before);
+    }
+
+    /// W4's `on_end` (which runs natively too), run as a `process` body on each key: its
+    /// emitted records agree with Rhai's on random prior state.
+    #[test]
+    fn w4_on_end_agrees_with_rhai() {
+        let on_end = W4.split("fn on_end(k)").nth(1).expect("on_end");
+        let text = format!("fn process(k) {on_end}");
+        assert!(script(&ScriptLimitsSpec::default(), W4).runs_natively("on_end"));
+        let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+        let mut init = Vec::new();
+        for k in 0..40 {
+            let k = key(k);
+            if rng.below(4) > 0 {
+                init.push(("sum".to_owned(), k.clone(), rng.value()));
+            }
+            let n = rng.below(6);
+            init.push(("top".to_owned(), k.clone(), rng.ints(n)));
+            let mut m = rhai::Map::new();
+            for d in 0..rng.below(12) {
+                let v = if rng.below(8) == 0 { rng.value() } else { Dynamic::from(rng.below(50) as i64) };
+                m.insert(d.to_string().into(), v);
+            }
+            init.push(("deciles".to_owned(), k, Dynamic::from_map(m)));
+        }
+        let records: Vec<_> = (0..40).map(|i| (key(i), key(i).to_dynamic())).collect();
+        let completed = differential(&text, &ScriptLimitsSpec::default(), &w4_states(), &init, &records, 10);
+        assert!(completed >= 40, "{completed} keys completed natively");
+    }
+
     /// Tight limits: lists, maps and strings reach their sizes, so runs give up and Rhai
     /// refuses the writes.
     #[test]
@@ -1923,6 +2061,18 @@ mod tests {
             ("let a = []; a.push(r.a); a.push(r.s); a.sort(); emit(a);", true),
             ("let a = [r.a, r.b]; a.sort(|x, y| x < y); emit(a);", true),
             ("let a = [r.a, r.b, 1]; a.sort(|x, y| \"no\"); emit(a);", true),
+            // Comparators evaluated directly: every operator, either order, any item types.
+            ("let a = [r.a, r.b, r.s, 2]; a.sort(|x, y| x - y); emit(a);", true),
+            ("let a = [r.a, r.b, 2]; a.sort(|x, y| y >= x); emit(a);", true),
+            ("let a = [r.b, r.a, 7, -3]; a.sort(|x, y| x * y); emit(a);", true),
+            ("let a = [r.b, r.a, 7, -3]; a.sort(|x, y| y % x); emit(a);", true),
+            ("let a = [r.s, \"b\", r.s]; a.sort(|x, y| y + x); emit(a);", true),
+            ("let a = [r.s, (), r.a]; a.sort(|x, y| x != y); emit(a);", true),
+            // Lists rebuilt item by item after a clear, a `list_set` or over another value.
+            ("list_set(\"l\", [r.a, r.s]); list_push(\"l\", r.b); list_push(\"l\", r.s); emit(list_get(\"l\"));", true),
+            ("state_set(\"l\", r.a); list_push(\"l\", r.b); list_push(\"l\", [r.s, r.b]); emit(list_get(\"l\"));", true),
+            ("list_push(\"l\", r.s); state_clear(\"l\"); for x in [r.a, r.b, r.s, r.a] { list_push(\"l\", x); } emit(list_len(\"l\"));", true),
+            ("emit(`${r.a}/${-r.b}/${r.s}`); emit(`${r.b * 1000000000}`);", true),
             ("let m = #{x: r.a}; m.y = r.b; m[\"z\"] = r.s; emit(m); emit(m.x + m[\"y\"]);", true),
             ("let a = [1, 2, 3]; a[1] = r.a; emit(a[1] + a[2]); let i = r.b; emit(a[i]);", true),
             ("let a = [1, 2, 3]; emit(a[r.b]);", false),

@@ -419,6 +419,8 @@ mod tests {
             let mut seen = String::new();
             b.read(s, &k, &mut |d| seen = d.unwrap().to_string()).unwrap();
             assert_eq!(seen, v.to_string());
+            let lent = b.lend(s, &k).unwrap().unwrap().unwrap();
+            assert_eq!(lent.to_string(), v.to_string());
         }
         // An update decodes the value and keeps it live; a map entry changes in place.
         b.map_put(s, &key(0), "n", Dynamic::from_int(2)).unwrap();
