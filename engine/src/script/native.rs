@@ -1,5 +1,5 @@
-//! Native execution of whole `process` bodies: statements, locals, arrays, maps and the keyed
-//! state functions, without Rhai's evaluator.
+//! Native execution of whole `process` (and `on_end`) bodies: statements, locals, arrays,
+//! maps and the keyed state functions, without Rhai's evaluator.
 //!
 //! [`NativeProgram::compile`] turns a function body (Rhai's AST, through the `internals`
 //! feature) into a small tree once per operator: `let` locals and parameters resolved to
@@ -19,7 +19,10 @@
 //! would, or gives up on the record *before any visible effect*, and the caller runs the
 //! record through Rhai, so every error, coercion and sandbox breach stays Rhai's own. The
 //! effects of a run (state writes, emitted records) are buffered in [`Scratch`] and applied
-//! only when the body completed natively; reads see the record's own buffered writes. A run
+//! only when the body completed natively; reads see the record's own buffered writes, and
+//! each state's stored value is read once per record ([`StateBackend::lend`]). Should the
+//! backend fail while the writes are applied, those applied are undone and the record fails
+//! with no effect. A run
 //! gives up on: a value of a type it does not cover (floats, chars, timestamps, ...), a
 //! missing property or index, an integer overflow or division by zero, a type mix, any size
 //! (`limits.max_string_size`, `max_array_size`, `max_map_size`) reached, a state write the
