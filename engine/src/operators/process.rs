@@ -360,7 +360,8 @@ impl Operator for ProcessOperator {
                 for k in keys {
                     let kd = k.to_dynamic();
                     set_key(Some(k));
-                    let failed = match script.call("on_end", (kd.clone(),)) {
+                    // As a record's `process`: natively when the body allows.
+                    let failed = match script.run_process("on_end", &mut [kd.clone()]) {
                         Ok(_) => take_emitted(out).err(),
                         Err(e) => {
                             discard_emitted();

@@ -673,7 +673,7 @@ tests compare both on random records and state.\n\n\
 parameters and their properties, `+ - * / %` on ints, `+` on strings, comparisons, `!`, \
 `&&`, `||` and map literals; in `reduce`-style bodies also leading assignments to the \
 parameters' properties, `if` expressions and `\"field\" in map`.\n\
-- **`process` bodies of statements**: `let` locals, assignment (`x = v`, `x += v` and the \
+- **`process` (and `on_end`) bodies of statements**: `let` locals, assignment (`x = v`, `x += v` and the \
 other arithmetic assignments, `a[i] = v`, `m[k] = v`, `m.k = v` on locals), `if`/`else` as \
 statement and expression, `for x in array`, `for i in a..b` and `a..=b`, `while`, `break`, \
 `continue`, `return`; array literals and `push`, `pop`, `len`, `sort()` and \
@@ -694,8 +694,8 @@ operation count that could reach `limits.max_operations`, an undeclared state, o
 with a `ttl`. A body using anything else (other functions, `print`, timers, `now()`, \
 `watermark()`, `try`/`catch`, `throw`, `switch`, `const`, closures other than a sort \
 comparator, floats, chars, a state name that is not a literal), or whose script defines a \
-function named like one it calls, always runs in Rhai. `on_end`, `on_timer` and `migrate` \
-always run in Rhai.\n";
+function named like one it calls, always runs in Rhai. `on_end` bodies run natively on the \
+same terms as `process` bodies; `on_timer` and `migrate` always run in Rhai.\n";
 
 /// The first sentence of a text, for summary tables.
 fn first_sentence(text: &str) -> &str {

@@ -1,5 +1,5 @@
-//! Native execution of whole `process` bodies: statements, locals, arrays, maps and the keyed
-//! state functions, without Rhai's evaluator.
+//! Native execution of whole `process` (and `on_end`) bodies: statements, locals, arrays,
+//! maps and the keyed state functions, without Rhai's evaluator.
 //!
 //! [`NativeProgram::compile`] turns a function body (Rhai's AST, through the `internals`
 //! feature) into a small tree once per operator: `let` locals and parameters resolved to
@@ -19,7 +19,10 @@
 //! would, or gives up on the record *before any visible effect*, and the caller runs the
 //! record through Rhai, so every error, coercion and sandbox breach stays Rhai's own. The
 //! effects of a run (state writes, emitted records) are buffered in [`Scratch`] and applied
-//! only when the body completed natively; reads see the record's own buffered writes. A run
+//! only when the body completed natively; reads see the record's own buffered writes, and
+//! each state's stored value is read once per record ([`StateBackend::lend`]). Should the
+//! backend fail while the writes are applied, those applied are undone and the record fails
+//! with no effect. A run
 //! gives up on: a value of a type it does not cover (floats, chars, timestamps, ...), a
 //! missing property or index, an integer overflow or division by zero, a type mix, any size
 //! (`limits.max_string_size`, `max_array_size`, `max_map_size`) reached, a state write the
@@ -30,6 +33,7 @@
 //! time-to-live, or a state backend error. Buffers are kept from record to record, so a run
 //! allocates only for the values it makes.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt, StmtBlock};
@@ -37,7 +41,8 @@ use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt,
 use super::fast::{Limits, Op, binary, binary_op};
 use super::runtime::{
     DataSizes, SizeLimits, StateAccess, add, add_in_place, add_into, add_to, array_sizes,
-    data_sizes, entry_sizes, insert_top, map_sizes, push_onto, put_into, sub, with_state_access,
+    data_sizes, element_sizes, entry_sizes, insert_top, map_sizes, put_into, sub,
+    with_state_access,
 };
 use crate::state::{StateBackend, StateId};
 
@@ -68,6 +73,10 @@ pub struct NativeProgram {
 struct Comparator {
     body: Ex,
     slots: usize,
+    /// `a op b` (`false`) or `b op a` (`true`) with a binary operator: evaluated on the two
+    /// items directly, without the tree walk and its copies (the same answers and operation
+    /// count).
+    direct: Option<(Op, bool)>,
 }
 
 #[derive(Debug)]
@@ -239,12 +248,14 @@ impl NativeProgram {
         scratch: &mut Scratch,
         access: StateAccess<'_>,
     ) -> Option<Result<(), String>> {
-        scratch.reset(self);
+        scratch.reset(self, access.frame);
         let Scratch {
             locals,
             bufs,
+            ids,
             emits,
             cmp_locals,
+            text,
             ..
         } = scratch;
         for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
@@ -259,15 +270,24 @@ impl NativeProgram {
             state: &*access.state,
             key: access.key,
             names: access.names,
+            ids,
             bufs,
+            stored: Stored::new(self.states.len()),
             emits,
             emitted_before: access.emitted.len(),
             max_outputs: access.max_outputs,
             cmp_locals,
+            text,
             ops: 0,
+            budget: if self.max_ops == 0 {
+                u64::MAX
+            } else {
+                self.max_ops
+            },
         };
         let outcome = run.block(&self.body, locals);
         let ops = run.ops;
+        drop(run);
         if !self.writes_params {
             for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
                 *arg = std::mem::take(slot);
@@ -290,17 +310,27 @@ pub struct Scratch {
     locals: Vec<Dynamic>,
     cmp_locals: Vec<Dynamic>,
     bufs: Vec<StateBuf>,
+    /// The handle of each state of the program, once resolved in frame `frame`.
+    ids: Vec<Option<StateId>>,
+    frame: u64,
     emits: Vec<Dynamic>,
+    /// Room for string interpolation.
+    text: String,
+    /// The values a commit replaced (a state's whole value, or one entry of a map), to undo
+    /// it when the backend fails part way.
+    undo: Vec<(StateId, Option<ImmutableString>, Option<Dynamic>)>,
 }
 
 /// One state's buffered writes of the current record.
 #[derive(Default)]
 struct StateBuf {
-    /// The handle, once resolved in this record.
-    id: Option<StateId>,
     mode: Mode,
     /// The value as the record's writes left it ([`Mode::Whole`]).
     whole: Option<Dynamic>,
+    /// [`array_sizes`] of `whole` when it is a list, `(0, 0, 0)` when absent; `None` when
+    /// not known (kept by `list_push`, so that a list rebuilt item by item is not measured
+    /// again at each item).
+    list_sizes: Option<DataSizes>,
     /// Entries set in a map held by the backend ([`Mode::Fields`]), and the map's sizes after
     /// them.
     fields: Vec<(ImmutableString, Dynamic)>,
@@ -317,51 +347,129 @@ enum Mode {
 }
 
 impl Scratch {
-    fn reset(&mut self, program: &NativeProgram) {
-        self.locals.clear();
-        self.locals.resize(program.slots, Dynamic::UNIT);
+    fn reset(&mut self, program: &NativeProgram, frame: u64) {
+        // A local is always assigned before it is read (its `let`, its loop or the
+        // arguments), so the last record's values may stay until then.
+        if self.locals.len() != program.slots {
+            self.locals.clear();
+            self.locals.resize(program.slots, Dynamic::UNIT);
+        }
         self.bufs.resize_with(program.states.len(), StateBuf::default);
         for buf in &mut self.bufs {
-            buf.id = None;
             buf.mode = Mode::Base;
             buf.whole = None;
+            buf.list_sizes = None;
             buf.fields.clear();
+        }
+        // The frame's declared states are the same from record to record.
+        if self.frame != frame || self.ids.len() != program.states.len() {
+            self.ids.clear();
+            self.ids.resize(program.states.len(), None);
+            self.frame = frame;
         }
         self.emits.clear();
     }
 
-    /// Applies the buffered writes and emitted records of a completed run.
+    /// Applies the buffered writes and emitted records of a completed run. When the backend
+    /// fails on a write, the writes already applied are undone, so that the failed record
+    /// leaves no effect (unless the backend fails on the undoing too).
     fn commit(&mut self, access: StateAccess<'_>) -> Result<(), String> {
         let StateAccess {
             state, key, emitted, ..
         } = access;
+        let undo = &mut self.undo;
+        undo.clear();
         let mut failed = None;
-        for buf in &mut self.bufs {
-            let Some(id) = buf.id else { continue };
+        for (buf, id) in self.bufs.iter_mut().zip(&self.ids) {
+            let Some(id) = *id else { continue };
             let result = match buf.mode {
-                Mode::Base => Ok(()),
+                Mode::Base => continue,
                 Mode::Whole => {
                     let mut whole = buf.whole.take();
-                    state.update(id, key, &mut |slot| *slot = whole.take())
+                    state.update(id, key, &mut |slot| {
+                        let old = std::mem::replace(slot, whole.take());
+                        undo.push((id, None, old));
+                    })
                 }
                 Mode::Fields => {
                     let fields = &mut buf.fields;
                     state.update(id, key, &mut |slot| {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
-                                map.insert(k.as_str().into(), v);
+                                let old = map.insert(k.as_str().into(), v);
+                                undo.push((id, Some(k), old));
                             }
                         }
                     })
                 }
             };
             if let Err(e) = result {
-                failed.get_or_insert(e.to_string());
+                failed = Some(e.to_string());
+                break;
             }
         }
-        emitted.append(&mut self.emits);
-        self.completed += 1;
-        failed.map_or(Ok(()), Err)
+        let Some(e) = failed else {
+            undo.clear();
+            emitted.append(&mut self.emits);
+            self.completed += 1;
+            return Ok(());
+        };
+        while let Some((id, field, old)) = undo.pop() {
+            let mut old = Some(old);
+            let undone = state.update(id, key, &mut |slot| {
+                let Some(old) = old.take() else { return };
+                match &field {
+                    None => *slot = old,
+                    Some(field) => {
+                        if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                            match old {
+                                Some(v) => map.insert(field.as_str().into(), v),
+                                None => map.remove(field.as_str()),
+                            };
+                        }
+                    }
+                }
+            });
+            if let Err(again) = undone {
+                return Err(format!("{e}; undoing the record's earlier state writes failed too: {again}"));
+            }
+        }
+        Err(e)
+    }
+}
+
+/// What a run knows of a state's stored value (as it was before the record).
+enum Base<'a> {
+    /// Not asked yet.
+    Unread,
+    /// Lent by the backend (see [`StateBackend::lend`]), or taken into [`StateBuf::whole`].
+    Lent(Option<Cow<'a, Dynamic>>),
+    /// The backend does not lend: each read asks it.
+    Ask,
+}
+
+/// The [`Base`] of each state of a run: eight in place (no allocation per record for most
+/// programs), the others in a vector.
+struct Stored<'a> {
+    near: [Base<'a>; 8],
+    far: Vec<Base<'a>>,
+}
+
+impl<'a> Stored<'a> {
+    fn new(states: usize) -> Self {
+        let mut far = Vec::new();
+        far.resize_with(states.saturating_sub(8), || Base::Unread);
+        Self {
+            near: std::array::from_fn(|_| Base::Unread),
+            far,
+        }
+    }
+
+    fn get(&mut self, index: usize) -> &mut Base<'a> {
+        match index.checked_sub(8) {
+            None => &mut self.near[index],
+            Some(i) => &mut self.far[i],
+        }
     }
 }
 
@@ -371,12 +479,17 @@ struct Run<'a> {
     state: &'a dyn StateBackend,
     key: &'a crate::record::Key,
     names: &'a [(String, StateId)],
+    ids: &'a mut Vec<Option<StateId>>,
     bufs: &'a mut Vec<StateBuf>,
+    stored: Stored<'a>,
     emits: &'a mut Vec<Dynamic>,
     emitted_before: usize,
     max_outputs: usize,
     cmp_locals: &'a mut Vec<Dynamic>,
+    text: &'a mut String,
     ops: u64,
+    /// `limits.max_operations`, `u64::MAX` for none.
+    budget: u64,
 }
 
 /// How a statement ended.
@@ -391,7 +504,7 @@ impl Run<'_> {
     /// Charges `n` operations; `None` once the budget could be reached.
     fn charge(&mut self, n: u64) -> Option<()> {
         self.ops += n;
-        (self.program.max_ops == 0 || self.ops < self.program.max_ops).then_some(())
+        (self.ops < self.budget).then_some(())
     }
 
     /// Whether a value stays strictly under every size limit (at a limit, Rhai decides).
@@ -550,7 +663,6 @@ impl Run<'_> {
 
     fn ex(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
         self.charge(OPS_PER_NODE)?;
-        let limits = self.program.limits;
         Some(match e {
             Ex::Const(c) => c.clone(),
             Ex::Local(slot) => locals[*slot].clone(),
@@ -566,13 +678,7 @@ impl Run<'_> {
             Ex::Binary(op, a, b) => {
                 let a = self.ex(a, locals)?;
                 let b = self.ex(b, locals)?;
-                match *op {
-                    Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
-                        let same = a.is_unit() && b.is_unit();
-                        Dynamic::from_bool(if *op == Op::Eq { same } else { !same })
-                    }
-                    op => binary(op, &a, &b, limits)?,
-                }
+                operate(*op, &a, &b, self.program.limits)?
             }
             Ex::Not(a) => Dynamic::from_bool(!self.ex(a, locals)?.as_bool().ok()?),
             Ex::Neg(a) => Dynamic::from_int(self.ex(a, locals)?.as_int().ok()?.checked_neg()?),
@@ -594,21 +700,31 @@ impl Run<'_> {
             }
             Ex::Block(stmts) => self.block_value(stmts, locals)?,
             Ex::Interp(parts) => {
-                let mut text = String::new();
+                let limits = self.program.limits;
+                let mut text = std::mem::take(self.text);
+                text.clear();
+                let mut whole = Some(());
                 for part in parts {
-                    let v = self.ex(part, locals)?;
-                    if let Ok(s) = v.as_immutable_string_ref() {
+                    let Some(v) = self.ex(part, locals) else {
+                        whole = None;
+                        break;
+                    };
+                    if let Ok(i) = v.as_int() {
+                        push_int(&mut text, i);
+                    } else if let Ok(s) = v.as_immutable_string_ref() {
                         text.push_str(s.as_str());
                     } else {
-                        use std::fmt::Write;
-                        let i = v.as_int().ok()?;
-                        let _ = write!(text, "{i}");
+                        whole = None;
+                        break;
                     }
                     if limits.string != 0 && text.len() >= limits.string {
-                        return None;
+                        whole = None;
+                        break;
                     }
                 }
-                Dynamic::from(ImmutableString::from(text))
+                let value = whole.map(|()| Dynamic::from(ImmutableString::from(text.as_str())));
+                *self.text = text;
+                value?
             }
             Ex::Array(items) => {
                 let mut array = Array::with_capacity(items.len());
@@ -679,15 +795,25 @@ impl Run<'_> {
         locals.clear();
         locals.resize(comparator.slots, Dynamic::UNIT);
         let mut failed = false;
+        let limits = self.program.limits;
         let sorted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             array.sort_by(|x, y| {
                 if failed {
                     return Ordering::Equal;
                 }
-                locals[0] = x.clone();
-                locals[1] = y.clone();
-                let answer = self.charge(OPS_PER_CALL).and_then(|()| {
-                    let v = self.ex(&comparator.body, &mut locals)?;
+                let v = if let Some((op, swap)) = comparator.direct {
+                    // What the walk below charges: the call, the operator and two locals.
+                    self.charge(OPS_PER_CALL + 3 * OPS_PER_NODE).and_then(|()| {
+                        let (a, b) = if swap { (y, x) } else { (x, y) };
+                        operate(op, a, b, limits)
+                    })
+                } else {
+                    locals[0] = x.clone();
+                    locals[1] = y.clone();
+                    self.charge(OPS_PER_CALL)
+                        .and_then(|()| self.ex(&comparator.body, &mut locals))
+                };
+                let answer = v.and_then(|v| {
                     v.as_int()
                         .ok()
                         .or_else(|| v.as_bool().ok().map(|b| if b { -1 } else { 1 }))
@@ -705,61 +831,34 @@ impl Run<'_> {
         (sorted.is_ok() && !failed).then_some(())
     }
 
-    /// The state buffer of state `index`, its handle resolved.
-    fn buf(&mut self, index: usize) -> Option<(StateId, &mut StateBuf)> {
-        let buf = &mut self.bufs[index];
-        let id = match buf.id {
-            Some(id) => id,
-            None => {
-                let name = &self.program.states[index];
-                let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
-                buf.id = Some(*id);
-                *id
-            }
-        };
-        Some((id, buf))
-    }
-
-    /// The whole value of state `index` as the record's writes left it, to write it.
-    fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
-            Mode::Whole => {}
-            Mode::Base => {
-                buf.whole = state.get(id, key).ok()?;
-                buf.mode = Mode::Whole;
-            }
-            Mode::Fields => {
-                let mut whole = state.get(id, key).ok()?;
-                if let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                    for (k, v) in buf.fields.drain(..) {
-                        map.insert(k.as_str().into(), v);
-                    }
-                }
-                buf.whole = whole;
-                buf.mode = Mode::Whole;
-            }
+    /// The handle of state `index`; `None`: not declared.
+    fn id(&mut self, index: usize) -> Option<StateId> {
+        if let Some(id) = self.ids[index] {
+            return Some(id);
         }
-        Some(&mut buf.whole)
+        let name = &self.program.states[index];
+        let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
+        self.ids[index] = Some(*id);
+        Some(*id)
     }
 
-    /// The value of state `index` as the record's writes left it, to replace it whole.
-    fn overwrite(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
-        let (_, buf) = self.buf(index)?;
-        buf.fields.clear();
-        buf.mode = Mode::Whole;
-        Some(&mut buf.whole)
-    }
-
-    /// Reads state `index` as the record's writes left it.
-    fn read<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+    /// Lets `f` read the stored value of state `index` (as it was before the record), asking
+    /// the backend once per record when it lends values.
+    fn with_stored<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+        let id = self.id(index)?;
         let state = self.state;
         let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
-            Mode::Base => {
+        let base = self.stored.get(index);
+        if let Base::Unread = base {
+            *base = match state.lend(id, key) {
+                Some(Ok(v)) => Base::Lent(v),
+                Some(Err(_)) => return None,
+                None => Base::Ask,
+            };
+        }
+        match base {
+            Base::Lent(v) => Some(f(v.as_deref())),
+            _ => {
                 let mut f = Some(f);
                 let mut out = None;
                 state
@@ -767,52 +866,96 @@ impl Run<'_> {
                     .ok()?;
                 out
             }
-            Mode::Whole => Some(f(buf.whole.as_ref())),
-            Mode::Fields => Some(f(self.whole(index)?.as_ref())),
+        }
+    }
+
+    /// Buffer `index` in [`Mode::Whole`]: its value as the record's writes left it.
+    fn to_whole(&mut self, index: usize) -> Option<&mut StateBuf> {
+        if self.bufs[index].mode != Mode::Whole {
+            let id = self.id(index)?;
+            let mut whole = match std::mem::replace(self.stored.get(index), Base::Ask) {
+                Base::Lent(v) => v.map(Cow::into_owned),
+                _ => self.state.get(id, self.key).ok()?,
+            };
+            let buf = &mut self.bufs[index];
+            if buf.mode == Mode::Fields
+                && let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok())
+            {
+                for (k, v) in buf.fields.drain(..) {
+                    map.insert(k.as_str().into(), v);
+                }
+            }
+            buf.fields.clear();
+            buf.whole = whole;
+            buf.list_sizes = None;
+            buf.mode = Mode::Whole;
+        }
+        Some(&mut self.bufs[index])
+    }
+
+    /// The whole value of state `index` as the record's writes left it, to write it.
+    fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
+        let buf = self.to_whole(index)?;
+        buf.list_sizes = None;
+        Some(&mut buf.whole)
+    }
+
+    /// Buffer `index`, to replace its value whole (its [`StateBuf::whole`]).
+    fn overwrite(&mut self, index: usize) -> Option<&mut StateBuf> {
+        self.id(index)?;
+        let buf = &mut self.bufs[index];
+        buf.fields.clear();
+        buf.list_sizes = None;
+        buf.mode = Mode::Whole;
+        Some(buf)
+    }
+
+    /// Reads state `index` as the record's writes left it.
+    fn read<T>(&mut self, index: usize, f: impl FnOnce(Option<&Dynamic>) -> T) -> Option<T> {
+        match self.bufs[index].mode {
+            Mode::Base => self.with_stored(index, f),
+            Mode::Whole => Some(f(self.bufs[index].whole.as_ref())),
+            Mode::Fields => Some(f(self.to_whole(index)?.whole.as_ref())),
         }
     }
 
     /// The entry `field` of map state `index` (`None` inside: absent), as the record's
     /// writes left it.
     fn map_entry(&mut self, index: usize, field: &str) -> Option<Option<Dynamic>> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
+        let buf = &self.bufs[index];
         match buf.mode {
-            Mode::Whole => Some(
-                buf.whole
-                    .as_ref()
-                    .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
-            ),
+            Mode::Whole => {
+                return Some(
+                    buf.whole
+                        .as_ref()
+                        .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
+                );
+            }
             Mode::Fields => {
                 if let Some((_, v)) = buf.fields.iter().find(|(k, _)| k.as_str() == field) {
                     return Some(Some(v.clone()));
                 }
-                state.map_get(id, key, field).ok()
             }
-            Mode::Base => state.map_get(id, key, field).ok(),
+            Mode::Base => {}
         }
+        self.with_stored(index, |v| {
+            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned()))
+        })
     }
 
     /// Puts buffer `index` in [`Mode::Fields`] when the backend holds a map for it (its
     /// sizes computed once); `Some(false)` when it does not.
     fn fields(&mut self, index: usize) -> Option<bool> {
-        let state = self.state;
-        let key = self.key;
-        let (id, buf) = self.buf(index)?;
-        match buf.mode {
+        match self.bufs[index].mode {
             Mode::Fields => Some(true),
             Mode::Whole => Some(false),
             Mode::Base => {
-                let mut sizes = None;
-                state
-                    .read(id, key, &mut |v| {
-                        sizes = v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m)));
-                    })
-                    .ok()?;
+                let sizes =
+                    self.with_stored(index, |v| v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m))))?;
                 let Some(sizes) = sizes else {
                     return Some(false);
                 };
+                let buf = &mut self.bufs[index];
                 buf.sizes = sizes;
                 buf.mode = Mode::Fields;
                 Some(true)
@@ -821,11 +964,14 @@ impl Run<'_> {
     }
 
     fn host(&mut self, host: Host, args: &[Ex], locals: &mut [Dynamic]) -> Option<Dynamic> {
-        let mut values = [Dynamic::UNIT, Dynamic::UNIT];
-        for (value, arg) in values.iter_mut().zip(args) {
-            *value = self.ex(arg, locals)?;
-        }
-        let [a, b] = values;
+        let a = match args.first() {
+            Some(arg) => self.ex(arg, locals)?,
+            None => Dynamic::UNIT,
+        };
+        let b = match args.get(1) {
+            Some(arg) => self.ex(arg, locals)?,
+            None => Dynamic::UNIT,
+        };
         let sizes = self.program.sizes;
         Some(match host {
             Host::StateGet(s) => {
@@ -863,14 +1009,13 @@ impl Run<'_> {
                 if sizes.exceeded(data_sizes(&a)).is_some() {
                     return None;
                 }
-                *self.overwrite(s)? = Some(a);
+                self.overwrite(s)?.whole = Some(a);
                 Dynamic::UNIT
             }
             Host::StateClear(s) => {
-                let (_, buf) = self.buf(s)?;
+                let buf = self.overwrite(s)?;
                 buf.whole = None;
-                buf.fields.clear();
-                buf.mode = Mode::Whole;
+                buf.list_sizes = Some((0, 0, 0));
                 Dynamic::UNIT
             }
             Host::StateAdd(s) => {
@@ -878,17 +1023,36 @@ impl Run<'_> {
                 self.checked(sum)?
             }
             Host::ListPush(s) => {
-                if push_onto(self.whole(s)?, a, sizes).is_some() {
+                // `push_onto`, with the list's sizes kept from push to push.
+                let buf = self.to_whole(s)?;
+                let list = match &buf.whole {
+                    Some(d) if d.is_array() => Some(match buf.list_sizes {
+                        Some(known) => known,
+                        None => array_sizes(&d.as_array_ref().ok()?),
+                    }),
+                    // Absent or not a list: a new list of the item.
+                    _ => None,
+                };
+                let grown = add(element_sizes(&a), list.unwrap_or((0, 0, 0)));
+                if sizes.exceeded(grown).is_some() {
                     return None;
                 }
+                match list {
+                    Some(_) => buf.whole.as_mut()?.as_array_mut().ok()?.push(a),
+                    None => buf.whole = Some(Dynamic::from_array(vec![a])),
+                }
+                buf.list_sizes = Some(grown);
                 Dynamic::UNIT
             }
             Host::ListSet(s) => {
                 let items = a.into_array().ok()?;
-                if sizes.exceeded(array_sizes(&items)).is_some() {
+                let known = array_sizes(&items);
+                if sizes.exceeded(known).is_some() {
                     return None;
                 }
-                *self.overwrite(s)? = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                let buf = self.overwrite(s)?;
+                buf.whole = (!items.is_empty()).then(|| Dynamic::from_array(items));
+                buf.list_sizes = Some(known);
                 Dynamic::UNIT
             }
             Host::ListTop(s) => {
@@ -899,7 +1063,7 @@ impl Run<'_> {
                 let field = a.into_immutable_string().ok()?;
                 if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
-                    let (_, buf) = self.buf(s)?;
+                    let buf = &mut self.bufs[s];
                     let mut grown = add(entry_sizes(&b), buf.sizes);
                     if let Some(old) = &old {
                         grown = sub(grown, entry_sizes(old));
@@ -919,7 +1083,7 @@ impl Run<'_> {
                 let sum = if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
                     let sum = add_to(old.as_ref(), &b).ok()?;
-                    let (_, buf) = self.buf(s)?;
+                    let buf = &mut self.bufs[s];
                     match &old {
                         None => {
                             let grown = add(entry_sizes(&sum), buf.sizes);
@@ -963,6 +1127,39 @@ impl Run<'_> {
             }
             Host::Key => self.key.to_dynamic(),
         })
+    }
+}
+
+/// Appends `i` in decimal, as `${i}` writes it.
+fn push_int(text: &mut String, i: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = i.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        text.push('-');
+    }
+    for &d in &digits[at..] {
+        text.push(char::from(d));
+    }
+}
+
+/// `a op b` as [`Ex::Binary`] evaluates it: `==` and `!=` against `()` compare units, every
+/// other case is [`binary`]'s.
+fn operate(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
+    match op {
+        Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
+            let same = a.is_unit() && b.is_unit();
+            Some(Dynamic::from_bool(if op == Op::Eq { same } else { !same }))
+        }
+        op => binary(op, a, b, limits),
     }
 }
 
@@ -1381,9 +1578,19 @@ impl Compiler<'_> {
         self.slots = slots;
         self.params = params;
         self.writes_params = writes;
+        let body = body?;
+        let direct = match &body {
+            Ex::Binary(op, a, b) => match (&**a, &**b) {
+                (Ex::Local(0), Ex::Local(1)) => Some((*op, false)),
+                (Ex::Local(1), Ex::Local(0)) => Some((*op, true)),
+                _ => None,
+            },
+            _ => None,
+        };
         self.comparators.push(Comparator {
-            body: body?,
+            body,
             slots: cmp_slots,
+            direct,
         });
         Some(self.comparators.len() - 1)
     }
@@ -1737,6 +1944,94 @@ mod tests {
         assert_eq!(completed, 400, "every record, on each backend");
     }
 
+    /// A memory backend whose writes of state `fail` fail.
+    struct Failing {
+        inner: MemoryBackend,
+        fail: StateId,
+    }
+
+    impl StateBackend for Failing {
+        fn key_groups(&self) -> KeyGroupRange {
+            self.inner.key_groups()
+        }
+        fn register(&mut self, name: &str, kind: StateKind) -> crate::base::error::Result<StateId> {
+            self.inner.register(name, kind)
+        }
+        fn get(&self, state: StateId, key: &Key) -> crate::base::error::Result<Option<Dynamic>> {
+            self.inner.get(state, key)
+        }
+        fn update(
+            &mut self,
+            state: StateId,
+            key: &Key,
+            f: &mut dyn FnMut(&mut Option<Dynamic>),
+        ) -> crate::base::error::Result<()> {
+            if state == self.fail {
+                return Err(crate::base::error::RunError::State("disk on fire".into()));
+            }
+            self.inner.update(state, key, f)
+        }
+        fn keys_in(&self, state: StateId, range: KeyGroupRange) -> crate::base::error::Result<Vec<Key>> {
+            self.inner.keys_in(state, range)
+        }
+        fn snapshot(&self, range: KeyGroupRange) -> crate::base::error::Result<Vec<u8>> {
+            self.inner.snapshot(range)
+        }
+        fn restore(&mut self, snapshots: &[&[u8]]) -> crate::base::error::Result<()> {
+            self.inner.restore(snapshots)
+        }
+    }
+
+    /// A backend failing on the last of a completed run's writes: the record fails and the
+    /// writes applied before are undone, whole values and map entries alike.
+    #[test]
+    fn a_failed_commit_leaves_no_write_behind() {
+        let text = "fn process(r) { state_set(\"v\", r.a); map_put(\"m\", \"x\", r.a); map_put(\"m\", \"new\", 1); list_push(\"l\", r.a); emit(r.a); }";
+        let mut inner = MemoryBackend::new(MAX, KeyGroupRange::all(MAX));
+        let states = [("v", StateKind::Value), ("m", StateKind::Map), ("l", StateKind::List)];
+        let ids: Vec<StateId> = states.iter().map(|(n, k)| inner.register(n, *k).expect("registers")).collect();
+        let backend = Box::new(Failing { inner, fail: ids[2] });
+        let mut side = Side::new(text, &ScriptLimitsSpec::default(), true, backend, &states);
+        let k = key(1);
+        side.put("v", &k, Dynamic::from(5_i64));
+        side.put("m", &k, Dynamic::from_map(rhai::Map::from_iter([("x".into(), Dynamic::from(1_i64))])));
+        let before = side.dump(std::slice::from_ref(&k));
+        let mut m = rhai::Map::new();
+        m.insert("a".into(), Dynamic::from(9_i64));
+        let outcome = side.run(&[(k.clone(), Dynamic::from_map(m))], 10);
+        assert!(matches!(&outcome[..], [Err(e)] if e.contains("disk on fire")), "{outcome:?}");
+        assert_eq!(side.script.native_runs(), 0);
+        assert_eq!(side.dump(std::slice::from_ref(&k)), before);
+    }
+
+    /// W4's `on_end` (which runs natively too), run as a `process` body on each key: its
+    /// emitted records agree with Rhai's on random prior state.
+    #[test]
+    fn w4_on_end_agrees_with_rhai() {
+        let on_end = W4.split("fn on_end(k)").nth(1).expect("on_end");
+        let text = format!("fn process(k) {on_end}");
+        assert!(script(&ScriptLimitsSpec::default(), W4).runs_natively("on_end"));
+        let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+        let mut init = Vec::new();
+        for k in 0..40 {
+            let k = key(k);
+            if rng.below(4) > 0 {
+                init.push(("sum".to_owned(), k.clone(), rng.value()));
+            }
+            let n = rng.below(6);
+            init.push(("top".to_owned(), k.clone(), rng.ints(n)));
+            let mut m = rhai::Map::new();
+            for d in 0..rng.below(12) {
+                let v = if rng.below(8) == 0 { rng.value() } else { Dynamic::from(rng.below(50) as i64) };
+                m.insert(d.to_string().into(), v);
+            }
+            init.push(("deciles".to_owned(), k, Dynamic::from_map(m)));
+        }
+        let records: Vec<_> = (0..40).map(|i| (key(i), key(i).to_dynamic())).collect();
+        let completed = differential(&text, &ScriptLimitsSpec::default(), &w4_states(), &init, &records, 10);
+        assert!(completed >= 40, "{completed} keys completed natively");
+    }
+
     /// Tight limits: lists, maps and strings reach their sizes, so runs give up and Rhai
     /// refuses the writes.
     #[test]
@@ -1769,6 +2064,18 @@ mod tests {
             ("let a = []; a.push(r.a); a.push(r.s); a.sort(); emit(a);", true),
             ("let a = [r.a, r.b]; a.sort(|x, y| x < y); emit(a);", true),
             ("let a = [r.a, r.b, 1]; a.sort(|x, y| \"no\"); emit(a);", true),
+            // Comparators evaluated directly: every operator, either order, any item types.
+            ("let a = [r.a, r.b, r.s, 2]; a.sort(|x, y| x - y); emit(a);", true),
+            ("let a = [r.a, r.b, 2]; a.sort(|x, y| y >= x); emit(a);", true),
+            ("let a = [r.b, r.a, 7, -3]; a.sort(|x, y| x * y); emit(a);", true),
+            ("let a = [r.b, r.a, 7, -3]; a.sort(|x, y| y % x); emit(a);", true),
+            ("let a = [r.s, \"b\", r.s]; a.sort(|x, y| y + x); emit(a);", true),
+            ("let a = [r.s, (), r.a]; a.sort(|x, y| x != y); emit(a);", true),
+            // Lists rebuilt item by item after a clear, a `list_set` or over another value.
+            ("list_set(\"l\", [r.a, r.s]); list_push(\"l\", r.b); list_push(\"l\", r.s); emit(list_get(\"l\"));", true),
+            ("state_set(\"l\", r.a); list_push(\"l\", r.b); list_push(\"l\", [r.s, r.b]); emit(list_get(\"l\"));", true),
+            ("list_push(\"l\", r.s); state_clear(\"l\"); for x in [r.a, r.b, r.s, r.a] { list_push(\"l\", x); } emit(list_len(\"l\"));", true),
+            ("emit(`${r.a}/${-r.b}/${r.s}`); emit(`${r.b * 1000000000}`);", true),
             ("let m = #{x: r.a}; m.y = r.b; m[\"z\"] = r.s; emit(m); emit(m.x + m[\"y\"]);", true),
             ("let a = [1, 2, 3]; a[1] = r.a; emit(a[1] + a[2]); let i = r.b; emit(a[i]);", true),
             ("let a = [1, 2, 3]; emit(a[r.b]);", false),

@@ -14,6 +14,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rhai::{
     AST, Array, Caches, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, ImmutableString, Map,
@@ -544,6 +545,8 @@ pub(crate) fn log_debug(text: &str, _source: Option<&str>, pos: Position) {
 #[derive(Default)]
 struct Frame {
     active: bool,
+    /// Which [`with_frame`] call this is, unique in the process (see [`StateAccess::frame`]).
+    serial: u64,
     key: Option<Key>,
     emitted: Vec<Dynamic>,
     /// Most records one call may `emit`; `0`: `emit` is not available.
@@ -588,6 +591,9 @@ thread_local! {
     static FRAME: RefCell<Frame> = RefCell::new(Frame::default());
 }
 
+/// The serial of the next [`with_frame`] call, over every thread.
+static NEXT_FRAME: AtomicU64 = AtomicU64::new(1);
+
 /// Runs `f` with a frame holding the operator's state and declared state names; returns `f`'s
 /// result. The state is moved into the frame and back, so it is never shared. `max_outputs`
 /// is how many records one call may `emit` (`limits.max_outputs_per_record`); `0` makes `emit`
@@ -601,6 +607,7 @@ pub fn with_frame<R>(
     FRAME.with(|fr| {
         let mut fr = fr.borrow_mut();
         fr.active = true;
+        fr.serial = NEXT_FRAME.fetch_add(1, Ordering::Relaxed);
         fr.state = state.take();
         fr.names.clear();
         fr.names.extend(names.iter().cloned());
@@ -741,6 +748,9 @@ pub(crate) struct StateAccess<'a> {
     pub state: &'a mut dyn StateBackend,
     pub key: &'a Key,
     pub names: &'a [(String, StateId)],
+    /// The frame's serial: `names` stays the same while it does, so handles resolved from
+    /// them may be kept from record to record.
+    pub frame: u64,
     pub emitted: &'a mut Vec<Dynamic>,
     /// Most records one call may `emit` (`0`: `emit` is not available).
     pub max_outputs: usize,
@@ -764,6 +774,7 @@ pub(crate) fn with_state_access<R>(f: impl FnOnce(StateAccess<'_>) -> Option<R>)
             state,
             key,
             names: &fr.names,
+            frame: fr.serial,
             emitted: &mut fr.emitted,
             max_outputs: fr.max_outputs,
         })
@@ -1209,37 +1220,40 @@ pub type DataSizes = (usize, usize, usize);
 /// [`DataSizes`] of a value on its own.
 pub fn data_sizes(v: &Dynamic) -> DataSizes {
     // The common kinds first: each failed cast below looks up a type name.
+    // Asked by kind first: a failed cast looks up a type name.
     if v.is_int() || v.is_float() || v.is_bool() || v.is_unit() {
         (0, 0, 0)
-    } else if let Ok(s) = v.as_immutable_string_ref() {
-        (0, 0, s.len())
-    } else if let Ok(a) = v.as_array_ref() {
-        array_sizes(&a)
-    } else if let Ok(m) = v.as_map_ref() {
-        map_sizes(&m)
-    } else if let Ok(b) = v.as_blob_ref() {
-        (b.len(), 0, 0)
+    } else if v.is_string() {
+        v.as_immutable_string_ref().map_or((0, 0, 0), |s| (0, 0, s.len()))
+    } else if v.is_array() {
+        v.as_array_ref().map_or((0, 0, 0), |a| array_sizes(&a))
+    } else if v.is_map() {
+        v.as_map_ref().map_or((0, 0, 0), |m| map_sizes(&m))
+    } else if v.is_blob() {
+        v.as_blob_ref().map_or((0, 0, 0), |b| (b.len(), 0, 0))
     } else {
         (0, 0, 0)
     }
 }
 
+/// [`DataSizes`] of `v` inside an array or a map, not counting `v` itself (a blob counts
+/// one more there).
+fn nested_sizes(v: &Dynamic) -> DataSizes {
+    if v.is_blob() {
+        v.as_blob_ref().map_or((0, 0, 0), |b| (b.len() + 1, 0, 0))
+    } else {
+        data_sizes(v)
+    }
+}
+
 /// [`DataSizes`] of `v` as an item of an array (a blob inside an array counts one more).
 pub(crate) fn element_sizes(v: &Dynamic) -> DataSizes {
-    let inner = match v.as_blob_ref() {
-        Ok(b) => (b.len() + 1, 0, 0),
-        Err(_) => data_sizes(v),
-    };
-    add((1, 0, 0), inner)
+    add((1, 0, 0), nested_sizes(v))
 }
 
 /// [`DataSizes`] of `v` as the value of a map entry.
 pub(crate) fn entry_sizes(v: &Dynamic) -> DataSizes {
-    let inner = match v.as_blob_ref() {
-        Ok(b) => (b.len() + 1, 0, 0),
-        Err(_) => data_sizes(v),
-    };
-    add((0, 1, 0), inner)
+    add((0, 1, 0), nested_sizes(v))
 }
 
 pub(crate) fn array_sizes(a: &[Dynamic]) -> DataSizes {

@@ -38,6 +38,11 @@ pub fn value_state(factory: Factory<'_>) {
     })
     .unwrap();
     assert_eq!(b.get(s, &key(1)).unwrap().unwrap().as_int(), Ok(6));
+    // A backend that lends values lends what `get` copies.
+    if let Some(lent) = b.lend(s, &key(1)) {
+        assert_eq!(lent.unwrap().unwrap().as_int(), Ok(6));
+        assert!(b.lend(s, &key(9)).unwrap().unwrap().is_none());
+    }
     let mut keys: Vec<String> = b
         .keys(s)
         .unwrap()

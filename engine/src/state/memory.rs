@@ -17,6 +17,7 @@
 //! Without checkpoints nothing is packed. Packed values are copied into later snapshots as
 //! they are, so that a checkpoint of mostly cold state costs a copy, not an encoding.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rhai::Dynamic;
@@ -38,10 +39,10 @@ enum Slot {
 
 impl Slot {
     /// The value, decoded if packed.
-    fn value(&self) -> Result<std::borrow::Cow<'_, Dynamic>> {
+    fn value(&self) -> Result<Cow<'_, Dynamic>> {
         match self {
-            Self::Live(v, _) => Ok(std::borrow::Cow::Borrowed(v)),
-            Self::Packed(bytes) => decode_value(bytes).map(std::borrow::Cow::Owned),
+            Self::Live(v, _) => Ok(Cow::Borrowed(v)),
+            Self::Packed(bytes) => decode_value(bytes).map(Cow::Owned),
         }
     }
 
@@ -186,6 +187,10 @@ impl StateBackend for MemoryBackend {
             None => f(None),
         }
         Ok(())
+    }
+
+    fn lend(&self, state: StateId, key: &Key) -> Option<Result<Option<Cow<'_, Dynamic>>>> {
+        Some(self.group(state, key).and_then(|g| g.get(key).map(Slot::value).transpose()))
     }
 
     fn update(
@@ -414,6 +419,8 @@ mod tests {
             let mut seen = String::new();
             b.read(s, &k, &mut |d| seen = d.unwrap().to_string()).unwrap();
             assert_eq!(seen, v.to_string());
+            let lent = b.lend(s, &k).unwrap().unwrap().unwrap();
+            assert_eq!(lent.to_string(), v.to_string());
         }
         // An update decodes the value and keeps it live; a map entry changes in place.
         b.map_put(s, &key(0), "n", Dynamic::from_int(2)).unwrap();

@@ -11,6 +11,8 @@
 //! event- and processing-time timers in a backend's map states; `ttl` keeps the expiry times
 //! of states with a time-to-live, also in a map state.
 
+use std::borrow::Cow;
+
 use rhai::{Dynamic, Map};
 use weir_schema::StateKind;
 
@@ -214,6 +216,18 @@ pub trait StateBackend: Send {
         let value = self.get(state, key)?;
         f(value.as_ref());
         Ok(())
+    }
+
+    /// Lends the key's value of a state for as long as the backend is not written, when the
+    /// backend holds values decoded: `Some(Ok(None))` when absent; a value the backend keeps
+    /// encoded comes as a decoded copy. `None`: this backend does not lend (the default); use
+    /// [`read`](Self::read), which does not hold the backend borrowed. A caller that reads one
+    /// key's value several times between writes asks once.
+    ///
+    /// # Errors
+    /// As [`get`](Self::get).
+    fn lend(&self, _state: StateId, _key: &Key) -> Option<Result<Option<Cow<'_, Dynamic>>>> {
+        None
     }
 
     /// Every key holding a value of `state`, in no particular order.
