@@ -215,7 +215,7 @@ fn build_operator(
             None => {
                 let f = ctx.script_factory(node)?;
                 Box::new(move |_, _| {
-                    Ok(Box::new(KeyByOperator::new(KeySelector::Script(f()))) as Box<dyn Operator>)
+                    Ok(Box::new(KeyByOperator::new(KeySelector::Script(Box::new(f())))) as Box<dyn Operator>)
                 })
             }
         },

@@ -119,7 +119,7 @@ pub enum Accumulator {
     /// Built-in aggregations; the accumulator is an array with one slot per aggregation.
     Builtin(Vec<Aggregation>),
     /// A Rhai accumulator.
-    Script(ScriptAggregate),
+    Script(Box<ScriptAggregate>),
 }
 
 use Accumulator as Kind;
@@ -128,7 +128,7 @@ impl Accumulator {
     /// The scripted form.
     pub fn scripted(script: ScriptFn) -> Self {
         let has_finish = script.defines("finish", 1);
-        Self::Script(ScriptAggregate { script, has_finish })
+        Self::Script(Box::new(ScriptAggregate { script, has_finish }))
     }
 
     /// The script of the scripted form (`None` for built-ins).

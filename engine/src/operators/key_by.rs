@@ -12,7 +12,7 @@ pub enum KeySelector {
     /// A field path.
     Field(FieldPath),
     /// A script's `fn key(r)`.
-    Script(ScriptFn),
+    Script(Box<ScriptFn>),
 }
 
 /// The `key_by` operator.

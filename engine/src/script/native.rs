@@ -870,7 +870,7 @@ impl Run<'_> {
     }
 
     /// Buffer `index` in [`Mode::Whole`]: its value as the record's writes left it.
-    fn to_whole(&mut self, index: usize) -> Option<&mut StateBuf> {
+    fn whole_mut(&mut self, index: usize) -> Option<&mut StateBuf> {
         if self.bufs[index].mode != Mode::Whole {
             let id = self.id(index)?;
             let mut whole = match std::mem::replace(self.stored.get(index), Base::Ask) {
@@ -895,7 +895,7 @@ impl Run<'_> {
 
     /// The whole value of state `index` as the record's writes left it, to write it.
     fn whole(&mut self, index: usize) -> Option<&mut Option<Dynamic>> {
-        let buf = self.to_whole(index)?;
+        let buf = self.whole_mut(index)?;
         buf.list_sizes = None;
         Some(&mut buf.whole)
     }
@@ -915,7 +915,7 @@ impl Run<'_> {
         match self.bufs[index].mode {
             Mode::Base => self.with_stored(index, f),
             Mode::Whole => Some(f(self.bufs[index].whole.as_ref())),
-            Mode::Fields => Some(f(self.to_whole(index)?.whole.as_ref())),
+            Mode::Fields => Some(f(self.whole_mut(index)?.whole.as_ref())),
         }
     }
 
@@ -1024,7 +1024,7 @@ impl Run<'_> {
             }
             Host::ListPush(s) => {
                 // `push_onto`, with the list's sizes kept from push to push.
-                let buf = self.to_whole(s)?;
+                let buf = self.whole_mut(s)?;
                 let list = match &buf.whole {
                     Some(d) if d.is_array() => Some(match buf.list_sizes {
                         Some(known) => known,
