@@ -801,6 +801,19 @@ mod tests {
         }
     }
 
+    /// A coordinator over [`plan`] with [`config`], allowing `max_concurrent` checkpoints in
+    /// flight.
+    fn concurrent(max_concurrent: u32, t0: Instant) -> Coordinator {
+        Coordinator::new(
+            CoordinatorConfig {
+                max_concurrent,
+                ..config()
+            },
+            plan(),
+            t0,
+        )
+    }
+
     /// Two tasks: a source (`src`) and a sink chain (`map`, `out`), parallelism 1.
     fn plan() -> CheckpointPlan {
         CheckpointPlan {
@@ -922,14 +935,7 @@ mod tests {
     #[test]
     fn max_concurrent_and_min_pause_gate_triggers() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 2,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(2, t0);
         assert_eq!(triggered(&c.poll(t0 + 10 * SEC)), vec![1]);
         assert_eq!(triggered(&c.poll(t0 + 20 * SEC)), vec![2]);
         assert!(
@@ -961,14 +967,7 @@ mod tests {
     #[test]
     fn completing_a_checkpoint_subsumes_lower_pending_ones() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 3,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(3, t0);
         let _ = c.poll(t0 + 10 * SEC);
         let _ = c.poll(t0 + 20 * SEC);
         assert_eq!(c.in_flight(), vec![1, 2]);
@@ -988,14 +987,7 @@ mod tests {
     #[test]
     fn a_checkpoint_being_written_is_aborted_only_after_its_write_reports_back() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 2,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(2, t0);
         let _ = c.poll(t0 + 10 * SEC);
         let _ = c.poll(t0 + 20 * SEC);
         ack_all(&mut c, 1);
@@ -1011,14 +1003,7 @@ mod tests {
     #[test]
     fn a_completed_checkpoint_does_not_subsume_a_savepoint_in_flight() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 3,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(3, t0);
         let _ = c.poll(t0 + 10 * SEC);
         c.trigger_now(t0 + 11 * SEC, BarrierKind::Savepoint)
             .expect("savepoint triggered");
@@ -1056,14 +1041,7 @@ mod tests {
     #[test]
     fn a_savepoint_being_written_when_a_newer_checkpoint_completes_is_not_doomed() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 2,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(2, t0);
         let sp = c
             .trigger_now(t0 + SEC, BarrierKind::Savepoint)
             .expect("savepoint triggered");
@@ -1146,14 +1124,7 @@ mod tests {
     #[test]
     fn a_checkpoint_subsumed_twice_while_writing_is_aborted_once_after_its_write() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 3,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(3, t0);
         for at in [10, 20, 30] {
             let _ = c.poll(t0 + at * SEC);
         }
@@ -1179,14 +1150,7 @@ mod tests {
     #[test]
     fn a_restart_or_failover_while_writing_waits_for_the_write() {
         let t0 = Instant::now();
-        let mut c = Coordinator::new(
-            CoordinatorConfig {
-                max_concurrent: 2,
-                ..config()
-            },
-            plan(),
-            t0,
-        );
+        let mut c = concurrent(2, t0);
         let _ = c.poll(t0 + 10 * SEC);
         let _ = c.poll(t0 + 20 * SEC);
         ack_all(&mut c, 1);

@@ -2485,6 +2485,18 @@ mod tests {
         got
     }
 
+    /// Sends batches 0..4 to a [`spawn_numbering`] task whose output nobody reads, and waits
+    /// until it has taken two: batch 0 fills the output channel, batch 1 waits in the output's
+    /// queue, and batches 2 and 3 stay in the input channel (the task reads no more input).
+    async fn stall_behind_full_output(t0: &mpsc::Sender<Message>) {
+        for k in 0..4 {
+            t0.send(numbers(k * 10, 3)).await.expect("send");
+        }
+        while t0.capacity() != 16 - 2 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Issue 19: a task whose output channel is full (its downstream reads nothing) still
     /// takes an unaligned checkpoint announced on its priority lane, forwards the barrier on
     /// its output's priority lane and acknowledges, without a single record being read
@@ -2497,12 +2509,7 @@ mod tests {
             spawn_numbering(Arc::clone(&store), None);
         // Batch 0 fills the output channel, batch 1 waits in the output's queue; the task
         // then reads no more input, so batches 2 and 3 stay in its input channel.
-        for k in 0..4 {
-            t0.send(numbers(k * 10, 3)).await.expect("send");
-        }
-        while t0.capacity() != 16 - 2 {
-            tokio::task::yield_now().await;
-        }
+        stall_behind_full_output(&t0).await;
         // The upstream's checkpoint 1: announced, then in band behind batches 2 and 3; batch
         // 4 comes after the barrier.
         p0.send(B1).expect("lane");
@@ -2589,12 +2596,7 @@ mod tests {
             spawn_numbering(Arc::clone(&store), None);
         // As above, the output is full and the task reads no more input; the savepoint and
         // the checkpoint are announced, then come in band behind batches 2 and 3.
-        for k in 0..4 {
-            t0.send(numbers(k * 10, 3)).await.expect("send");
-        }
-        while t0.capacity() != 16 - 2 {
-            tokio::task::yield_now().await;
-        }
+        stall_behind_full_output(&t0).await;
         p0.send(SP1).expect("lane");
         t0.send(Message::Barrier(SP1)).await.expect("send");
         t0.send(numbers(40, 3)).await.expect("send");

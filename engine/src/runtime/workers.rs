@@ -225,13 +225,19 @@ impl Drop for WorkerPool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn tasks_spread_over_the_workers_and_free_their_place_when_they_end() {
-        let pool = WorkerPool::start(2, 1 << 20).expect("pool");
+    /// A pool of `n` workers, its [`Workers`], and a runtime for the test to drive it from.
+    fn pool_of(n: usize) -> (Arc<WorkerPool>, Workers, tokio::runtime::Runtime) {
+        let pool = WorkerPool::start(n, 1 << 20).expect("pool");
         let workers = Workers::Pool(Arc::clone(&pool));
         let control = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
+        (pool, workers, control)
+    }
+
+    #[test]
+    fn tasks_spread_over_the_workers_and_free_their_place_when_they_end() {
+        let (pool, workers, control) = pool_of(2);
         control.block_on(async {
             let mut join = JoinSet::new();
             let (release, gate) = tokio::sync::watch::channel(false);
@@ -266,11 +272,7 @@ mod tests {
 
     #[test]
     fn the_least_loaded_worker_gets_the_next_task() {
-        let pool = WorkerPool::start(3, 1 << 20).expect("pool");
-        let workers = Workers::Pool(Arc::clone(&pool));
-        let control = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
+        let (pool, workers, control) = pool_of(3);
         control.block_on(async {
             let mut join = JoinSet::new();
             let (release, gate) = tokio::sync::watch::channel(0u32);
