@@ -12,6 +12,10 @@
 #   bytewax_prepare DIR
 #                      an empty DIR with Bytewax's recovery store for 2 partitions in DIR/rec
 #                      and an empty DIR/out (its FileSink appends)
+#   bench_medians RESULTS N
+#                      prints, per engine of RESULTS (lines "engine wall_s cpu_s"), the median
+#                      wall and CPU, records/s for N records, and the speed against Bytewax
+#                      when RESULTS has Bytewax runs ("-" otherwise)
 
 bench_paths() {
   ROOT=$(cd "$HERE/../.." && pwd)
@@ -57,4 +61,22 @@ bytewax_prepare() {
   mkdir -p "$1/rec"
   : > "$1/out"
   "$BWPY" -m bytewax.recovery "$1/rec" 2 > /dev/null
+}
+
+bench_medians() {
+  python3 - "$1" "$2" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, wall, cpu = line.split()
+    rows.setdefault(name, []).append((float(wall), float(cpu)))
+n = int(sys.argv[2])
+bw = statistics.median(w for w, _ in rows["bytewax"]) if "bytewax" in rows else None
+print(f"{'engine':<20} {'wall_s':>8} {'cpu_s':>8} {'records/s':>12}  vs Bytewax")
+for name, runs in rows.items():
+    wall = statistics.median(w for w, _ in runs)
+    cpu = statistics.median(c for _, c in runs)
+    ratio = f"{bw / wall:.2f}x" if bw else "-"
+    print(f"{name:<20} {wall:8.2f} {cpu:8.2f} {n / wall:12,.0f}  {ratio}")
+PY
 }

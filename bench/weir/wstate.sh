@@ -59,16 +59,4 @@ done
 
 echo
 echo "medians over $RUNS rounds:"
-python3 - "$WORK/results" "$N" <<'PY'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    name, wall, cpu = line.split()
-    rows.setdefault(name, []).append((float(wall), float(cpu)))
-n = int(sys.argv[2])
-print(f"{'engine':<20} {'wall_s':>8} {'cpu_s':>8} {'records/s':>12}")
-for name, runs in rows.items():
-    wall = statistics.median(w for w, _ in runs)
-    cpu = statistics.median(c for _, c in runs)
-    print(f"{name:<20} {wall:8.2f} {cpu:8.2f} {n / wall:12,.0f}")
-PY
+bench_medians "$WORK/results" "$N"
