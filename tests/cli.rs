@@ -111,6 +111,15 @@ fn missing_file_is_a_clear_error() {
 }
 
 #[test]
+fn zero_workers_is_refused_with_the_flag_named() {
+    let out = weir(&["run", "--workers", "0", "pipelines/all_operators.yaml"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--workers"), "{err}");
+    assert!(err.contains("0 is not in 1.."), "{err}");
+}
+
+#[test]
 fn schema_command_prints_the_checked_in_schema() {
     let out = weir(&["schema"]);
     assert!(out.status.success());

@@ -31,8 +31,8 @@ pub enum LogFormat {
 pub struct RunArgs {
     /// The pipeline file.
     pub file: PathBuf,
-    /// Worker threads (default: one per core).
-    #[arg(long)]
+    /// Worker threads (default: one per core; at least 1).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub workers: Option<usize>,
     /// No live status line, even on a terminal.
     #[arg(long)]
