@@ -392,16 +392,21 @@ impl PipelineMetrics {
         Self::lock(&self.checkpoints).in_progress = n;
     }
 
-    /// Notes a checkpoint completed with these figures and per-subtask alignments.
+    /// Notes a checkpoint completed with these figures and per-subtask alignments. Only the
+    /// `newest` (the restore point it became) replaces the "last checkpoint" figures: a
+    /// savepoint completing after a newer checkpoint is counted but does not move them back.
     pub fn checkpoint_completed(
         &self,
         last: LastCheckpoint,
         alignment: Vec<(String, u32, Duration)>,
+        newest: bool,
     ) {
         let mut c = Self::lock(&self.checkpoints);
         c.completed += 1;
-        c.last = Some(last);
-        c.alignment = alignment;
+        if newest {
+            c.last = Some(last);
+            c.alignment = alignment;
+        }
     }
 
     /// Notes a checkpoint aborted.
@@ -537,11 +542,34 @@ mod tests {
                 channel_state_bytes: 0,
             },
             vec![("map".into(), 0, Duration::from_millis(1))],
+            true,
         );
         store.set_checkpoints_in_progress(1);
         store.generation_ended();
         let c = store.checkpoints();
         assert_eq!((c.completed, c.failed, c.in_progress), (1, 1, 0));
         assert_eq!(c.last.map(|l| l.size), Some(100));
+    }
+
+    #[test]
+    fn a_late_savepoint_is_counted_but_does_not_replace_the_last_checkpoint() {
+        let store = PipelineMetrics::default();
+        let figures = |id, size| LastCheckpoint {
+            id,
+            duration: Duration::from_millis(5),
+            size,
+            new_bytes: 0,
+            channel_state_bytes: 0,
+        };
+        store.checkpoint_completed(figures(3, 300), vec![("map".into(), 0, Duration::ZERO)], true);
+        store.checkpoint_completed(
+            figures(2, 200),
+            vec![("map".into(), 0, Duration::from_millis(9))],
+            false,
+        );
+        let c = store.checkpoints();
+        assert_eq!(c.completed, 2);
+        assert_eq!(c.last.map(|l| (l.id, l.size)), Some((3, 300)));
+        assert_eq!(c.alignment, vec![("map".to_owned(), 0, Duration::ZERO)]);
     }
 }

@@ -295,6 +295,10 @@ impl Checkpoints {
             channel_state_bytes: subtasks.iter().map(|s| s.channel_state_bytes).sum(),
             subtasks,
         };
+        let newest = ck
+            .latest
+            .as_ref()
+            .is_none_or(|l| l.metadata.checkpoint < id);
         self.metrics.checkpoint_completed(
             LastCheckpoint {
                 id,
@@ -313,15 +317,14 @@ impl Checkpoints {
                     )
                 })
                 .collect(),
+            newest,
         );
-        self.metrics.set_state_sizes(state_sizes(&meta));
+        if newest {
+            self.metrics.set_state_sizes(state_sizes(&meta));
+        }
         self.stats.push(stats);
         ck.completed.push(CheckpointFiles::from_metadata(&meta));
         let meta = Arc::new(meta);
-        let newest = ck
-            .latest
-            .as_ref()
-            .is_none_or(|l| l.metadata.checkpoint < id);
         if newest {
             ck.latest = Some(TaskRestore {
                 store: Arc::clone(&ck.store),
