@@ -762,6 +762,30 @@ fn savepoints_are_written_to_s3_and_restore_locally_and_into_s3_storage() {
     let stopped = dir.path().join("out-at-stop");
     copy_dir(&dir.path().join("out"), &stopped);
 
+    // A resume that finds no restorable checkpoint offers the savepoints on S3 as ways on.
+    let ck = dir.path().join("ck/totals");
+    let mut damaged = 0;
+    for e in std::fs::read_dir(&ck).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("chk-") {
+            std::fs::write(e.path().join("_metadata"), b"not a checkpoint").unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0, "no checkpoint to damage in {}", ck.display());
+    let (status, log) = run_to_end_with(beside(&yaml), &yaml, &["--no-api"], &env);
+    assert!(!status.success(), "the run must refuse to start:\n{log}");
+    assert!(log.contains("can be restored"), "{log}");
+    for url in [&first, &last] {
+        assert!(
+            log.contains("--from-savepoint") && log.contains(url.as_str()),
+            "{url} not offered:\n{log}"
+        );
+    }
+    assert!(
+        !log.contains(&named),
+        "a savepoint in a subdirectory is not listed:\n{log}"
+    );
+
     // 2. Restored into local checkpoint storage (the fs backend), to the end.
     let yaml = keyed_saving_to(dir.path(), "fs", "ck-local", &savepoints, 5000);
     let (status, log) = run_to_end_with(

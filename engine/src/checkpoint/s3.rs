@@ -372,16 +372,10 @@ impl CheckpointStore for S3Store {
     }
 
     fn list_checkpoints(&self) -> Result<Vec<CheckpointId>> {
-        let prefix =
-            (!self.root.prefix.is_empty()).then(|| ObjectPath::from(self.root.prefix.as_str()));
-        let store = Arc::clone(&self.store);
-        let dirs = self.run("cannot list", "", async move {
-            store.list_with_delimiter(prefix.as_ref()).await
-        })?;
-        let mut ids: Vec<CheckpointId> = dirs
-            .common_prefixes
+        let mut ids: Vec<CheckpointId> = self
+            .list_dirs()?
             .iter()
-            .filter_map(|p| p.filename().and_then(parse_checkpoint_dir))
+            .filter_map(|name| parse_checkpoint_dir(name))
             .collect();
         ids.sort_unstable();
         Ok(ids)
@@ -413,6 +407,25 @@ impl CheckpointStore for S3Store {
 }
 
 impl S3Store {
+    /// The names of the directories directly under the store's root (the common prefixes of
+    /// one delimited listing), unsorted.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Unavailable`] when S3 does not answer.
+    pub fn list_dirs(&self) -> Result<Vec<String>> {
+        let prefix =
+            (!self.root.prefix.is_empty()).then(|| ObjectPath::from(self.root.prefix.as_str()));
+        let store = Arc::clone(&self.store);
+        let dirs = self.run("cannot list", "", async move {
+            store.list_with_delimiter(prefix.as_ref()).await
+        })?;
+        Ok(dirs
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .collect())
+    }
+
     /// Deletes every object under the store's root (a savepoint that is removed).
     ///
     /// # Errors

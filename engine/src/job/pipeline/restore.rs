@@ -424,8 +424,7 @@ fn nothing_restorable(
     );
     for sp in &savepoints {
         out.push_str(&format!(
-            "\n  weir run --from-savepoint {} ...   (a savepoint of this pipeline)",
-            sp.display()
+            "\n  weir run --from-savepoint {sp} ...   (a savepoint of this pipeline)"
         ));
     }
     out.push_str(
@@ -434,26 +433,50 @@ fn nothing_restorable(
     out
 }
 
-/// The savepoint directories of `plan`'s pipeline in its default savepoint directory,
-/// newest first (by name: the id, then the time).
-fn savepoints_of(plan: &PipelinePlan) -> Vec<PathBuf> {
+/// The savepoints of `plan`'s pipeline in its default savepoint directory (a local directory
+/// or an `s3://` location), newest first (by name: the id, then the time); only those whose
+/// `_metadata` exists. Nothing when the directory cannot be listed (this only feeds a hint).
+fn savepoints_of(plan: &PipelinePlan) -> Vec<String> {
     let prefix = format!("savepoint-{}-", plan.id);
-    let Ok(entries) = std::fs::read_dir(&plan.paths.savepoints) else {
-        return Vec::new();
-    };
-    let mut found: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let id = name
-                .strip_prefix(&prefix)?
-                .split('-')
-                .next()?
-                .parse()
-                .ok()?;
-            e.path().join("_metadata").is_file().then(|| (id, e.path()))
-        })
-        .collect();
+    let id_of =
+        |name: &str| -> Option<u64> { name.strip_prefix(&prefix)?.split('-').next()?.parse().ok() };
+    let mut found: Vec<(u64, String)> =
+        match S3Location::parse(&plan.paths.savepoints.to_string_lossy()) {
+            Some(Ok(location)) => {
+                let Ok(store) = S3Store::at(location.clone()) else {
+                    return Vec::new();
+                };
+                let Ok(names) = store.list_dirs() else {
+                    return Vec::new();
+                };
+                names
+                    .iter()
+                    .filter_map(|name| {
+                        let id = id_of(name)?;
+                        store
+                            .size(&format!("{name}/_metadata"))
+                            .is_ok()
+                            .then(|| (id, location.join(name).to_string()))
+                    })
+                    .collect()
+            }
+            Some(Err(_)) => return Vec::new(),
+            None => {
+                let Ok(entries) = std::fs::read_dir(&plan.paths.savepoints) else {
+                    return Vec::new();
+                };
+                entries
+                    .flatten()
+                    .filter_map(|e| {
+                        let id = id_of(&e.file_name().to_string_lossy())?;
+                        e.path()
+                            .join("_metadata")
+                            .is_file()
+                            .then(|| (id, e.path().display().to_string()))
+                    })
+                    .collect()
+            }
+        };
     found.sort();
     found.into_iter().rev().map(|(_, p)| p).collect()
 }
