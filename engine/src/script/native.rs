@@ -2250,6 +2250,27 @@ mod tests {
         (key(k), r)
     }
 
+    /// How many reads of locals `process` in `text` moves instead of copying.
+    fn moved(text: &str) -> usize {
+        let engine = runtime_engine(&ScriptLimitsSpec::default());
+        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
+        let program = compiled.native_program("process").expect("runs natively");
+        format!("{:?}", program.body).matches("Take(").count()
+    }
+
+    /// W4 moves its list into its loop, the loop's item into `list_push` and the decile's
+    /// name into `map_put`; a parameter, a local read again later, and a local read in a
+    /// loop it was defined outside of are copied.
+    #[test]
+    fn last_reads_are_moved() {
+        assert_eq!(moved(W4), 3);
+        assert_eq!(moved("fn process(r) { emit(r); }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; for i in 0..2 { emit(a); } }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; emit(a); emit(a); }"), 1);
+        assert_eq!(moved("fn process(r) { let a = [1]; emit(a + a); }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; for x in a { emit(a); } }"), 0);
+    }
+
     #[test]
     fn w4_as_written_compiles_natively() {
         let s = script(&ScriptLimitsSpec::default(), W4);
@@ -2468,6 +2489,21 @@ mod tests {
             ("let s = \"\"; for x in [r.s, r.s, r.s] { s += x; } emit(s);", true),
             ("let n = 0; for x in r.list { n += x; } emit(n); let l = r.list; emit(l.len()); emit(r.nested.inner.x);", true),
             ("emit(r.list.len());", false),
+            // Last reads moved (or not: read again later, in a loop, a parameter).
+            ("let a = [r.a, r.b]; for x in a { if x == 1 { continue; } if x == 2 { break; } emit(x); } emit(a);", true),
+            ("let a = [r.a, r.b]; let n = 0; for x in a { n += x; } list_set(\"l\", a); emit(n);", true),
+            ("for i in 0..3 { let a = [i, r.a]; let b = a; for x in b { emit(x); } if i == r.b { return; } }", true),
+            ("let s = `${r.s}!`; let t = s; emit(t); state_set(\"v\", s); emit(state_get(\"v\"));", true),
+            ("for x in r.list { let y = x; emit(y); } let l = r.list; for x in l { emit(x + 1); }", true),
+            ("let x = r.a; while x < 5 { let y = [x]; x += 1; emit(y); }", true),
+            ("let v = r.a; emit(v); v = [v, v]; emit(v); let w = v; map_put(\"m\", \"w\", w); emit(state_get(\"m\"));", true),
+            ("let q = r; for k in [1, 2] { emit(q); }", true),
+            // A map entry read, then written.
+            ("let n = map_get(\"m\", r.s); map_put(\"m\", r.s, [n, r.a]); emit(map_get(\"m\", r.s)); emit(map_add(\"m\", \"a\", 1));", true),
+            ("let n = map_get(\"m\", \"a\"); map_add(\"m\", \"a\", r.a); emit(n); emit(map_get(\"m\", \"a\")); map_remove(\"m\", \"a\"); emit(map_get(\"m\", \"a\"));", true),
+            // Operation counts reached in loops.
+            ("let s = 0; for i in 0..r.a * 20 { s += i; } emit(s);", true),
+            ("let i = 0; while i < r.a * 30 { i += 1; } emit(i);", true),
             // Not compiled natively.
             ("let x = r.a; print(x);", false),
             ("register_event_timer(r.a);", false),

@@ -130,6 +130,12 @@ impl CompiledScript {
             .any(|b| b.name == name && b.native.is_some())
     }
 
+    /// Function `name`'s native statement body (for tests).
+    #[cfg(test)]
+    pub(crate) fn native_program(&self, name: &str) -> Option<&NativeProgram> {
+        self.bodies.iter().find(|b| b.name == name)?.native.as_ref()
+    }
+
     /// Whether function `name` is evaluated natively when its records allow (for tests).
     #[cfg(test)]
     pub(crate) fn native(&self, name: &str) -> bool {
