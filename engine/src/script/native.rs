@@ -28,8 +28,8 @@
 //! (`limits.max_string_size`, `max_array_size`, `max_map_size`) reached, a state write the
 //! state functions would refuse, an `emit` over `limits.max_outputs_per_record`, a
 //! comparator that does not answer with an int or a bool, an operation count that could
-//! reach `limits.max_operations` (counted as [`OPS_PER_NODE`] per node evaluated and
-//! [`OPS_PER_CALL`] per call, more than Rhai counts), an undeclared state, a state with a
+//! reach `limits.max_operations` (counted as [`OPS_PER_NODE`] per node and [`OPS_PER_CALL`]
+//! per call, more than Rhai counts, each block's all at once as the run enters it), an undeclared state, a state with a
 //! time-to-live, or a state backend error. Buffers are kept from record to record, so a run
 //! allocates only for the values it makes.
 
@@ -46,7 +46,8 @@ use super::runtime::{
 };
 use crate::state::{StateBackend, StateId};
 
-/// Operations a native run charges per node it evaluates: Rhai counts at most this many.
+/// Operations a native run charges per node (of each block it enters, see `Block`): Rhai
+/// counts at most this many per node it evaluates.
 pub const OPS_PER_NODE: u64 = 4;
 /// Operations a native run charges per function call (host functions, methods, comparators).
 pub const OPS_PER_CALL: u64 = 16;
@@ -54,7 +55,7 @@ pub const OPS_PER_CALL: u64 = 16;
 /// A compiled `process` body; see the module docs.
 #[derive(Debug)]
 pub struct NativeProgram {
-    body: Vec<St>,
+    body: Block,
     /// Local slots, the parameters first.
     slots: usize,
     params: usize,
@@ -72,11 +73,62 @@ pub struct NativeProgram {
 #[derive(Debug)]
 struct Comparator {
     body: Ex,
+    /// The operations of one call: [`OPS_PER_CALL`] and its body's.
+    ops: u64,
     slots: usize,
     /// `a op b` (`false`) or `b op a` (`true`) with a binary operator: evaluated on the two
     /// items directly, without the tree walk and its copies (the same answers and operation
     /// count).
     direct: Option<(Op, bool)>,
+}
+
+/// A statement block and the operations a run charges on entering it: [`OPS_PER_NODE`] for
+/// each statement and expression node of its own (each call [`OPS_PER_CALL`] more), all of
+/// them whichever branch or short cut a run takes; the blocks nested in it charge when they
+/// run, a loop's per turn.
+#[derive(Debug, Default)]
+struct Block {
+    stmts: Vec<St>,
+    ops: u64,
+}
+
+impl Block {
+    fn new(stmts: Vec<St>) -> Self {
+        let ops = stmts.iter().map(st_ops).sum();
+        Self { stmts, ops }
+    }
+}
+
+/// A statement's own operations (see [`Block`]).
+fn st_ops(st: &St) -> u64 {
+    OPS_PER_NODE
+        + match st {
+            St::Let(_, e)
+            | St::Assign(_, _, e)
+            | St::SetProp(_, _, e)
+            | St::If(e, ..)
+            | St::ForIn(_, e, _)
+            | St::Expr(e)
+            | St::Return(Some(e)) => ex_ops(e),
+            St::SetIndex(_, i, e) | St::ForRange(_, i, e, ..) => ex_ops(i) + ex_ops(e),
+            St::While(..) | St::Break | St::Continue | St::Return(None) => 0,
+        }
+}
+
+/// An expression's operations (see [`Block`]).
+fn ex_ops(e: &Ex) -> u64 {
+    let all = |items: &[Ex]| items.iter().map(ex_ops).sum::<u64>();
+    OPS_PER_NODE
+        + match e {
+            Ex::Const(_) | Ex::Local(_) | Ex::Take(_) | Ex::Path(..) | Ex::Block(_) => 0,
+            Ex::PropOf(a, _) | Ex::Not(a) | Ex::Neg(a) | Ex::Len(a) => ex_ops(a),
+            Ex::Index(a, b) | Ex::Binary(_, a, b) => ex_ops(a) + ex_ops(b),
+            Ex::And(items) | Ex::Or(items) | Ex::Interp(items) | Ex::Array(items) => all(items),
+            Ex::Map(_, items) => items.iter().map(|(_, e)| ex_ops(e)).sum(),
+            Ex::Host(_, args) => OPS_PER_CALL + all(args),
+            Ex::Push(_, item) => OPS_PER_CALL + ex_ops(item),
+            Ex::Pop(_) | Ex::Sort(..) => OPS_PER_CALL,
+        }
 }
 
 #[derive(Debug)]
@@ -85,10 +137,11 @@ enum St {
     Assign(usize, Option<Op>, Ex),
     SetIndex(usize, Ex, Ex),
     SetProp(usize, ImmutableString, Ex),
-    If(Ex, Vec<St>, Vec<St>),
-    ForIn(usize, Ex, Vec<St>),
-    ForRange(usize, Ex, Ex, bool, Vec<St>),
-    While(Ex, Vec<St>),
+    If(Ex, Block, Block),
+    ForIn(usize, Ex, Block),
+    ForRange(usize, Ex, Ex, bool, Block),
+    /// The condition, the body and the operations of one turn's condition.
+    While(Ex, Block, u64),
     Expr(Ex),
     Break,
     Continue,
@@ -99,6 +152,9 @@ enum St {
 enum Ex {
     Const(Dynamic),
     Local(usize),
+    /// The last read of a local (not a parameter) that is not read again before its next
+    /// assignment: its value is moved out instead of copied (see [`moves`]).
+    Take(usize),
     /// `local.a.b`.
     Path(usize, Vec<ImmutableString>),
     /// `(expr).a.b`.
@@ -110,7 +166,7 @@ enum Ex {
     And(Vec<Ex>),
     Or(Vec<Ex>),
     /// A statement block's value (an `if` expression is one).
-    Block(Vec<St>),
+    Block(Block),
     Interp(Vec<Ex>),
     Array(Vec<Ex>),
     Map(Box<Map>, Vec<(rhai::Identifier, Ex)>),
@@ -210,7 +266,8 @@ impl NativeProgram {
             comparators: Vec::new(),
             program,
         };
-        let body = c.block(program.statements())?;
+        let mut body = c.block(program.statements())?;
+        moves(&mut body.stmts, &[]);
         Some(Self {
             body,
             slots: c.slots,
@@ -492,6 +549,53 @@ struct Run<'a> {
     budget: u64,
 }
 
+/// The value of a missing argument.
+static UNIT: Dynamic = Dynamic::UNIT;
+
+/// An argument of a host function: read in place, or evaluated.
+enum Arg<'v> {
+    Ref(&'v Dynamic),
+    Own(Dynamic),
+}
+
+impl<'v> Arg<'v> {
+    /// The argument `e`: `owned` when it was evaluated, else read in place (a constant or a
+    /// local); unit when there is none.
+    fn of(owned: Option<Dynamic>, e: Option<&'v Ex>, locals: &'v [Dynamic]) -> Self {
+        match (owned, e) {
+            (Some(v), _) => Self::Own(v),
+            (None, Some(Ex::Const(c))) => Self::Ref(c),
+            (None, Some(Ex::Local(slot))) => Self::Ref(&locals[*slot]),
+            _ => Self::Ref(&UNIT),
+        }
+    }
+
+    fn into_owned(self) -> Dynamic {
+        match self {
+            Self::Ref(v) => v.clone(),
+            Self::Own(v) => v,
+        }
+    }
+
+    fn into_string(self) -> Option<ImmutableString> {
+        match self {
+            Self::Ref(v) => v.as_immutable_string_ref().ok().map(|s| s.clone()),
+            Self::Own(v) => v.into_immutable_string().ok(),
+        }
+    }
+}
+
+impl std::ops::Deref for Arg<'_> {
+    type Target = Dynamic;
+
+    fn deref(&self) -> &Dynamic {
+        match self {
+            Self::Ref(v) => v,
+            Self::Own(v) => v,
+        }
+    }
+}
+
 /// How a statement ended.
 enum Flow {
     Next,
@@ -509,6 +613,9 @@ impl Run<'_> {
 
     /// Whether a value stays strictly under every size limit (at a limit, Rhai decides).
     fn fits(&self, v: &Dynamic) -> bool {
+        if v.is_int() || v.is_bool() || v.is_unit() {
+            return true;
+        }
         let (arrays, maps, strings) = data_sizes(v);
         let l = self.program.limits;
         let under = |n: usize, max: usize| max == 0 || n < max;
@@ -519,8 +626,17 @@ impl Run<'_> {
         self.fits(&v).then_some(v)
     }
 
-    fn block(&mut self, stmts: &[St], locals: &mut [Dynamic]) -> Option<Flow> {
-        for st in stmts {
+    /// The value of condition `e`, which must be a bool.
+    fn truth(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<bool> {
+        let v = self.ex(e, locals)?;
+        let truth = v.as_bool().ok();
+        release(v);
+        truth
+    }
+
+    fn block(&mut self, block: &Block, locals: &mut [Dynamic]) -> Option<Flow> {
+        self.charge(block.ops)?;
+        for st in &block.stmts {
             match self.stmt(st, locals)? {
                 Flow::Next => {}
                 flow => return Some(flow),
@@ -530,8 +646,9 @@ impl Run<'_> {
     }
 
     /// A block's value: its last statement's (an expression's value, `()` otherwise).
-    fn block_value(&mut self, stmts: &[St], locals: &mut [Dynamic]) -> Option<Dynamic> {
-        let Some((last, init)) = stmts.split_last() else {
+    fn block_value(&mut self, block: &Block, locals: &mut [Dynamic]) -> Option<Dynamic> {
+        self.charge(block.ops)?;
+        let Some((last, init)) = block.stmts.split_last() else {
             return Some(Dynamic::UNIT);
         };
         for st in init {
@@ -544,8 +661,7 @@ impl Run<'_> {
         match last {
             St::Expr(e) => self.ex(e, locals),
             St::If(c, a, b) => {
-                self.charge(OPS_PER_NODE)?;
-                if self.ex(c, locals)?.as_bool().ok()? {
+                if self.truth(c, locals)? {
                     self.block_value(a, locals)
                 } else {
                     self.block_value(b, locals)
@@ -559,20 +675,42 @@ impl Run<'_> {
     }
 
     fn stmt(&mut self, st: &St, locals: &mut [Dynamic]) -> Option<Flow> {
-        self.charge(OPS_PER_NODE)?;
         match st {
-            St::Let(slot, e) => {
+            St::Let(slot, e) | St::Assign(slot, None, e) => {
                 let v = self.ex(e, locals)?;
-                locals[*slot] = v;
+                set(&mut locals[*slot], v);
+                Some(Flow::Next)
             }
-            St::Assign(slot, None, e) => {
+            St::Expr(e) => {
+                release(self.ex(e, locals)?);
+                Some(Flow::Next)
+            }
+            St::If(c, a, b) => {
+                let branch = if self.truth(c, locals)? { a } else { b };
+                self.block(branch, locals)
+            }
+            st => self.stmt_other(st, locals),
+        }
+    }
+
+    /// [`stmt`](Self::stmt) of the other statements, apart so that the frequent ones above
+    /// stay short.
+    #[inline(never)]
+    fn stmt_other(&mut self, st: &St, locals: &mut [Dynamic]) -> Option<Flow> {
+        match st {
+            St::Let(slot, e) | St::Assign(slot, None, e) => {
                 let v = self.ex(e, locals)?;
-                locals[*slot] = v;
+                set(&mut locals[*slot], v);
             }
             St::Assign(slot, Some(op), e) => {
                 let v = self.ex(e, locals)?;
-                let new = binary(*op, &locals[*slot], &v, self.program.limits)?;
-                locals[*slot] = new;
+                let old = &locals[*slot];
+                let new = match (old.as_int(), v.as_int()) {
+                    (Ok(x), Ok(y)) => int_binary(*op, x, y),
+                    _ => binary(*op, old, &v, self.program.limits),
+                };
+                release(v);
+                set(&mut locals[*slot], new?);
             }
             St::SetIndex(slot, index, e) => {
                 let index = self.ex(index, locals)?;
@@ -602,7 +740,7 @@ impl Run<'_> {
                 }
             }
             St::If(c, a, b) => {
-                let branch = if self.ex(c, locals)?.as_bool().ok()? {
+                let branch = if self.truth(c, locals)? {
                     a
                 } else {
                     b
@@ -613,7 +751,7 @@ impl Run<'_> {
                 let items = self.ex(e, locals)?.into_array().ok()?;
                 for item in items {
                     self.charge(OPS_PER_NODE)?;
-                    locals[*var] = item;
+                    set(&mut locals[*var], item);
                     match self.block(body, locals)? {
                         Flow::Next | Flow::Continue => {}
                         Flow::Break => break,
@@ -627,7 +765,7 @@ impl Run<'_> {
                 let end = if *inclusive { to.checked_add(1)? } else { to };
                 for i in from..end {
                     self.charge(OPS_PER_NODE)?;
-                    locals[*var] = Dynamic::from_int(i);
+                    set(&mut locals[*var], Dynamic::from_int(i));
                     match self.block(body, locals)? {
                         Flow::Next | Flow::Continue => {}
                         Flow::Break => break,
@@ -635,9 +773,9 @@ impl Run<'_> {
                     }
                 }
             }
-            St::While(c, body) => loop {
-                self.charge(OPS_PER_NODE)?;
-                if !self.ex(c, locals)?.as_bool().ok()? {
+            St::While(c, body, turn) => loop {
+                self.charge(*turn)?;
+                if !self.truth(c, locals)? {
                     break;
                 }
                 match self.block(body, locals)? {
@@ -646,14 +784,12 @@ impl Run<'_> {
                     Flow::Return => return Some(Flow::Return),
                 }
             },
-            St::Expr(e) => {
-                let _ = self.ex(e, locals)?;
-            }
+            St::Expr(e) => release(self.ex(e, locals)?),
             St::Break => return Some(Flow::Break),
             St::Continue => return Some(Flow::Continue),
             St::Return(e) => {
                 if let Some(e) = e {
-                    let _ = self.ex(e, locals)?;
+                    release(self.ex(e, locals)?);
                 }
                 return Some(Flow::Return);
             }
@@ -662,12 +798,31 @@ impl Run<'_> {
     }
 
     fn ex(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
-        self.charge(OPS_PER_NODE)?;
+        match e {
+            Ex::Const(c) => Some(c.clone()),
+            Ex::Local(slot) => Some(locals[*slot].clone()),
+            Ex::Take(slot) => Some(std::mem::take(&mut locals[*slot])),
+            Ex::Binary(op, a, b) => self.binary(*op, a, b, locals),
+            Ex::Host(host, args) => self.host(*host, args, locals),
+            e => self.ex_other(e, locals),
+        }
+    }
+
+    /// [`ex`](Self::ex) of the other nodes, apart so that the frequent ones above stay short
+    /// (already charged).
+    #[inline(never)]
+    fn ex_other(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
         Some(match e {
             Ex::Const(c) => c.clone(),
             Ex::Local(slot) => locals[*slot].clone(),
-            Ex::Path(slot, path) => read_path(&locals[*slot], path)?,
-            Ex::PropOf(target, path) => read_path(&self.ex(target, locals)?, path)?,
+            Ex::Take(slot) => std::mem::take(&mut locals[*slot]),
+            Ex::Binary(op, a, b) => self.binary(*op, a, b, locals)?,
+            Ex::Host(host, args) => self.host(*host, args, locals)?,
+            Ex::Path(slot, path) => with_path(&locals[*slot], path, |v| Some(v.clone()))?,
+            Ex::PropOf(target, path) => {
+                let target = self.ex(target, locals)?;
+                with_path(&target, path, |v| Some(v.clone()))?
+            }
             Ex::Index(target, index) => {
                 let index = self.ex(index, locals)?;
                 match &**target {
@@ -675,16 +830,11 @@ impl Run<'_> {
                     target => read_index(&self.ex(target, locals)?, &index)?,
                 }
             }
-            Ex::Binary(op, a, b) => {
-                let a = self.ex(a, locals)?;
-                let b = self.ex(b, locals)?;
-                operate(*op, &a, &b, self.program.limits)?
-            }
-            Ex::Not(a) => Dynamic::from_bool(!self.ex(a, locals)?.as_bool().ok()?),
+            Ex::Not(a) => Dynamic::from_bool(!self.truth(a, locals)?),
             Ex::Neg(a) => Dynamic::from_int(self.ex(a, locals)?.as_int().ok()?.checked_neg()?),
             Ex::And(items) => {
                 for item in items {
-                    if !self.ex(item, locals)?.as_bool().ok()? {
+                    if !self.truth(item, locals)? {
                         return Some(Dynamic::FALSE);
                     }
                 }
@@ -692,7 +842,7 @@ impl Run<'_> {
             }
             Ex::Or(items) => {
                 for item in items {
-                    if self.ex(item, locals)?.as_bool().ok()? {
+                    if self.truth(item, locals)? {
                         return Some(Dynamic::TRUE);
                     }
                 }
@@ -705,15 +855,16 @@ impl Run<'_> {
                 text.clear();
                 let mut whole = Some(());
                 for part in parts {
-                    let Some(v) = self.ex(part, locals) else {
-                        whole = None;
-                        break;
-                    };
-                    if let Ok(i) = v.as_int() {
-                        push_int(&mut text, i);
-                    } else if let Ok(s) = v.as_immutable_string_ref() {
-                        text.push_str(s.as_str());
+                    let pushed = if is_place(part) {
+                        with_place(part, locals, |v| push_text(&mut text, v))
                     } else {
+                        self.ex(part, locals).and_then(|v| {
+                            let pushed = push_text(&mut text, &v);
+                            release(v);
+                            pushed
+                        })
+                    };
+                    if pushed.is_none() {
                         whole = None;
                         break;
                     }
@@ -741,12 +892,7 @@ impl Run<'_> {
                 }
                 self.checked(Dynamic::from_map(map))?
             }
-            Ex::Host(host, args) => {
-                self.charge(OPS_PER_CALL)?;
-                self.host(*host, args, locals)?
-            }
             Ex::Push(slot, item) => {
-                self.charge(OPS_PER_CALL)?;
                 let item = self.ex(item, locals)?;
                 locals[*slot].as_array_mut().ok()?.push(item);
                 if !self.fits(&locals[*slot]) {
@@ -755,12 +901,10 @@ impl Run<'_> {
                 Dynamic::UNIT
             }
             Ex::Pop(slot) => {
-                self.charge(OPS_PER_CALL)?;
                 let popped = locals[*slot].as_array_mut().ok()?.pop();
                 popped.unwrap_or(Dynamic::UNIT)
             }
             Ex::Sort(slot, comparator) => {
-                self.charge(OPS_PER_CALL)?;
                 let mut array = std::mem::take(&mut locals[*slot]).into_array().ok();
                 let sorted = match (&mut array, comparator) {
                     (Some(array), None) => sort_plain(array),
@@ -785,6 +929,28 @@ impl Run<'_> {
         })
     }
 
+    /// `a op b`, its operands read in place when they are places ([`is_place`]): the
+    /// operator only reads them, so Rhai's copies of them are not observable.
+    fn binary(&mut self, op: Op, a: &Ex, b: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
+        let limits = self.program.limits;
+        if !is_place(b) {
+            let x = self.ex(a, locals)?;
+            let y = self.ex(b, locals)?;
+            let v = operate(op, &x, &y, limits);
+            release(x);
+            release(y);
+            return v;
+        }
+        if is_place(a) {
+            return with_place(a, locals, |x| with_place(b, locals, |y| operate(op, x, y, limits)));
+        }
+        // `a` first: it may change a local `b` reads.
+        let x = self.ex(a, locals)?;
+        let v = with_place(b, locals, |y| operate(op, &x, y, limits));
+        release(x);
+        v
+    }
+
     /// `array.sort(|a, b| ...)` as Rhai's `sort`: the same `slice::sort_by` with the same
     /// answers, an int's sign or a bool (`true`: less); any other answer gives up.
     fn sort_by(&mut self, array: &mut Array, comparator: &Comparator) -> Option<()> {
@@ -792,8 +958,10 @@ impl Run<'_> {
             return Some(());
         }
         let mut locals = std::mem::take(self.cmp_locals);
-        locals.clear();
-        locals.resize(comparator.slots, Dynamic::UNIT);
+        if comparator.direct.is_none() {
+            locals.clear();
+            locals.resize(comparator.slots, Dynamic::UNIT);
+        }
         let mut failed = false;
         let limits = self.program.limits;
         let sorted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -801,23 +969,21 @@ impl Run<'_> {
                 if failed {
                     return Ordering::Equal;
                 }
-                let v = if let Some((op, swap)) = comparator.direct {
-                    // What the walk below charges: the call, the operator and two locals.
-                    self.charge(OPS_PER_CALL + 3 * OPS_PER_NODE).and_then(|()| {
+                let answer = if let Some((op, swap)) = comparator.direct {
+                    self.charge(comparator.ops).and_then(|()| {
                         let (a, b) = if swap { (y, x) } else { (x, y) };
-                        operate(op, a, b, limits)
+                        match (a.as_int(), b.as_int()) {
+                            (Ok(a), Ok(b)) => int_answer(op, a, b),
+                            _ => answer(operate(op, a, b, limits)?),
+                        }
                     })
                 } else {
-                    locals[0] = x.clone();
-                    locals[1] = y.clone();
-                    self.charge(OPS_PER_CALL)
+                    set(&mut locals[0], x.clone());
+                    set(&mut locals[1], y.clone());
+                    self.charge(comparator.ops)
                         .and_then(|()| self.ex(&comparator.body, &mut locals))
+                        .and_then(answer)
                 };
-                let answer = v.and_then(|v| {
-                    v.as_int()
-                        .ok()
-                        .or_else(|| v.as_bool().ok().map(|b| if b { -1 } else { 1 }))
-                });
                 match answer {
                     Some(v) => v.cmp(&0),
                     None => {
@@ -832,10 +998,17 @@ impl Run<'_> {
     }
 
     /// The handle of state `index`; `None`: not declared.
+    #[inline]
     fn id(&mut self, index: usize) -> Option<StateId> {
-        if let Some(id) = self.ids[index] {
-            return Some(id);
+        match self.ids[index] {
+            Some(id) => Some(id),
+            None => self.resolve(index),
         }
+    }
+
+    /// [`id`](Self::id) the first time in a frame.
+    #[inline(never)]
+    fn resolve(&mut self, index: usize) -> Option<StateId> {
         let name = &self.program.states[index];
         let (_, id) = self.names.iter().find(|(n, _)| n.as_str() == name.as_str())?;
         self.ids[index] = Some(*id);
@@ -964,14 +1137,21 @@ impl Run<'_> {
     }
 
     fn host(&mut self, host: Host, args: &[Ex], locals: &mut [Dynamic]) -> Option<Dynamic> {
-        let a = match args.first() {
-            Some(arg) => self.ex(arg, locals)?,
-            None => Dynamic::UNIT,
+        // A constant or local argument is read in place, unless an argument after it is
+        // evaluated (which could change the local); the others are evaluated in order.
+        let in_place = |e: &Ex| matches!(e, Ex::Const(_) | Ex::Local(_));
+        let (a, b) = (args.first(), args.get(1));
+        let a_own = match a {
+            Some(e) if !(in_place(e) && b.is_none_or(in_place)) => Some(self.ex(e, locals)?),
+            _ => None,
         };
-        let b = match args.get(1) {
-            Some(arg) => self.ex(arg, locals)?,
-            None => Dynamic::UNIT,
+        let b_own = match b {
+            Some(e) if !in_place(e) => Some(self.ex(e, locals)?),
+            _ => None,
         };
+        let locals: &[Dynamic] = locals;
+        let a = Arg::of(a_own, a, locals);
+        let b = Arg::of(b_own, b, locals);
         let sizes = self.program.sizes;
         Some(match host {
             Host::StateGet(s) => {
@@ -1006,10 +1186,10 @@ impl Run<'_> {
                 self.checked(v)?
             }
             Host::StateSet(s) => {
-                if sizes.exceeded(data_sizes(&a)).is_some() {
+                if sizes.over(data_sizes(&a)) {
                     return None;
                 }
-                self.overwrite(s)?.whole = Some(a);
+                self.overwrite(s)?.whole = Some(a.into_owned());
                 Dynamic::UNIT
             }
             Host::StateClear(s) => {
@@ -1024,6 +1204,7 @@ impl Run<'_> {
             }
             Host::ListPush(s) => {
                 // `push_onto`, with the list's sizes kept from push to push.
+                let a = a.into_owned();
                 let buf = self.whole_mut(s)?;
                 let list = match &buf.whole {
                     Some(d) if d.is_array() => Some(match buf.list_sizes {
@@ -1034,7 +1215,7 @@ impl Run<'_> {
                     _ => None,
                 };
                 let grown = add(element_sizes(&a), list.unwrap_or((0, 0, 0)));
-                if sizes.exceeded(grown).is_some() {
+                if sizes.over(grown) {
                     return None;
                 }
                 match list {
@@ -1045,9 +1226,9 @@ impl Run<'_> {
                 Dynamic::UNIT
             }
             Host::ListSet(s) => {
-                let items = a.into_array().ok()?;
+                let items = a.into_owned().into_array().ok()?;
                 let known = array_sizes(&items);
-                if sizes.exceeded(known).is_some() {
+                if sizes.over(known) {
                     return None;
                 }
                 let buf = self.overwrite(s)?;
@@ -1057,10 +1238,10 @@ impl Run<'_> {
             }
             Host::ListTop(s) => {
                 let keep = usize::try_from(b.as_int().ok()?).ok()?;
-                Dynamic::from_bool(insert_top(self.whole(s)?, a, keep, sizes).ok()?)
+                Dynamic::from_bool(insert_top(self.whole(s)?, a.into_owned(), keep, sizes).ok()?)
             }
             Host::MapPut(s) => {
-                let field = a.into_immutable_string().ok()?;
+                let field = a.into_string()?;
                 if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
                     let buf = &mut self.bufs[s];
@@ -1068,18 +1249,18 @@ impl Run<'_> {
                     if let Some(old) = &old {
                         grown = sub(grown, entry_sizes(old));
                     }
-                    if sizes.exceeded(grown).is_some() {
+                    if sizes.over(grown) {
                         return None;
                     }
                     buf.sizes = grown;
-                    set_field(&mut buf.fields, field, b);
-                } else if put_into(self.whole(s)?, &field, b, sizes).is_some() {
+                    set_field(&mut buf.fields, field, b.into_owned());
+                } else if put_into(self.whole(s)?, &field, b.into_owned(), sizes).is_some() {
                     return None;
                 }
                 Dynamic::UNIT
             }
             Host::MapAdd(s) => {
-                let field = a.into_immutable_string().ok()?;
+                let field = a.into_string()?;
                 let sum = if self.fields(s)? {
                     let old = self.map_entry(s, &field)?;
                     let sum = add_to(old.as_ref(), &b).ok()?;
@@ -1087,7 +1268,7 @@ impl Run<'_> {
                     match &old {
                         None => {
                             let grown = add(entry_sizes(&sum), buf.sizes);
-                            if sizes.exceeded(grown).is_some() {
+                            if sizes.over(grown) {
                                 return None;
                             }
                             buf.sizes = grown;
@@ -1122,7 +1303,7 @@ impl Run<'_> {
                 {
                     return None;
                 }
-                self.emits.push(a);
+                self.emits.push(a.into_owned());
                 Dynamic::UNIT
             }
             Host::Key => self.key.to_dynamic(),
@@ -1151,9 +1332,61 @@ fn push_int(text: &mut String, i: i64) {
     }
 }
 
+/// A comparator's answer as `sort` takes it: an int, or a bool (`true`: less).
+fn answer(v: Dynamic) -> Option<i64> {
+    let answer = v
+        .as_int()
+        .ok()
+        .or_else(|| v.as_bool().ok().map(|b| if b { -1 } else { 1 }));
+    release(v);
+    answer
+}
+
+/// `x op y` on two ints, as [`binary`] computes it.
+#[inline]
+fn int_binary(op: Op, x: i64, y: i64) -> Option<Dynamic> {
+    Some(match op {
+        Op::Add => Dynamic::from_int(x.checked_add(y)?),
+        Op::Sub => Dynamic::from_int(x.checked_sub(y)?),
+        Op::Mul => Dynamic::from_int(x.checked_mul(y)?),
+        Op::Div | Op::Rem if y == 0 => return None,
+        Op::Div => Dynamic::from_int(x.checked_div(y)?),
+        Op::Rem => Dynamic::from_int(x.checked_rem(y)?),
+        Op::Eq => Dynamic::from_bool(x == y),
+        Op::Ne => Dynamic::from_bool(x != y),
+        Op::Lt => Dynamic::from_bool(x < y),
+        Op::Le => Dynamic::from_bool(x <= y),
+        Op::Gt => Dynamic::from_bool(x > y),
+        Op::Ge => Dynamic::from_bool(x >= y),
+    })
+}
+
+/// [`answer`] of `x op y` on two ints, as [`binary`] computes it.
+fn int_answer(op: Op, x: i64, y: i64) -> Option<i64> {
+    let truth = |b: bool| if b { -1 } else { 1 };
+    match op {
+        Op::Add => x.checked_add(y),
+        Op::Sub => x.checked_sub(y),
+        Op::Mul => x.checked_mul(y),
+        Op::Div | Op::Rem if y == 0 => None,
+        Op::Div => x.checked_div(y),
+        Op::Rem => x.checked_rem(y),
+        Op::Eq => Some(truth(x == y)),
+        Op::Ne => Some(truth(x != y)),
+        Op::Lt => Some(truth(x < y)),
+        Op::Le => Some(truth(x <= y)),
+        Op::Gt => Some(truth(x > y)),
+        Op::Ge => Some(truth(x >= y)),
+    }
+}
+
 /// `a op b` as [`Ex::Binary`] evaluates it: `==` and `!=` against `()` compare units, every
-/// other case is [`binary`]'s.
+/// other case is [`binary`]'s (two ints without a call).
+#[inline]
 fn operate(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> {
+    if let (Ok(x), Ok(y)) = (a.as_int(), b.as_int()) {
+        return int_binary(op, x, y);
+    }
     match op {
         Op::Eq | Op::Ne if a.is_unit() || b.is_unit() => {
             let same = a.is_unit() && b.is_unit();
@@ -1170,16 +1403,63 @@ fn set_field(fields: &mut Vec<(ImmutableString, Dynamic)>, field: ImmutableStrin
     }
 }
 
-/// `value.a.b` on maps that have those properties.
-fn read_path(value: &Dynamic, path: &[ImmutableString]) -> Option<Dynamic> {
+/// Drops `v`; an int, a bool or unit (no heap data) without a call to its drop glue.
+#[inline(always)]
+fn release(v: Dynamic) {
+    if v.is_int() || v.is_bool() || v.is_unit() {
+        std::mem::forget(v);
+    }
+}
+
+/// Assigns `v` to a local.
+#[inline(always)]
+fn set(slot: &mut Dynamic, v: Dynamic) {
+    release(std::mem::replace(slot, v));
+}
+
+/// Whether [`with_place`] reads `e` in place: a constant, a local or a property path of a
+/// local.
+#[inline(always)]
+fn is_place(e: &Ex) -> bool {
+    matches!(e, Ex::Const(_) | Ex::Local(_) | Ex::Path(..))
+}
+
+/// Calls `f` on the value of `e`, a place ([`is_place`]), without copying it; `None` when a
+/// property is missing (or `e` is not a place).
+#[inline(always)]
+fn with_place<R>(e: &Ex, locals: &[Dynamic], f: impl FnOnce(&Dynamic) -> Option<R>) -> Option<R> {
+    match e {
+        Ex::Const(c) => f(c),
+        Ex::Local(slot) => f(&locals[*slot]),
+        Ex::Path(slot, path) => with_path(&locals[*slot], path, f),
+        _ => None,
+    }
+}
+
+/// Calls `f` on `value.a.b` when the maps have those properties.
+fn with_path<R>(
+    value: &Dynamic,
+    path: &[ImmutableString],
+    f: impl FnOnce(&Dynamic) -> Option<R>,
+) -> Option<R> {
     let (first, rest) = path.split_first()?;
     let map = value.as_map_ref().ok()?;
     let next = map.get(first.as_str())?;
     if rest.is_empty() {
-        Some(next.clone())
+        f(next)
     } else {
-        read_path(next, rest)
+        with_path(next, rest, f)
     }
+}
+
+/// Appends an int or a string as `${v}` writes it; `None` for any other value.
+fn push_text(text: &mut String, v: &Dynamic) -> Option<()> {
+    if let Ok(i) = v.as_int() {
+        push_int(text, i);
+    } else {
+        text.push_str(v.as_immutable_string_ref().ok()?.as_str());
+    }
+    Some(())
 }
 
 /// `value[index]`: an array item at `0..len` or a map entry that exists.
@@ -1241,14 +1521,14 @@ impl Compiler<'_> {
     }
 
     /// A statement block in a scope of its own.
-    fn block(&mut self, stmts: &[Stmt]) -> Option<Vec<St>> {
+    fn block(&mut self, stmts: &[Stmt]) -> Option<Block> {
         let depth = self.scope.len();
         let out = stmts.iter().map(|s| self.stmt(s)).collect::<Option<Vec<_>>>();
         self.scope.truncate(depth);
-        out
+        out.map(Block::new)
     }
 
-    fn stmt_block(&mut self, block: &StmtBlock) -> Option<Vec<St>> {
+    fn stmt_block(&mut self, block: &StmtBlock) -> Option<Block> {
         self.block(block.statements())
     }
 
@@ -1315,7 +1595,9 @@ impl Compiler<'_> {
                 if matches!(flow.expr, Expr::Unit(_)) {
                     return None;
                 }
-                St::While(self.expr(&flow.expr)?, self.stmt_block(&flow.body)?)
+                let c = self.expr(&flow.expr)?;
+                let turn = OPS_PER_NODE + ex_ops(&c);
+                St::While(c, self.stmt_block(&flow.body)?, turn)
             }
             Stmt::For(def, _) => {
                 let (var, counter, flow) = &**def;
@@ -1342,7 +1624,7 @@ impl Compiler<'_> {
             Stmt::Block(block) => St::If(
                 Ex::Const(Dynamic::TRUE),
                 self.block(block.statements())?,
-                Vec::new(),
+                Block::default(),
             ),
             Stmt::Expr(e) => St::Expr(self.expr(e)?),
             Stmt::FnCall(call, pos) => St::Expr(self.expr(&Expr::FnCall(call.clone(), *pos))?),
@@ -1588,11 +1870,100 @@ impl Compiler<'_> {
             _ => None,
         };
         self.comparators.push(Comparator {
+            ops: OPS_PER_CALL + ex_ops(&body),
             body,
             slots: cmp_slots,
             direct,
         });
         Some(self.comparators.len() - 1)
+    }
+}
+
+/// Turns the last read of each local of `block` into a move ([`Ex::Take`]) where no later
+/// read can see the difference. `defined` are the locals assigned before each run of
+/// `block` (a loop's variable); the others considered are those its own `let`s define, so
+/// never a parameter. A local's read is moved when it is the only mention of the local
+/// (reads and writes) in the last statement of `block` that mentions it, and sits where
+/// that statement evaluates it exactly once: the whole value of a `let`, an assignment, an
+/// expression statement or a `return`, an argument of a host function there, or the array
+/// of a `for`. After `block` the local is out of scope, and a run of `block` that reads it
+/// again (a loop's next turn) assigns it first.
+fn moves(block: &mut [St], defined: &[usize]) {
+    for st in block.iter_mut() {
+        match st {
+            St::If(_, a, b) => {
+                moves(&mut a.stmts, &[]);
+                moves(&mut b.stmts, &[]);
+            }
+            St::ForIn(var, _, body) | St::ForRange(var, _, _, _, body) => {
+                moves(&mut body.stmts, &[*var]);
+            }
+            St::While(_, body, _) => moves(&mut body.stmts, &[]),
+            _ => {}
+        }
+    }
+    let lets = block.iter().filter_map(|st| match st {
+        St::Let(slot, _) => Some(*slot),
+        _ => None,
+    });
+    let slots: Vec<usize> = defined.iter().copied().chain(lets).collect();
+    for slot in slots {
+        let Some(last) = block.iter().rposition(|st| st_mentions(st, slot) > 0) else {
+            continue;
+        };
+        if st_mentions(&block[last], slot) != 1 {
+            continue;
+        }
+        let e = match &mut block[last] {
+            St::Let(_, e) | St::Assign(_, _, e) | St::Expr(e) | St::Return(Some(e)) | St::ForIn(_, e, _) => e,
+            _ => continue,
+        };
+        let read = |e: &Ex| matches!(e, Ex::Local(s) if *s == slot);
+        match e {
+            e if read(e) => *e = Ex::Take(slot),
+            Ex::Host(_, args) => {
+                if let Some(arg) = args.iter_mut().find(|arg| read(arg)) {
+                    *arg = Ex::Take(slot);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How often `st` mentions local `slot` (reads and writes).
+fn st_mentions(st: &St, slot: usize) -> usize {
+    let is = |s: &usize| usize::from(*s == slot);
+    let all = |block: &Block| block.stmts.iter().map(|st| st_mentions(st, slot)).sum::<usize>();
+    match st {
+        St::Let(s, e) | St::Assign(s, _, e) | St::SetProp(s, _, e) => is(s) + ex_mentions(e, slot),
+        St::SetIndex(s, i, e) => is(s) + ex_mentions(i, slot) + ex_mentions(e, slot),
+        St::If(c, a, b) => ex_mentions(c, slot) + all(a) + all(b),
+        St::ForIn(v, e, body) => is(v) + ex_mentions(e, slot) + all(body),
+        St::ForRange(v, from, to, _, body) => {
+            is(v) + ex_mentions(from, slot) + ex_mentions(to, slot) + all(body)
+        }
+        St::While(c, body, _) => ex_mentions(c, slot) + all(body),
+        St::Expr(e) | St::Return(Some(e)) => ex_mentions(e, slot),
+        St::Break | St::Continue | St::Return(None) => 0,
+    }
+}
+
+/// How often `e` mentions local `slot` (reads and writes).
+fn ex_mentions(e: &Ex, slot: usize) -> usize {
+    let is = |s: &usize| usize::from(*s == slot);
+    let all = |items: &[Ex]| items.iter().map(|e| ex_mentions(e, slot)).sum::<usize>();
+    match e {
+        Ex::Const(_) => 0,
+        Ex::Local(s) | Ex::Take(s) | Ex::Path(s, _) | Ex::Pop(s) | Ex::Sort(s, _) => is(s),
+        Ex::PropOf(a, _) | Ex::Not(a) | Ex::Neg(a) | Ex::Len(a) => ex_mentions(a, slot),
+        Ex::Index(a, b) | Ex::Binary(_, a, b) => ex_mentions(a, slot) + ex_mentions(b, slot),
+        Ex::And(items) | Ex::Or(items) | Ex::Interp(items) | Ex::Array(items) | Ex::Host(_, items) => {
+            all(items)
+        }
+        Ex::Block(block) => block.stmts.iter().map(|st| st_mentions(st, slot)).sum(),
+        Ex::Map(_, items) => items.iter().map(|(_, e)| ex_mentions(e, slot)).sum(),
+        Ex::Push(s, item) => is(s) + ex_mentions(item, slot),
     }
 }
 
@@ -1879,6 +2250,27 @@ mod tests {
         (key(k), r)
     }
 
+    /// How many reads of locals `process` in `text` moves instead of copying.
+    fn moved(text: &str) -> usize {
+        let engine = runtime_engine(&ScriptLimitsSpec::default());
+        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
+        let program = compiled.native_program("process").expect("runs natively");
+        format!("{:?}", program.body).matches("Take(").count()
+    }
+
+    /// W4 moves its list into its loop, the loop's item into `list_push` and the decile's
+    /// name into `map_put`; a parameter, a local read again later, and a local read in a
+    /// loop it was defined outside of are copied.
+    #[test]
+    fn last_reads_are_moved() {
+        assert_eq!(moved(W4), 3);
+        assert_eq!(moved("fn process(r) { emit(r); }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; for i in 0..2 { emit(a); } }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; emit(a); emit(a); }"), 1);
+        assert_eq!(moved("fn process(r) { let a = [1]; emit(a + a); }"), 0);
+        assert_eq!(moved("fn process(r) { let a = [1]; for x in a { emit(a); } }"), 0);
+    }
+
     #[test]
     fn w4_as_written_compiles_natively() {
         let s = script(&ScriptLimitsSpec::default(), W4);
@@ -2097,6 +2489,21 @@ mod tests {
             ("let s = \"\"; for x in [r.s, r.s, r.s] { s += x; } emit(s);", true),
             ("let n = 0; for x in r.list { n += x; } emit(n); let l = r.list; emit(l.len()); emit(r.nested.inner.x);", true),
             ("emit(r.list.len());", false),
+            // Last reads moved (or not: read again later, in a loop, a parameter).
+            ("let a = [r.a, r.b]; for x in a { if x == 1 { continue; } if x == 2 { break; } emit(x); } emit(a);", true),
+            ("let a = [r.a, r.b]; let n = 0; for x in a { n += x; } list_set(\"l\", a); emit(n);", true),
+            ("for i in 0..3 { let a = [i, r.a]; let b = a; for x in b { emit(x); } if i == r.b { return; } }", true),
+            ("let s = `${r.s}!`; let t = s; emit(t); state_set(\"v\", s); emit(state_get(\"v\"));", true),
+            ("for x in r.list { let y = x; emit(y); } let l = r.list; for x in l { emit(x + 1); }", true),
+            ("let x = r.a; while x < 5 { let y = [x]; x += 1; emit(y); }", true),
+            ("let v = r.a; emit(v); v = [v, v]; emit(v); let w = v; map_put(\"m\", \"w\", w); emit(state_get(\"m\"));", true),
+            ("let q = r; for k in [1, 2] { emit(q); }", true),
+            // A map entry read, then written.
+            ("let n = map_get(\"m\", r.s); map_put(\"m\", r.s, [n, r.a]); emit(map_get(\"m\", r.s)); emit(map_add(\"m\", \"a\", 1));", true),
+            ("let n = map_get(\"m\", \"a\"); map_add(\"m\", \"a\", r.a); emit(n); emit(map_get(\"m\", \"a\")); map_remove(\"m\", \"a\"); emit(map_get(\"m\", \"a\"));", true),
+            // Operation counts reached in loops.
+            ("let s = 0; for i in 0..r.a * 20 { s += i; } emit(s);", true),
+            ("let i = 0; while i < r.a * 30 { i += 1; } emit(i);", true),
             // Not compiled natively.
             ("let x = r.a; print(x);", false),
             ("register_event_timer(r.a);", false),

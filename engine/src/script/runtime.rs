@@ -130,6 +130,12 @@ impl CompiledScript {
             .any(|b| b.name == name && b.native.is_some())
     }
 
+    /// Function `name`'s native statement body (for tests).
+    #[cfg(test)]
+    pub(crate) fn native_program(&self, name: &str) -> Option<&NativeProgram> {
+        self.bodies.iter().find(|b| b.name == name)?.native.as_ref()
+    }
+
     /// Whether function `name` is evaluated natively when its records allow (for tests).
     #[cfg(test)]
     pub(crate) fn native(&self, name: &str) -> bool {
@@ -1218,12 +1224,20 @@ fn count(n: usize) -> i64 {
 pub type DataSizes = (usize, usize, usize);
 
 /// [`DataSizes`] of a value on its own.
+#[inline]
 pub fn data_sizes(v: &Dynamic) -> DataSizes {
-    // The common kinds first: each failed cast below looks up a type name.
-    // Asked by kind first: a failed cast looks up a type name.
+    // The common kinds first, without a call.
     if v.is_int() || v.is_float() || v.is_bool() || v.is_unit() {
         (0, 0, 0)
-    } else if v.is_string() {
+    } else {
+        held_sizes(v)
+    }
+}
+
+/// [`data_sizes`] of a value that is not a scalar.
+fn held_sizes(v: &Dynamic) -> DataSizes {
+    // Asked by kind first: a failed cast looks up a type name.
+    if v.is_string() {
         v.as_immutable_string_ref().map_or((0, 0, 0), |s| (0, 0, s.len()))
     } else if v.is_array() {
         v.as_array_ref().map_or((0, 0, 0), |a| array_sizes(&a))
@@ -1238,8 +1252,11 @@ pub fn data_sizes(v: &Dynamic) -> DataSizes {
 
 /// [`DataSizes`] of `v` inside an array or a map, not counting `v` itself (a blob counts
 /// one more there).
+#[inline]
 fn nested_sizes(v: &Dynamic) -> DataSizes {
-    if v.is_blob() {
+    if v.is_int() || v.is_bool() || v.is_unit() {
+        (0, 0, 0)
+    } else if v.is_blob() {
         v.as_blob_ref().map_or((0, 0, 0), |b| (b.len() + 1, 0, 0))
     } else {
         data_sizes(v)
@@ -1247,11 +1264,13 @@ fn nested_sizes(v: &Dynamic) -> DataSizes {
 }
 
 /// [`DataSizes`] of `v` as an item of an array (a blob inside an array counts one more).
+#[inline]
 pub(crate) fn element_sizes(v: &Dynamic) -> DataSizes {
     add((1, 0, 0), nested_sizes(v))
 }
 
 /// [`DataSizes`] of `v` as the value of a map entry.
+#[inline]
 pub(crate) fn entry_sizes(v: &Dynamic) -> DataSizes {
     add((0, 1, 0), nested_sizes(v))
 }
@@ -1298,6 +1317,13 @@ impl SizeLimits {
             map: engine.max_map_size(),
             string: engine.max_string_size(),
         }
+    }
+
+    /// Whether `sizes` exceeds a limit (see [`exceeded`](Self::exceeded)).
+    #[inline]
+    pub(crate) fn over(self, (array, map, string): DataSizes) -> bool {
+        let over = |n: usize, max: usize| max > 0 && n > max;
+        over(array, self.array) || over(map, self.map) || over(string, self.string)
     }
 
     /// Which limit `sizes` exceeds, as a sentence.
