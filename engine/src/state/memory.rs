@@ -14,8 +14,21 @@
 //! touched a little at a time stays mostly packed, while a small hot one is never packed (no
 //! decoding on the hot path). Scalars and values of other types (functions, blobs,
 //! characters, custom types) are always live.
-//! Without checkpoints nothing is packed. Packed values are copied into later snapshots as
-//! they are, so that a checkpoint of mostly cold state costs a copy, not an encoding.
+//! Packed values are copied into later snapshots as they are, so that a checkpoint of mostly
+//! cold state costs a copy, not an encoding.
+//!
+//! **Sweeps.** Checkpoints alone would bound live values by what one or two checkpoint
+//! intervals touch, which depends on the machine's speed (a fast run over a million keys
+//! touches most of them between two checkpoints). So the backend also remembers which maps
+//! and lists were made live (inserted, or unpacked by an update), and once
+//! [`SWEEP_EVERY`] more were made live since the last sweep, it sweeps them: those written
+//! since the previous sweep stay live, the others are packed as a checkpoint packs them. A
+//! sweep visits only the values made live since the one before and those it kept, each kept
+//! one written since, so its cost stays a step per write. A small or hot key set is never
+//! swept (its values stay live, nothing is made live again); a large one touched a little at
+//! a time keeps about [`SWEEP_EVERY`] to twice that many values live, however fast the input
+//! comes. (A scalar that becomes a map or list while live is left to checkpoints.) Without
+//! checkpoints, sweeps alone pack.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -29,10 +42,21 @@ use crate::base::error::{Result, RunError};
 use crate::checkpoint::CheckpointId;
 use crate::record::{Key, KeyBuildHasher, KeyGroupRange};
 
+/// Maps and lists made live between two sweeps (see the module docs): the least number that
+/// starts one.
+pub const SWEEP_EVERY: usize = 1 << 15;
+
 /// A stored value: live or packed (see the module docs).
 enum Slot {
-    /// Decoded, as reads and updates see it; `hot` when written since the last checkpoint.
-    Live(Dynamic, bool),
+    /// Decoded, as reads and updates see it.
+    Live {
+        value: Dynamic,
+        /// The sweep period of its last write ([`MemoryBackend::period`]), or that period
+        /// plus one once the sweep ending it kept the value live.
+        written: u32,
+        /// Written since the last checkpoint.
+        hot: bool,
+    },
     /// Its canonical encoding (one MessagePack value, as [`decode_value`] reads it).
     Packed(Box<[u8]>),
 }
@@ -41,19 +65,22 @@ impl Slot {
     /// The value, decoded if packed.
     fn value(&self) -> Result<Cow<'_, Dynamic>> {
         match self {
-            Self::Live(v, _) => Ok(Cow::Borrowed(v)),
+            Self::Live { value, .. } => Ok(Cow::Borrowed(value)),
             Self::Packed(bytes) => decode_value(bytes).map(Cow::Owned),
         }
     }
+}
 
-    /// The value, taken out if live (leaving unit) or decoded if packed (leaving the bytes):
-    /// the caller stores the new value.
-    fn take(&mut self) -> Result<Dynamic> {
-        match self {
-            Self::Live(v, _) => Ok(std::mem::take(v)),
-            Self::Packed(bytes) => decode_value(bytes),
-        }
-    }
+/// Whether `v` is a map or a list, the values a sweep looks at.
+fn container(v: &Dynamic) -> bool {
+    v.is_map() || v.is_array()
+}
+
+/// The canonical encoding of a live value (what [`SnapshotWriter::entry`] writes for it).
+fn encode(buf: &mut Vec<u8>, v: &Dynamic) -> Result<()> {
+    buf.clear();
+    rmp_serde::encode::write(buf, v)
+        .map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
 }
 
 type Group = HashMap<Key, Slot, KeyBuildHasher>;
@@ -94,6 +121,13 @@ pub struct MemoryBackend {
     tables: Vec<Table>,
     /// Bumped by every write and restore (see [`StateBackend::generation`]).
     generation: u64,
+    /// The current sweep period, even; each sweep adds two (see [`Slot::Live`]'s `written`).
+    period: u32,
+    /// Maps and lists made live since the last sweep, and those it kept live, as (state, key);
+    /// a key may appear twice.
+    recent: Vec<(u32, Key)>,
+    /// The length of `recent` that starts the next sweep.
+    sweep_at: usize,
 }
 
 impl MemoryBackend {
@@ -104,6 +138,9 @@ impl MemoryBackend {
             range,
             tables: Vec::new(),
             generation: 0,
+            period: 0,
+            recent: Vec::new(),
+            sweep_at: SWEEP_EVERY,
         }
     }
 
@@ -139,6 +176,47 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// Packs the maps and lists of `recent` not written since the previous sweep and keeps
+    /// the others live (see the module docs). Values that are not plain data stay live and
+    /// leave `recent`, as do values that could not be encoded (packing is only a saving).
+    fn sweep(&mut self) {
+        let period = self.period;
+        let (max_parallelism, start) = (self.max_parallelism, self.range.start);
+        let tables = &mut self.tables;
+        let mut buf = Vec::new();
+        self.recent.retain(|(t, key)| {
+            let kg = key.key_group(max_parallelism);
+            let Some(slot) = tables[*t as usize].groups[(kg - start) as usize].get_mut(key)
+            else {
+                return false;
+            };
+            let Slot::Live { value, written, .. } = slot else {
+                return false;
+            };
+            if *written == period {
+                *written = period.wrapping_add(1);
+                return true;
+            }
+            // Kept by an earlier entry of this sweep (the key appears twice), or not written
+            // since the previous sweep.
+            if *written != period.wrapping_add(1) && packable(value) && encode(&mut buf, value).is_ok() {
+                *slot = Slot::Packed(buf.as_slice().into());
+            }
+            false
+        });
+        self.period = period.wrapping_add(2);
+        self.sweep_at = self.recent.len() + SWEEP_EVERY;
+    }
+
+    /// Notes a map or list made live, for the next sweep, and sweeps when it is due.
+    #[cold]
+    fn made_live(&mut self, state: StateId, key: &Key) {
+        self.recent.push((state.0, key.clone()));
+        if self.recent.len() >= self.sweep_at {
+            self.sweep();
+        }
+    }
+
     /// Entries over every state and key group.
     fn entries(&self) -> usize {
         self.tables
@@ -175,7 +253,7 @@ impl StateBackend for MemoryBackend {
 
     fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
         match self.group(state, key)?.get(key) {
-            Some(Slot::Live(v, _)) => Ok(Some(v.clone())),
+            Some(Slot::Live { value, .. }) => Ok(Some(value.clone())),
             Some(Slot::Packed(bytes)) => decode_value(bytes).map(Some),
             None => Ok(None),
         }
@@ -200,22 +278,47 @@ impl StateBackend for MemoryBackend {
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()> {
         self.generation += 1;
+        let written = self.period;
         let group = self.group_mut(state, key)?;
-        if let Some(v) = group.get_mut(key) {
-            let mut slot = Some(v.take()?);
+        let live = |value| Slot::Live {
+            value,
+            written,
+            hot: true,
+        };
+        // Whether the value becomes a live map or list from packed or absent: a sweep looks
+        // at it.
+        let fresh = if let Some(v) = group.get_mut(key) {
+            let (old, unpacked) = match v {
+                Slot::Live { value, .. } => (std::mem::take(value), false),
+                Slot::Packed(bytes) => (decode_value(bytes)?, true),
+            };
+            let mut slot = Some(old);
             f(&mut slot);
             match slot {
-                Some(new) => *v = Slot::Live(new, true),
+                Some(new) => {
+                    let fresh = unpacked && container(&new);
+                    *v = live(new);
+                    fresh
+                }
                 None => {
                     group.remove(key);
+                    false
                 }
             }
         } else {
             let mut slot = None;
             f(&mut slot);
-            if let Some(new) = slot {
-                group.insert(key.clone(), Slot::Live(new, true));
+            match slot {
+                Some(new) => {
+                    let fresh = container(&new);
+                    group.insert(key.clone(), live(new));
+                    fresh
+                }
+                None => false,
             }
+        };
+        if fresh {
+            self.made_live(state, key);
         }
         Ok(())
     }
@@ -252,7 +355,7 @@ impl StateBackend for MemoryBackend {
                 let kg = self.range.start + i as u32;
                 for (k, v) in g {
                     match v {
-                        Slot::Live(v, _) => w.entry(kg, k, v)?,
+                        Slot::Live { value, .. } => w.entry(kg, k, value)?,
                         Slot::Packed(bytes) => w.entry_encoded(kg, k.value(), bytes)?,
                     }
                 }
@@ -275,19 +378,16 @@ impl StateBackend for MemoryBackend {
                 for (k, v) in g.iter_mut() {
                     match v {
                         // Written since the last checkpoint: likely written again soon.
-                        Slot::Live(live, hot) if *hot => {
-                            w.entry(kg, k, live)?;
+                        Slot::Live { value, hot, .. } if *hot => {
+                            w.entry(kg, k, value)?;
                             *hot = false;
                         }
-                        Slot::Live(live, _) if packable(live) => {
-                            buf.clear();
-                            rmp_serde::encode::write(&mut buf, &*live).map_err(|e| {
-                                RunError::State(format!("cannot encode state value: {e}"))
-                            })?;
+                        Slot::Live { value, .. } if packable(value) => {
+                            encode(&mut buf, value)?;
                             w.entry_encoded(kg, k.value(), &buf)?;
                             *v = Slot::Packed(buf.as_slice().into());
                         }
-                        Slot::Live(live, _) => w.entry(kg, k, live)?,
+                        Slot::Live { value, .. } => w.entry(kg, k, value)?,
                         Slot::Packed(bytes) => w.entry_encoded(kg, k.value(), bytes)?,
                     }
                 }
@@ -344,7 +444,11 @@ impl StateBackend for MemoryBackend {
                         let slot = if packable(&live) {
                             Slot::Packed(value.into())
                         } else {
-                            Slot::Live(live, false)
+                            Slot::Live {
+                                value: live,
+                                written: self.period,
+                                hot: false,
+                            }
                         };
                         group.insert(key, slot);
                     }
@@ -363,9 +467,107 @@ mod tests {
     use rhai::Dynamic;
     use weir_schema::StateKind;
 
-    use super::{MemoryBackend, Slot};
+    use super::{MemoryBackend, SWEEP_EVERY, Slot};
     use crate::record::{Key, KeyGroupRange, map_of};
     use crate::state::StateBackend;
+
+    /// Whether `state`'s value of `k` is held packed.
+    fn is_packed(b: &MemoryBackend, state: usize, k: &Key) -> bool {
+        let kg = (k.key_group(b.max_parallelism) - b.range.start) as usize;
+        matches!(b.tables[state].groups[kg].get(k), Some(Slot::Packed(_)))
+    }
+
+    fn key(i: usize) -> Key {
+        Key::from_str_value(format!("k{i}").into())
+    }
+
+    #[test]
+    fn sweeps_pack_maps_and_lists_not_written_since_the_previous_sweep() {
+        let m = 8;
+        let all = KeyGroupRange::all(m);
+        let mut b = MemoryBackend::new(m, all);
+        let s = b.register("m", StateKind::Map).unwrap();
+        let l = b.register("l", StateKind::List).unwrap();
+        let v = b.register("v", StateKind::Value).unwrap();
+        let hot = Key::from_str_value("hot".into());
+        let n = SWEEP_EVERY;
+        // New maps for about one sweep period, then new lists for about another and a half:
+        // the second sweep packs the maps; one map and the scalars are written throughout.
+        for i in 0..n * 5 / 2 {
+            if i < n {
+                b.map_put(s, &key(i), "n", Dynamic::from_int(i as i64)).unwrap();
+            } else {
+                b.list_push(l, &key(i), Dynamic::from_int(i as i64)).unwrap();
+            }
+            b.map_put(s, &hot, "n", Dynamic::from_int(i as i64)).unwrap();
+            b.put(v, &key(i % 10), Dynamic::from_int(i as i64)).unwrap();
+        }
+        assert!((0..n).step_by(97).all(|i| is_packed(&b, 0, &key(i))));
+        assert!(!is_packed(&b, 0, &hot));
+        assert!(!is_packed(&b, 1, &key(n * 5 / 2 - 1)));
+        assert!((0..10).all(|i| !is_packed(&b, 2, &key(i))));
+        for i in 0..n {
+            let got = b.map_get(s, &key(i), "n").unwrap().unwrap();
+            assert_eq!(got.as_int(), Ok(i as i64));
+        }
+        assert_eq!(b.map_get(s, &hot, "n").unwrap().unwrap().as_int(), Ok((n * 5 / 2 - 1) as i64));
+        // Packing changes no snapshot byte, and what a snapshot restores reads the same.
+        let before = b.snapshot(all).unwrap();
+        b.sweep();
+        b.sweep();
+        assert!(is_packed(&b, 0, &hot) && is_packed(&b, 1, &key(n * 5 / 2 - 1)));
+        assert_eq!(b.snapshot(all).unwrap(), before);
+        let mut r = MemoryBackend::new(m, all);
+        r.restore(&[&before]).unwrap();
+        for (state, i) in [(s, 0), (s, n - 1), (l, n), (l, n * 2), (v, 3)] {
+            let k = key(i);
+            assert_eq!(
+                r.get(state, &k).unwrap().unwrap().to_string(),
+                b.get(state, &k).unwrap().unwrap().to_string()
+            );
+        }
+        // An update decodes a packed value and keeps it live.
+        b.map_put(s, &key(0), "x", Dynamic::from_int(1)).unwrap();
+        assert!(!is_packed(&b, 0, &key(0)));
+        assert_eq!(b.map_len(s, &key(0)).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_value_made_live_twice_before_a_sweep_stays_live_through_it() {
+        let m = 8;
+        let mut b = MemoryBackend::new(m, KeyGroupRange::all(m));
+        let s = b.register("m", StateKind::Map).unwrap();
+        let k = key(0);
+        b.map_put(s, &k, "n", Dynamic::from_int(1)).unwrap();
+        // The second checkpoint packs it (not written since the first), the update after
+        // makes it live again: the sweep meets the key twice.
+        drop(b.checkpoint(1).unwrap());
+        drop(b.checkpoint(2).unwrap());
+        assert!(is_packed(&b, 0, &k));
+        b.map_put(s, &k, "n", Dynamic::from_int(2)).unwrap();
+        assert_eq!(b.recent.len(), 2);
+        b.sweep();
+        assert!(!is_packed(&b, 0, &k));
+        assert_eq!(b.recent.len(), 1);
+        b.sweep();
+        assert!(is_packed(&b, 0, &k));
+        assert!(b.recent.is_empty());
+        assert_eq!(b.map_get(s, &k, "n").unwrap().unwrap().as_int(), Ok(2));
+    }
+
+    #[test]
+    fn values_that_are_not_plain_data_stay_live_through_sweeps() {
+        let m = 8;
+        let mut b = MemoryBackend::new(m, KeyGroupRange::all(m));
+        let s = b.register("l", StateKind::List).unwrap();
+        let k = key(0);
+        b.list_push(s, &k, Dynamic::from_char('c')).unwrap();
+        b.sweep();
+        b.sweep();
+        assert!(!is_packed(&b, 0, &k));
+        assert!(b.recent.is_empty());
+        assert_eq!(b.list_pop(s, &k).unwrap().unwrap().as_char(), Ok('c'));
+    }
 
     #[test]
     fn checkpoints_pack_plain_maps_and_lists_and_values_read_the_same_after() {
@@ -397,7 +599,7 @@ mod tests {
                 .groups
                 .iter()
                 .flat_map(|g| g.values())
-                .all(|v| matches!(v, Slot::Live(..)))
+                .all(|v| matches!(v, Slot::Live { .. }))
         };
         assert!(live(&b));
         drop(b.checkpoint(2).unwrap());

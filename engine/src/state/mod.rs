@@ -2,8 +2,8 @@
 //! `fs` backend also uses with its checkpoints on disk, and `rocksdb`), partitioned by key
 //! group, with named value, list and map states per key, and snapshot/restore by key-group
 //! range. Operators reach state only through this trait; the backend decides when values are
-//! encoded (the memory backend keeps live values and encodes only in
-//! [`StateBackend::snapshot`]).
+//! encoded (the memory backend keeps recently written values decoded and packs cold maps and
+//! lists into their snapshot encoding, see [`memory`]).
 //!
 //! `conformance` holds the test suite every backend must pass (tests only); `snapshot_files`
 //! owns the on-disk layout of a subtask's snapshot files in a checkpoint and their
