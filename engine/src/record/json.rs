@@ -1,14 +1,13 @@
-//! JSON text to and from records, on the per-record path: a direct parser for the lines every
-//! source reads ([`parse`]) and an encoder for the lines every sink writes ([`write`]).
+//! JSON text to records, on the per-record path: a direct parser for the lines every source
+//! reads ([`parse`]), a shortcut past serde's visitor machinery. The sink writes with serde_json
+//! (`super::write_json`).
 //!
-//! Both are shortcuts past serde's visitor machinery and must give exactly what serde_json
-//! gives: [`parse`] builds the same record as `serde_json` driving
-//! [`RecordSeed`](super::RecordSeed), or declines (`None`) and leaves the text to that path,
+//! It must give exactly what serde_json gives: the same record as `serde_json` driving
+//! [`RecordSeed`](super::RecordSeed), or it declines (`None`) and leaves the text to that path,
 //! which then makes the value or the error message. It declines on anything invalid and on what
 //! it does not decide itself, handing that one token to serde_json instead: numbers other than
 //! plain integers of at most 18 digits (floats, exponents, `-0`, big integers) and strings with
-//! escapes. [`write`] writes what `serde_json::to_writer` writes for a record, delegating
-//! floats and the rare value kinds to it. Nothing here does I/O.
+//! escapes. Nothing here does I/O.
 
 use rhai::{Dynamic, ImmutableString, Map};
 
@@ -248,101 +247,6 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Appends the JSON text of `value` to `out`: byte for byte what `serde_json::to_writer` writes
-/// for it (floats and the value kinds records rarely hold are written by serde_json itself).
-///
-/// # Errors
-/// When serde_json fails on a part it writes.
-pub(super) fn write(out: &mut Vec<u8>, value: &Dynamic) -> Result<(), serde_json::Error> {
-    if value.is_unit() {
-        out.extend_from_slice(b"null");
-    } else if let Ok(b) = value.as_bool() {
-        out.extend_from_slice(if b { b"true" } else { b"false" });
-    } else if let Ok(i) = value.as_int() {
-        write_int(out, i);
-    } else if let Ok(s) = value.as_immutable_string_ref() {
-        write_str(out, &s);
-    } else if let Ok(map) = value.as_map_ref() {
-        out.push(b'{');
-        for (i, (k, v)) in map.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_str(out, k);
-            out.push(b':');
-            write(out, v)?;
-        }
-        out.push(b'}');
-    } else if let Ok(items) = value.as_array_ref() {
-        out.push(b'[');
-        for (i, v) in items.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write(out, v)?;
-        }
-        out.push(b']');
-    } else {
-        // Floats (shortest round-trip text, `null` when not finite) and the rest.
-        serde_json::to_writer(&mut *out, value)?;
-    }
-    Ok(())
-}
-
-/// An integer in decimal.
-fn write_int(out: &mut Vec<u8>, i: i64) {
-    let mut buf = [0u8; 20];
-    let mut at = buf.len();
-    let mut n = i.unsigned_abs();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if i < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&buf[at..]);
-}
-
-/// A JSON string, escaped as serde_json escapes: `"` and `\` with a backslash, the control
-/// characters as `\b \t \n \f \r` or `\u00xx`; everything else as it is.
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut run = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        if !STRING_STOP[usize::from(b)] {
-            continue;
-        }
-        out.extend_from_slice(&bytes[run..i]);
-        run = i + 1;
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            0x0C => out.extend_from_slice(b"\\f"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            _ => out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xF)],
-            ]),
-        }
-    }
-    out.extend_from_slice(&bytes[run..]);
-    out.push(b'"');
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -371,8 +275,8 @@ mod tests {
         a.to_string() == b.to_string()
     }
 
-    /// The direct parser either declines or agrees with serde; it declines whatever serde
-    /// refuses; and the encoder writes what serde_json writes.
+    /// The direct parser either declines or agrees with serde, and declines whatever serde
+    /// refuses.
     fn agrees(text: &[u8]) -> std::result::Result<Option<Dynamic>, String> {
         let ours = parse(text);
         match (&ours, parse_with_serde(text)) {
@@ -381,18 +285,6 @@ mod tests {
             }
             (Some(v), Err(e)) => return Err(format!("took {v:?}, serde refused: {e}")),
             _ => {}
-        }
-        if let Some(v) = &ours {
-            let mut mine = Vec::new();
-            write(&mut mine, v).map_err(|e| e.to_string())?;
-            let theirs = serde_json::to_vec(v).map_err(|e| e.to_string())?;
-            if mine != theirs {
-                return Err(format!(
-                    "wrote {} where serde_json writes {}",
-                    String::from_utf8_lossy(&mine),
-                    String::from_utf8_lossy(&theirs)
-                ));
-            }
         }
         Ok(ours)
     }
@@ -457,25 +349,6 @@ mod tests {
         assert!(parse_with_serde(deep.as_bytes()).is_ok());
     }
 
-    #[test]
-    fn the_encoder_writes_what_serde_json_writes() {
-        let mut m = Map::new();
-        m.insert("ctl\u{1}\u{8}\u{c}\u{1f}\u{7f}".into(), Dynamic::from('c'));
-        m.insert("f".into(), Dynamic::from_float(f64::NAN));
-        m.insert("g".into(), Dynamic::from_float(-0.0));
-        m.insert("h".into(), Dynamic::from_float(1e21));
-        m.insert("i".into(), Dynamic::from_int(i64::MIN));
-        m.insert("b".into(), Dynamic::from_blob(vec![1, 2]));
-        m.insert("s".into(), Dynamic::from("é\"\\/\n\u{2028}"));
-        let record = Dynamic::from_map(m);
-        let mut mine = Vec::new();
-        write(&mut mine, &record).expect("write");
-        assert_eq!(
-            String::from_utf8(mine).expect("utf8"),
-            serde_json::to_string(&record).expect("serde")
-        );
-    }
-
     /// JSON text of any shape: every value kind, numbers of every form and size, strings with
     /// any characters (escaped as serde_json escapes, or every character as `\u` escapes),
     /// repeated names, random whitespace.
@@ -527,7 +400,7 @@ mod tests {
     }
 
     #[test]
-    fn generated_text_parses_and_encodes_as_serde_does() {
+    fn generated_text_parses_as_serde_parses() {
         let mut runner = TestRunner::new(Config {
             cases: 10_000,
             failure_persistence: None,

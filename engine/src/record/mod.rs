@@ -173,7 +173,7 @@ impl<'de> serde::de::Visitor<'de> for FieldNameSeed {
 /// # Errors
 /// When the record holds a value JSON cannot represent.
 pub fn write_json(out: &mut Vec<u8>, record: &Record) -> Result<(), serde_json::Error> {
-    json::write(out, record)
+    serde_json::to_writer(out, record)
 }
 
 /// A short, single-line JSON excerpt of a record for error messages (at most ~200 bytes).
