@@ -846,6 +846,37 @@ impl FileSource {
                 r.done = true;
                 break;
             }
+            if r.buf.is_empty() && r.framer.is_none() {
+                // The common case: a whole line in the reader's buffer, parsed where it is (the
+                // loop below copies it into `buf` first); same positions and counts.
+                if let Ok(avail) = r.reader.fill_buf()
+                    && let Some(end) = memchr::memchr(b'\n', avail)
+                {
+                    let n = end + 1;
+                    r.pos += n as u64;
+                    ctx.bytes_read += n as u64;
+                    if let Some(l) = r.line.as_mut() {
+                        *l += 1;
+                    }
+                    match r.parser.parse(&avail[..n]) {
+                        Ok(Some(rec)) => {
+                            out.push(rec);
+                            produced = true;
+                        }
+                        Ok(None) => {}
+                        Err(message) => {
+                            r.buf.extend_from_slice(&avail[..n]);
+                            r.reader.consume(n);
+                            r.lines_in_buf = 1;
+                            let line = r.record_line();
+                            Self::bad_record(&mut self.bad, ctx, r, line, message)?;
+                            continue;
+                        }
+                    }
+                    r.reader.consume(n);
+                    continue;
+                }
+            }
             let had = r.buf.len();
             let n = r
                 .reader

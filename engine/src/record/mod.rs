@@ -1,10 +1,11 @@
 //! Records and keys: what flows between operators and what keyed state is partitioned by.
 //!
-//! A record is a [`rhai::Dynamic`] (usually an object map), parsed straight from JSON with
-//! serde so that no intermediate `serde_json::Value` is built and scripts receive it without
-//! conversion. A [`Key`] is the value a `key_by` extracted plus its stable 64-bit hash, from
-//! which the key group follows. State snapshots encode values with MessagePack
-//! ([`encode`]/[`decode`]); [`event_time`] reads a record's event time. This module owns no
+//! A record is a [`rhai::Dynamic`] (usually an object map), parsed straight from JSON (a direct
+//! parser in `json`, with serde behind it for what it leaves and for error messages) so that no
+//! intermediate `serde_json::Value` is built and scripts receive it without conversion. A [`Key`]
+//! is the value a `key_by` extracted plus its stable 64-bit hash, from which the key group
+//! follows. State snapshots encode values with MessagePack ([`encode`]/[`decode`]);
+//! [`event_time`] reads a record's event time. This module owns no
 //! I/O and knows nothing of tasks or channels.
 
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -12,6 +13,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use rhai::{Dynamic, ImmutableString, Map};
 
 pub mod event_time;
+mod json;
 
 /// A record: a JSON-like value, normally an object map.
 pub type Record = Dynamic;
@@ -21,6 +23,15 @@ pub type Record = Dynamic;
 /// # Errors
 /// The serde_json error when the text is not valid JSON.
 pub fn parse_json(line: &[u8]) -> Result<Record, serde_json::Error> {
+    match json::parse(line) {
+        Some(value) => Ok(value),
+        None => parse_with_serde(line),
+    }
+}
+
+/// [`parse_json`] through serde: what the direct parser (`json::parse`) must agree with, and
+/// what makes the value of whatever it leaves to serde, and every error message.
+fn parse_with_serde(line: &[u8]) -> Result<Record, serde_json::Error> {
     use serde::de::DeserializeSeed;
     let mut de = serde_json::Deserializer::from_slice(line);
     let value = RecordSeed.deserialize(&mut de)?;
@@ -360,9 +371,12 @@ impl Key {
 
     /// A string key.
     pub fn from_str_value(s: ImmutableString) -> Self {
+        // One dereference of the shared string (it is not inlined) for both.
+        let bytes = s.as_bytes();
+        let (hash, small) = (stable_hash(1, bytes), pack_small(bytes));
         Self {
-            hash: stable_hash(1, s.as_bytes()),
-            small: pack_small(s.as_bytes()),
+            hash,
+            small,
             value: KeyValue::Str(s),
         }
     }
