@@ -49,6 +49,9 @@ use crate::state::{StateBackend, StateId};
 /// Operations a native run charges per node (of each block it enters, see `Block`): Rhai
 /// counts at most this many per node it evaluates.
 pub const OPS_PER_NODE: u64 = 4;
+/// The room a list made by `list_push` onto an absent state starts with.
+const FRESH_LIST_ROOM: usize = 8;
+
 /// Operations a native run charges per function call (host functions, methods, comparators).
 pub const OPS_PER_CALL: u64 = 16;
 
@@ -453,7 +456,11 @@ impl Scratch {
                     state.update(id, key, &mut |slot| {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
-                                let old = map.insert(k.as_str().into(), v);
+                                // An entry already there keeps its key (no new key string).
+                                let old = match map.get_mut(k.as_str()) {
+                                    Some(entry) => Some(std::mem::replace(entry, v)),
+                                    None => map.insert(k.as_str().into(), v),
+                                };
                                 undo.push((id, Some(k), old));
                             }
                         }
@@ -1220,7 +1227,13 @@ impl Run<'_> {
                 }
                 match list {
                     Some(_) => buf.whole.as_mut()?.as_array_mut().ok()?.push(a),
-                    None => buf.whole = Some(Dynamic::from_array(vec![a])),
+                    None => {
+                        // A list rebuilt item by item (cleared, then pushed) grows without
+                        // reallocating for its first few items.
+                        let mut items = Array::with_capacity(FRESH_LIST_ROOM);
+                        items.push(a);
+                        buf.whole = Some(Dynamic::from_array(items));
+                    }
                 }
                 buf.list_sizes = Some(grown);
                 Dynamic::UNIT
