@@ -49,11 +49,11 @@ use crate::state::{StateBackend, StateId};
 /// Operations a native run charges per node (of each block it enters, see `Block`): Rhai
 /// counts at most this many per node it evaluates.
 pub const OPS_PER_NODE: u64 = 4;
-/// The room a list made by `list_push` onto an absent state starts with.
-const FRESH_LIST_ROOM: usize = 8;
-
 /// Operations a native run charges per function call (host functions, methods, comparators).
 pub const OPS_PER_CALL: u64 = 16;
+/// The room a list made by `list_push` onto an absent state starts with: a list rebuilt item
+/// by item (cleared, then pushed) does not reallocate for its first items.
+const FRESH_LIST_ROOM: usize = 8;
 
 /// A compiled `process` body; see the module docs.
 #[derive(Debug)]
@@ -456,11 +456,7 @@ impl Scratch {
                     state.update(id, key, &mut |slot| {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
-                                // An entry already there keeps its key (no new key string).
-                                let old = match map.get_mut(k.as_str()) {
-                                    Some(entry) => Some(std::mem::replace(entry, v)),
-                                    None => map.insert(k.as_str().into(), v),
-                                };
+                                let old = put_entry(&mut map, &k, v);
                                 undo.push((id, Some(k), old));
                             }
                         }
@@ -487,7 +483,7 @@ impl Scratch {
                     Some(field) => {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             match old {
-                                Some(v) => map.insert(field.as_str().into(), v),
+                                Some(v) => put_entry(&mut map, field, v),
                                 None => map.remove(field.as_str()),
                             };
                         }
@@ -1062,7 +1058,7 @@ impl Run<'_> {
                 && let Some(mut map) = whole.as_mut().and_then(|d| d.as_map_mut().ok())
             {
                 for (k, v) in buf.fields.drain(..) {
-                    map.insert(k.as_str().into(), v);
+                    put_entry(&mut map, &k, v);
                 }
             }
             buf.fields.clear();
@@ -1228,8 +1224,6 @@ impl Run<'_> {
                 match list {
                     Some(_) => buf.whole.as_mut()?.as_array_mut().ok()?.push(a),
                     None => {
-                        // A list rebuilt item by item (cleared, then pushed) grows without
-                        // reallocating for its first few items.
                         let mut items = Array::with_capacity(FRESH_LIST_ROOM);
                         items.push(a);
                         buf.whole = Some(Dynamic::from_array(items));
@@ -1406,6 +1400,15 @@ fn operate(op: Op, a: &Dynamic, b: &Dynamic, limits: Limits) -> Option<Dynamic> 
             Some(Dynamic::from_bool(if op == Op::Eq { same } else { !same }))
         }
         op => binary(op, a, b, limits),
+    }
+}
+
+/// Sets `map[field]` and returns the value it replaced; an entry already there keeps its key
+/// (no new key string).
+fn put_entry(map: &mut Map, field: &str, v: Dynamic) -> Option<Dynamic> {
+    match map.get_mut(field) {
+        Some(entry) => Some(std::mem::replace(entry, v)),
+        None => map.insert(field.into(), v),
     }
 }
 
