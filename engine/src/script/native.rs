@@ -35,6 +35,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::collections::HashMap;
 
 use rhai::{AST, Array, Dynamic, Engine, Expr, FnPtr, ImmutableString, Map, Stmt, StmtBlock};
 
@@ -44,6 +45,7 @@ use super::runtime::{
     data_sizes, element_sizes, entry_sizes, insert_top, map_sizes, put_into, sub,
     with_state_access,
 };
+use crate::record::{Key, KeyBuildHasher};
 use crate::state::{StateBackend, StateId};
 
 /// Operations a native run charges per node (of each block it enters, see `Block`): Rhai
@@ -314,6 +316,7 @@ impl NativeProgram {
         access: StateAccess<'_>,
     ) -> Option<Result<(), String>> {
         scratch.reset(self, access.frame);
+        scratch.map_sizes.check(&*access.state, self.states.len());
         let Scratch {
             locals,
             bufs,
@@ -321,6 +324,7 @@ impl NativeProgram {
             emits,
             cmp_locals,
             text,
+            map_sizes,
             ..
         } = scratch;
         for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
@@ -338,6 +342,7 @@ impl NativeProgram {
             ids,
             bufs,
             stored: Stored::new(self.states.len()),
+            map_sizes,
             emits,
             emitted_before: access.emitted.len(),
             max_outputs: access.max_outputs,
@@ -384,6 +389,81 @@ pub struct Scratch {
     /// The values a commit replaced (a state's whole value, or one entry of a map), to undo
     /// it when the backend fails part way.
     undo: Vec<(StateId, Option<ImmutableString>, Option<Dynamic>)>,
+    /// The sizes of stored maps, so that a record writing a map does not measure it whole.
+    map_sizes: SizesMemo,
+}
+
+/// The [`DataSizes`] of map states' stored values as the last native commits left them, by
+/// state index and key, so that `map_put` and `map_add` on a large map cost what they change,
+/// not a walk over every entry. Valid only while nothing else has written the backend since
+/// (see [`SizesMemo::check`]).
+#[derive(Default)]
+struct SizesMemo {
+    /// The sizes and the number of entries of each map.
+    by_state: Vec<HashMap<Key, (DataSizes, usize), KeyBuildHasher>>,
+    /// The backend (its address) and its [`StateBackend::generation`] after the last commit
+    /// that left the memo valid; `None`: nothing known.
+    stamp: Option<(usize, u64)>,
+}
+
+/// Most keys the memo holds per state; beyond, it starts over.
+const SIZES_MEMO_KEYS: usize = 1 << 16;
+/// Maps of fewer entries are measured whole (cheaper than remembering their sizes).
+const SIZES_MEMO_FROM: usize = 32;
+
+impl SizesMemo {
+    /// The stamp of `state` now; `None` when it does not track its generation.
+    fn stamp_of(state: &dyn StateBackend) -> Option<(usize, u64)> {
+        let address = std::ptr::from_ref(state).cast::<()>() as usize;
+        state.generation().map(|g| (address, g))
+    }
+
+    /// Forgets everything unless `state` is the backend, unwritten, the memo was stamped with.
+    fn check(&mut self, state: &dyn StateBackend, states: usize) {
+        if self.stamp.is_none() || self.stamp != Self::stamp_of(state) {
+            self.clear();
+        }
+        if self.by_state.len() != states {
+            self.by_state.clear();
+            self.by_state.resize_with(states, HashMap::default);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.stamp = None;
+        for m in &mut self.by_state {
+            m.clear();
+        }
+    }
+
+    fn get(&self, index: usize, key: &Key) -> Option<(DataSizes, usize)> {
+        let m = self.by_state.get(index)?;
+        if m.is_empty() {
+            return None;
+        }
+        m.get(key).copied()
+    }
+
+    /// Records what a commit left in state `index` for `key`: a map's sizes and entry count,
+    /// or nothing known (`None`).
+    fn set(&mut self, index: usize, key: &Key, known: Option<(DataSizes, usize)>) {
+        let Some(m) = self.by_state.get_mut(index) else {
+            return;
+        };
+        match known {
+            Some(v) if v.1 >= SIZES_MEMO_FROM => {
+                if m.len() >= SIZES_MEMO_KEYS {
+                    m.clear();
+                }
+                m.insert(key.clone(), v);
+            }
+            _ => {
+                if !m.is_empty() {
+                    m.remove(key);
+                }
+            }
+        }
+    }
 }
 
 /// One state's buffered writes of the current record.
@@ -445,12 +525,13 @@ impl Scratch {
         let undo = &mut self.undo;
         undo.clear();
         let mut failed = None;
-        for (buf, id) in self.bufs.iter_mut().zip(&self.ids) {
+        for (index, (buf, id)) in self.bufs.iter_mut().zip(&self.ids).enumerate() {
             let Some(id) = *id else { continue };
             let result = match buf.mode {
                 Mode::Base => continue,
                 Mode::Whole => {
                     let mut whole = buf.whole.take();
+                    self.map_sizes.set(index, key, None);
                     state.update(id, key, &mut |slot| {
                         let old = std::mem::replace(slot, whole.take());
                         undo.push((id, None, old));
@@ -458,14 +539,18 @@ impl Scratch {
                 }
                 Mode::Fields => {
                     let fields = &mut buf.fields;
-                    state.update(id, key, &mut |slot| {
+                    let mut len = None;
+                    let result = state.update(id, key, &mut |slot| {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
                                 let old = put_entry(&mut map, &k, v);
                                 undo.push((id, Some(k), old));
                             }
+                            len = Some(map.len());
                         }
-                    })
+                    });
+                    self.map_sizes.set(index, key, len.map(|len| (buf.sizes, len)));
+                    result
                 }
             };
             if let Err(e) = result {
@@ -477,8 +562,11 @@ impl Scratch {
             undo.clear();
             emitted.append(&mut self.emits);
             self.completed += 1;
+            // Every write since the stamp was this commit's, and the memo follows them.
+            self.map_sizes.stamp = SizesMemo::stamp_of(&*state);
             return Ok(());
         };
+        self.map_sizes.clear();
         while let Some((id, field, old)) = undo.pop() {
             let mut old = Some(old);
             let undone = state.update(id, key, &mut |slot| {
@@ -547,6 +635,7 @@ struct Run<'a> {
     ids: &'a mut Vec<Option<StateId>>,
     bufs: &'a mut Vec<StateBuf>,
     stored: Stored<'a>,
+    map_sizes: &'a SizesMemo,
     emits: &'a mut Vec<Dynamic>,
     emitted_before: usize,
     max_outputs: usize,
@@ -1135,8 +1224,15 @@ impl Run<'_> {
             Mode::Fields => Some(true),
             Mode::Whole => Some(false),
             Mode::Base => {
-                let sizes =
-                    self.with_stored(index, |v| v.and_then(|d| d.as_map_ref().ok().map(|m| map_sizes(&m))))?;
+                // Known from the memo when its entry count still matches the stored map's.
+                let known = self.map_sizes.get(index, self.key);
+                let sizes = self.with_stored(index, |v| {
+                    let m = v?.as_map_ref().ok()?;
+                    Some(match known {
+                        Some((sizes, len)) if len == m.len() => sizes,
+                        _ => map_sizes(&m),
+                    })
+                })?;
                 let Some(sizes) = sizes else {
                     return Some(false);
                 };
@@ -2311,6 +2407,93 @@ mod tests {
         }
         assert_eq!(dumps[0], dumps[1], "the same state on every backend: {text}");
         completed
+    }
+
+    /// Map writes measure a map from the sizes its last native commit left (see
+    /// `SizesMemo`): those must follow every write, native or not, so that a limit refuses
+    /// exactly what Rhai refuses. Between batches the map is replaced from outside (smaller,
+    /// at the limit, over it), and Rhai runs some records (a float gives up the native run).
+    #[test]
+    fn map_sizes_known_from_commits_follow_writes_from_outside() {
+        let text = "fn process(r) { map_put(\"m\", r.f, r.v); if r.v == 3 { emit(map_add(\"m\", r.f, 1)); } emit(map_get(\"m\", \"f1\")); }";
+        let limits = ScriptLimitsSpec {
+            max_map_size: 40,
+            max_string_size: weir_schema::units::SizeSpec(64),
+            ..ScriptLimitsSpec::default()
+        };
+        let states = [("m", StateKind::Map)];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = Rng(0x5851_F42D_4C95_7F2D);
+        let mut completed = 0;
+        for (backend, factory) in backends(dir.path()) {
+            let mut native = Side::new(text, &limits, true, factory(), &states);
+            let mut rhai = Side::new(text, &limits, false, factory(), &states);
+            for round in 0..60 {
+                let records: Vec<(Key, Dynamic)> = (0..30)
+                    .map(|_| {
+                        let mut m = rhai::Map::new();
+                        m.insert("f".into(), Dynamic::from(format!("f{}", rng.below(48))));
+                        let v = match rng.below(6) {
+                            0 => Dynamic::from_float(0.5),
+                            1 => Dynamic::from(vec![Dynamic::from(1_i64)]),
+                            _ => Dynamic::from(rng.below(9) as i64),
+                        };
+                        m.insert("v".into(), v);
+                        (key(rng.below(2)), Dynamic::from_map(m))
+                    })
+                    .collect();
+                let a = native.run(&records, 10);
+                let b = rhai.run(&records, 10);
+                assert_eq!(a, b, "{backend} round {round}");
+                let k = key(rng.below(2));
+                if round % 3 == 0 {
+                    let mut m = rhai::Map::new();
+                    for i in 0..rng.below(48) {
+                        m.insert(format!("f{i}").into(), Dynamic::from(i as i64));
+                    }
+                    native.put("m", &k, Dynamic::from_map(m.clone()));
+                    rhai.put("m", &k, Dynamic::from_map(m));
+                } else if round % 3 == 1 {
+                    // The same entries, now strings: only the sizes change.
+                    let id = native.names[0].1;
+                    let stored = native.state.as_deref().expect("state").get(id, &k).expect("reads");
+                    if let Some(m) = stored.and_then(|d| d.try_cast::<rhai::Map>()) {
+                        let m: rhai::Map = m.into_keys().map(|f| (f, Dynamic::from("abc"))).collect();
+                        native.put("m", &k, Dynamic::from_map(m.clone()));
+                        rhai.put("m", &k, Dynamic::from_map(m));
+                    }
+                }
+            }
+            assert_eq!(native.dump(&[key(0), key(1)]), rhai.dump(&[key(0), key(1)]), "{backend}");
+            completed += native.script.native_runs();
+        }
+        assert!(completed > 600, "{completed} records completed natively");
+    }
+
+    /// A map of many fields written a field at a time agrees with Rhai.
+    #[test]
+    fn a_map_of_many_fields_agrees_with_rhai() {
+        let text = "fn process(r) { let n = map_get(\"m\", r.f); if n == () { n = 0; } map_put(\"m\", r.f, n + r.v); if r.v == 0 { map_remove(\"m\", r.f); } emit(map_get(\"m\", \"field7\")); }";
+        let mut rng = Rng(0x2127_599B_F432_5C37);
+        let records: Vec<(Key, Dynamic)> = (0..600)
+            .map(|_| {
+                let mut m = rhai::Map::new();
+                m.insert("f".into(), Dynamic::from(format!("field{}", rng.below(300))));
+                m.insert("v".into(), Dynamic::from(rng.below(20) as i64));
+                (key(rng.below(3)), Dynamic::from_map(m))
+            })
+            .collect();
+        let states = [("m", StateKind::Map)];
+        let tight = ScriptLimitsSpec {
+            max_map_size: 120,
+            max_string_size: weir_schema::units::SizeSpec(64),
+            ..ScriptLimitsSpec::default()
+        };
+        let mut completed = 0;
+        for limits in [ScriptLimitsSpec::default(), tight] {
+            completed += differential(text, &limits, &states, &[], &records, 10);
+        }
+        assert!(completed > 2000, "{completed} records completed natively");
     }
 
     fn w4_states() -> Vec<(&'static str, StateKind)> {
