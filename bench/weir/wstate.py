@@ -5,6 +5,8 @@
                                       Zipf-like law over N distinct users (a few hot users, a
                                       long tail of cold ones); W4's own check4.py checks them
     wstate.py fields N OUT.jsonl      {user, item, amount}: 1000 users, 64 items each
+    wstate.py wide N OUT.jsonl        the same records for 50 users of 5000 items each (maps of
+                                      thousands of fields)
     wstate.py check-fields IN OUT     checks wfields.yaml.in's output: per user the record
                                       count and the sum of amounts per item, exact
 
@@ -24,11 +26,11 @@ def skew(n, out):
             f.write(f'{{"user":"u{u}","amount":{rng.randint(1, 100)},"ts":{1700000000000 + i}}}\n')
 
 
-def fields(n, out):
+def fields(n, out, users=1000, items=64):
     rng = random.Random(23)
     with open(out, "w") as f:
         for _ in range(n):
-            f.write(f'{{"user":"u{rng.randrange(1000)}","item":"i{rng.randrange(64)}","amount":{rng.randint(1, 100)}}}\n')
+            f.write(f'{{"user":"u{rng.randrange(users)}","item":"i{rng.randrange(items)}","amount":{rng.randint(1, 100)}}}\n')
 
 
 def lines(path):
@@ -67,6 +69,8 @@ if __name__ == "__main__":
         skew(int(sys.argv[2]), sys.argv[3])
     elif what == "fields":
         fields(int(sys.argv[2]), sys.argv[3])
+    elif what == "wide":
+        fields(int(sys.argv[2]), sys.argv[3], users=50, items=5000)
     elif what == "check-fields":
         check_fields(sys.argv[2], sys.argv[3])
     else:

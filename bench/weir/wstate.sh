@@ -6,26 +6,27 @@
 #           1 M records, the hottest with 1.4 %), so most state is cold; checked with check4.py
 #   fields  bench/weir/wfields.yaml.in: per user a map of 64 item sums read and written back
 #           (map_get, map_put) and a count; checked with `wstate.py check-fields`
+#   wide    the same pipeline on 50 users of 5000 items each: maps of thousands of fields
 # each on the memory and the rocksdb backend, alternating in every round.
 #
 #   bench/weir/wstate.sh [N]        (default N=1000000)
 #
 # Env: WORK (/tmp/weirbench/wstate), RUNS (3), CONFIGS (default "skew-memory fields-memory
-# skew-rocksdb fields-rocksdb"), SKIP_BUILD (set: use the binaries already in
-# $CARGO_TARGET_DIR/release). Inputs are written once to $WORK/{skew,fields}$N.jsonl.
+# wide-memory skew-rocksdb fields-rocksdb wide-rocksdb"), SKIP_BUILD (set: use the binaries already in
+# $CARGO_TARGET_DIR/release). Inputs are written once to $WORK/{skew,fields,wide}$N.jsonl.
 # Prints, per run: wall seconds, CPU seconds (user+sys), records/s, peak RSS and the check's
 # verdict; then the median wall, CPU and records/s of every row.
 set -euo pipefail
 N=${1:-1000000}
 WORK=${WORK:-/tmp/weirbench/wstate}
 RUNS=${RUNS:-3}
-CONFIGS=${CONFIGS-skew-memory fields-memory skew-rocksdb fields-rocksdb}
+CONFIGS=${CONFIGS-skew-memory fields-memory wide-memory skew-rocksdb fields-rocksdb wide-rocksdb}
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 bench_paths w4/check4.py
 mkdir -p "$WORK"
 bench_build
-for kind in skew fields; do
+for kind in skew fields wide; do
   [ -s "$WORK/$kind$N.jsonl" ] || python3 "$HERE/wstate.py" "$kind" "$N" "$WORK/$kind$N.jsonl"
 done
 
@@ -38,7 +39,7 @@ for r in $(seq "$RUNS"); do
     INPUT=$WORK/$kind$N.jsonl
     case $kind in
       skew) template=$SHARED/w4/w4.yaml.in ;;
-      fields) template=$HERE/wfields.yaml.in ;;
+      fields | wide) template=$HERE/wfields.yaml.in ;;
       *) echo "unknown config $config" >&2; exit 1 ;;
     esac
     dir=$WORK/$config
@@ -49,7 +50,7 @@ for r in $(seq "$RUNS"); do
     cpu=$(python3 -c "print(f'{$user + $sys:.2f}')")
     case $kind in
       skew) verdict=$(python3 "$SHARED/w4/check4.py" "$INPUT" "$dir/out" || true) ;;
-      fields) verdict=$(python3 "$HERE/wstate.py" check-fields "$INPUT" "$dir/out" || true) ;;
+      fields | wide) verdict=$(python3 "$HERE/wstate.py" check-fields "$INPUT" "$dir/out" || true) ;;
     esac
     printf '%-5s %-16s %8s %8s %12s %9s  %s\n' "$r" "weir-$config" "$wall" "$cpu" \
       "$(python3 -c "print(f'{$N/$wall:,.0f}')")" "$((kib / 1024))" "$verdict"
