@@ -19,7 +19,8 @@
 //! would, or gives up on the record *before any visible effect*, and the caller runs the
 //! record through Rhai, so every error, coercion and sandbox breach stays Rhai's own. The
 //! effects of a run (state writes, emitted records) are buffered in [`Scratch`] and applied
-//! only when the body completed natively; reads see the record's own buffered writes, and
+//! only when the body completed natively (map entries set and list items pushed are applied
+//! to the stored map or list in place, not to a copy of it); reads see the record's own buffered writes, and
 //! each state's stored value is read once per record ([`StateBackend::lend`]). Should the
 //! backend fail while the writes are applied, those applied are undone and the record fails
 //! with no effect. A run
@@ -316,7 +317,7 @@ impl NativeProgram {
         access: StateAccess<'_>,
     ) -> Option<Result<(), String>> {
         scratch.reset(self, access.frame);
-        scratch.map_sizes.check(&*access.state, self.states.len());
+        scratch.known_sizes.check(&*access.state, self.states.len());
         let Scratch {
             locals,
             bufs,
@@ -324,7 +325,7 @@ impl NativeProgram {
             emits,
             cmp_locals,
             text,
-            map_sizes,
+            known_sizes,
             ..
         } = scratch;
         for (slot, arg) in locals.iter_mut().zip(args.iter_mut()) {
@@ -342,7 +343,7 @@ impl NativeProgram {
             ids,
             bufs,
             stored: Stored::new(self.states.len()),
-            map_sizes,
+            known_sizes,
             emits,
             emitted_before: access.emitted.len(),
             max_outputs: access.max_outputs,
@@ -386,20 +387,20 @@ pub struct Scratch {
     emits: Vec<Dynamic>,
     /// Room for string interpolation.
     text: String,
-    /// The values a commit replaced (a state's whole value, or one entry of a map), to undo
-    /// it when the backend fails part way.
-    undo: Vec<(StateId, Option<ImmutableString>, Option<Dynamic>)>,
-    /// The sizes of stored maps, so that a record writing a map does not measure it whole.
-    map_sizes: SizesMemo,
+    /// What a commit changed, to undo it when the backend fails part way.
+    undo: Vec<Undo>,
+    /// The sizes of stored maps and lists, so that a record writing one does not measure it
+    /// whole.
+    known_sizes: SizesMemo,
 }
 
-/// The [`DataSizes`] of map states' stored values as the last native commits left them, by
-/// state index and key, so that `map_put` and `map_add` on a large map cost what they change,
-/// not a walk over every entry. Valid only while nothing else has written the backend since
-/// (see [`SizesMemo::check`]).
+/// The [`DataSizes`] of map and list states' stored values as the last native commits left
+/// them, by state index and key, so that `map_put`, `map_add` and `list_push` on a large map
+/// or list cost what they change, not a walk over every entry or item. Valid only while
+/// nothing else has written the backend since (see [`SizesMemo::check`]).
 #[derive(Default)]
 struct SizesMemo {
-    /// The sizes and the number of entries of each map.
+    /// The sizes and the number of entries (or items) of each map (or list).
     by_state: Vec<HashMap<Key, (DataSizes, usize), KeyBuildHasher>>,
     /// The backend (its address) and its [`StateBackend::generation`] after the last commit
     /// that left the memo valid; `None`: nothing known.
@@ -408,7 +409,7 @@ struct SizesMemo {
 
 /// Most keys the memo holds per state; beyond, it starts over.
 const SIZES_MEMO_KEYS: usize = 1 << 16;
-/// Maps of fewer entries are measured whole (cheaper than remembering their sizes).
+/// Maps and lists of fewer entries are measured whole (cheaper than remembering their sizes).
 const SIZES_MEMO_FROM: usize = 32;
 
 impl SizesMemo {
@@ -466,6 +467,16 @@ impl SizesMemo {
     }
 }
 
+/// One write of a commit, as undoing it needs it.
+enum Undo {
+    /// A state's whole value was replaced: the value before.
+    Whole(StateId, Option<Dynamic>),
+    /// A map entry was set: the entry before.
+    Entry(StateId, ImmutableString, Option<Dynamic>),
+    /// Items were appended to a list of this length.
+    Appended(StateId, usize),
+}
+
 /// One state's buffered writes of the current record.
 #[derive(Default)]
 struct StateBuf {
@@ -474,8 +485,10 @@ struct StateBuf {
     whole: Option<Dynamic>,
     /// [`array_sizes`] of `whole` when it is a list, `(0, 0, 0)` when absent; `None` when
     /// not known (kept by `list_push`, so that a list rebuilt item by item is not measured
-    /// again at each item).
+    /// again at each item). In [`Mode::Append`], of the stored list with `appended`.
     list_sizes: Option<DataSizes>,
+    /// Items pushed onto a list held by the backend ([`Mode::Append`]).
+    appended: Vec<Dynamic>,
     /// Entries set in a map held by the backend ([`Mode::Fields`]), and the map's sizes after
     /// them.
     fields: Vec<(ImmutableString, Dynamic)>,
@@ -489,6 +502,8 @@ enum Mode {
     Base,
     Whole,
     Fields,
+    /// Items pushed onto the stored list: appended at commit, without copying the list.
+    Append,
 }
 
 impl Scratch {
@@ -505,6 +520,7 @@ impl Scratch {
             buf.whole = None;
             buf.list_sizes = None;
             buf.fields.clear();
+            buf.appended.clear();
         }
         // The frame's declared states are the same from record to record.
         if self.frame != frame || self.ids.len() != program.states.len() {
@@ -531,10 +547,10 @@ impl Scratch {
                 Mode::Base => continue,
                 Mode::Whole => {
                     let mut whole = buf.whole.take();
-                    self.map_sizes.set(index, key, None);
+                    self.known_sizes.set(index, key, None);
                     state.update(id, key, &mut |slot| {
                         let old = std::mem::replace(slot, whole.take());
-                        undo.push((id, None, old));
+                        undo.push(Undo::Whole(id, old));
                     })
                 }
                 Mode::Fields => {
@@ -544,13 +560,34 @@ impl Scratch {
                         if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
                             for (k, v) in fields.drain(..) {
                                 let old = put_entry(&mut map, &k, v);
-                                undo.push((id, Some(k), old));
+                                undo.push(Undo::Entry(id, k, old));
                             }
                             len = Some(map.len());
                         }
                     });
-                    self.map_sizes.set(index, key, len.map(|len| (buf.sizes, len)));
+                    self.known_sizes.set(index, key, len.map(|len| (buf.sizes, len)));
                     result
+                }
+                Mode::Append => {
+                    let appended = &mut buf.appended;
+                    let mut len = None;
+                    let result = state.update(id, key, &mut |slot| {
+                        if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
+                            undo.push(Undo::Appended(id, list.len()));
+                            list.extend(appended.drain(..));
+                            len = Some(list.len());
+                        }
+                    });
+                    // The list was read in this record, and nothing else writes the backend
+                    // before the commit: it is still a list.
+                    let known = buf.list_sizes.zip(len);
+                    self.known_sizes.set(index, key, known);
+                    match (result, len) {
+                        (Ok(()), None) => Err(crate::base::error::RunError::State(
+                            "a list state changed while a record was applied to it".into(),
+                        )),
+                        (result, _) => result,
+                    }
                 }
             };
             if let Err(e) = result {
@@ -563,25 +600,31 @@ impl Scratch {
             emitted.append(&mut self.emits);
             self.completed += 1;
             // Every write since the stamp was this commit's, and the memo follows them.
-            self.map_sizes.stamp = SizesMemo::stamp_of(&*state);
+            self.known_sizes.stamp = SizesMemo::stamp_of(&*state);
             return Ok(());
         };
-        self.map_sizes.clear();
-        while let Some((id, field, old)) = undo.pop() {
-            let mut old = Some(old);
-            let undone = state.update(id, key, &mut |slot| {
-                let Some(old) = old.take() else { return };
-                match &field {
-                    None => *slot = old,
-                    Some(field) => {
-                        if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
-                            match old {
-                                Some(v) => put_entry(&mut map, field, v),
-                                None => map.remove(field.as_str()),
-                            };
-                        }
+        self.known_sizes.clear();
+        while let Some(step) = undo.pop() {
+            let id = match &step {
+                Undo::Whole(id, _) | Undo::Entry(id, ..) | Undo::Appended(id, _) => *id,
+            };
+            let mut step = Some(step);
+            let undone = state.update(id, key, &mut |slot| match step.take() {
+                Some(Undo::Whole(_, old)) => *slot = old,
+                Some(Undo::Entry(_, field, old)) => {
+                    if let Some(mut map) = slot.as_mut().and_then(|d| d.as_map_mut().ok()) {
+                        match old {
+                            Some(v) => put_entry(&mut map, &field, v),
+                            None => map.remove(field.as_str()),
+                        };
                     }
                 }
+                Some(Undo::Appended(_, len)) => {
+                    if let Some(mut list) = slot.as_mut().and_then(|d| d.as_array_mut().ok()) {
+                        list.truncate(len);
+                    }
+                }
+                None => {}
             });
             if let Err(again) = undone {
                 return Err(format!("{e}; undoing the record's earlier state writes failed too: {again}"));
@@ -635,7 +678,7 @@ struct Run<'a> {
     ids: &'a mut Vec<Option<StateId>>,
     bufs: &'a mut Vec<StateBuf>,
     stored: Stored<'a>,
-    map_sizes: &'a SizesMemo,
+    known_sizes: &'a SizesMemo,
     emits: &'a mut Vec<Dynamic>,
     emitted_before: usize,
     max_outputs: usize,
@@ -1159,9 +1202,17 @@ impl Run<'_> {
                     put_entry(&mut map, &k, v);
                 }
             }
+            // A list's sizes with its appended items stay known.
+            let mut list_sizes = None;
+            if buf.mode == Mode::Append {
+                let mut list = whole.as_mut()?.as_array_mut().ok()?;
+                list.extend(buf.appended.drain(..));
+                list_sizes = buf.list_sizes;
+            }
             buf.fields.clear();
+            buf.appended.clear();
             buf.whole = whole;
-            buf.list_sizes = None;
+            buf.list_sizes = list_sizes;
             buf.mode = Mode::Whole;
         }
         Some(&mut self.bufs[index])
@@ -1179,6 +1230,7 @@ impl Run<'_> {
         self.id(index)?;
         let buf = &mut self.bufs[index];
         buf.fields.clear();
+        buf.appended.clear();
         buf.list_sizes = None;
         buf.mode = Mode::Whole;
         Some(buf)
@@ -1189,7 +1241,7 @@ impl Run<'_> {
         match self.bufs[index].mode {
             Mode::Base => self.with_stored(index, f),
             Mode::Whole => Some(f(self.bufs[index].whole.as_ref())),
-            Mode::Fields => Some(f(self.whole_mut(index)?.whole.as_ref())),
+            Mode::Fields | Mode::Append => Some(f(self.whole_mut(index)?.whole.as_ref())),
         }
     }
 
@@ -1210,6 +1262,8 @@ impl Run<'_> {
                     return Some(Some(v.clone()));
                 }
             }
+            // A list, with items appended: no entry, as Rhai reads it.
+            Mode::Append => return Some(None),
             Mode::Base => {}
         }
         self.with_stored(index, |v| {
@@ -1222,10 +1276,10 @@ impl Run<'_> {
     fn fields(&mut self, index: usize) -> Option<bool> {
         match self.bufs[index].mode {
             Mode::Fields => Some(true),
-            Mode::Whole => Some(false),
+            Mode::Whole | Mode::Append => Some(false),
             Mode::Base => {
                 // Known from the memo when its entry count still matches the stored map's.
-                let known = self.map_sizes.get(index, self.key);
+                let known = self.known_sizes.get(index, self.key);
                 let sizes = self.with_stored(index, |v| {
                     let m = v?.as_map_ref().ok()?;
                     Some(match known {
@@ -1244,6 +1298,34 @@ impl Run<'_> {
         }
     }
 
+    /// Puts buffer `index` in [`Mode::Append`] when it is not written yet and the backend
+    /// holds a list for it (its sizes known from the memo or measured once); whether it is
+    /// in that mode.
+    fn appending(&mut self, index: usize) -> Option<bool> {
+        match self.bufs[index].mode {
+            Mode::Append => Some(true),
+            Mode::Whole | Mode::Fields => Some(false),
+            Mode::Base => {
+                let known = self.known_sizes.get(index, self.key);
+                let sizes = self.with_stored(index, |v| {
+                    let a = v?.as_array_ref().ok()?;
+                    Some(match known {
+                        Some((sizes, len)) if len == a.len() => sizes,
+                        _ => array_sizes(&a),
+                    })
+                })?;
+                let Some(sizes) = sizes else {
+                    return Some(false);
+                };
+                let buf = &mut self.bufs[index];
+                buf.list_sizes = Some(sizes);
+                buf.appended.clear();
+                buf.mode = Mode::Append;
+                Some(true)
+            }
+        }
+    }
+
     /// [`St::Extend`]: what its loop of `list_push` does, item by item, at once. A list's
     /// sizes only grow with each push, so the items fit exactly when every push would.
     fn extend(&mut self, s: usize, items: Array, turn: u64) -> Option<()> {
@@ -1252,6 +1334,16 @@ impl Run<'_> {
             return Some(());
         }
         let sizes = self.program.sizes;
+        if self.appending(s)? {
+            let buf = &mut self.bufs[s];
+            let grown = add(array_sizes(&items), buf.list_sizes?);
+            if sizes.over(grown) {
+                return None;
+            }
+            buf.appended.extend(items);
+            buf.list_sizes = Some(grown);
+            return Some(());
+        }
         let buf = self.whole_mut(s)?;
         let list = match &buf.whole {
             Some(d) if d.is_array() => Some(match buf.list_sizes {
@@ -1342,6 +1434,16 @@ impl Run<'_> {
             Host::ListPush(s) => {
                 // `push_onto`, with the list's sizes kept from push to push.
                 let a = a.into_owned();
+                if self.appending(s)? {
+                    let buf = &mut self.bufs[s];
+                    let grown = add(element_sizes(&a), buf.list_sizes?);
+                    if sizes.over(grown) {
+                        return None;
+                    }
+                    buf.appended.push(a);
+                    buf.list_sizes = Some(grown);
+                    return Some(Dynamic::UNIT);
+                }
                 let buf = self.whole_mut(s)?;
                 let list = match &buf.whole {
                     Some(d) if d.is_array() => Some(match buf.list_sizes {
@@ -2470,6 +2572,62 @@ mod tests {
         assert!(completed > 600, "{completed} records completed natively");
     }
 
+    /// Items pushed onto a stored list are appended at commit (and its sizes remembered once
+    /// it is long): a long list pushed onto, read, trimmed, replaced from outside between
+    /// batches (longer, shorter, strings instead of ints), agrees with Rhai.
+    #[test]
+    fn lists_pushed_onto_agree_with_rhai_when_written_from_outside() {
+        let text = "fn process(r) { list_push(\"l\", r.v); if r.v == 3 { for x in [r.v, r.v] { list_push(\"l\", x); } } if r.v == 4 { emit(list_len(\"l\")); } if r.v == 5 { let a = list_get(\"l\"); a.pop(); list_set(\"l\", a); } if r.v == 6 { state_clear(\"l\"); } }";
+        let limits = ScriptLimitsSpec {
+            max_array_size: 60,
+            max_string_size: weir_schema::units::SizeSpec(64),
+            ..ScriptLimitsSpec::default()
+        };
+        let states = [("l", StateKind::List)];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = Rng(0x6C07_8965_0F13_1A2B);
+        let mut completed = 0;
+        for (backend, factory) in backends(dir.path()) {
+            let mut native = Side::new(text, &limits, true, factory(), &states);
+            let mut rhai = Side::new(text, &limits, false, factory(), &states);
+            for round in 0..60 {
+                let records: Vec<(Key, Dynamic)> = (0..30)
+                    .map(|_| {
+                        let mut m = rhai::Map::new();
+                        let v = match rng.below(12) {
+                            0 => Dynamic::from_float(0.5),
+                            1 => Dynamic::from("ab"),
+                            2 => Dynamic::from(vec![Dynamic::from(1_i64)]),
+                            _ => Dynamic::from(rng.below(40) as i64),
+                        };
+                        m.insert("v".into(), v);
+                        (key(rng.below(2)), Dynamic::from_map(m))
+                    })
+                    .collect();
+                let a = native.run(&records, 10);
+                let b = rhai.run(&records, 10);
+                assert_eq!(a, b, "{backend} round {round}");
+                let k = key(rng.below(2));
+                let id = native.names[0].1;
+                let stored = native.state.as_deref().expect("state").get(id, &k).expect("reads");
+                let len = stored.and_then(|d| d.try_cast::<rhai::Array>()).map_or(0, |a| a.len());
+                let replaced: Option<rhai::Array> = match round % 3 {
+                    0 => Some((0..rng.below(64)).map(|i| Dynamic::from(i as i64)).collect()),
+                    // As long as it was, strings instead of ints: only the sizes change.
+                    1 => Some((0..len).map(|_| Dynamic::from("abc")).collect()),
+                    _ => None,
+                };
+                if let Some(list) = replaced {
+                    native.put("l", &k, Dynamic::from_array(list.clone()));
+                    rhai.put("l", &k, Dynamic::from_array(list));
+                }
+            }
+            assert_eq!(native.dump(&[key(0), key(1)]), rhai.dump(&[key(0), key(1)]), "{backend}");
+            completed += native.script.native_runs();
+        }
+        assert!(completed > 600, "{completed} records completed natively");
+    }
+
     /// A map of many fields written a field at a time agrees with Rhai.
     #[test]
     fn a_map_of_many_fields_agrees_with_rhai() {
@@ -2686,6 +2844,25 @@ mod tests {
         let outcome = side.run(&[(k.clone(), Dynamic::from_map(m))], 10);
         assert!(matches!(&outcome[..], [Err(e)] if e.contains("disk on fire")), "{outcome:?}");
         assert_eq!(side.script.native_runs(), 0);
+        assert_eq!(side.dump(std::slice::from_ref(&k)), before);
+    }
+
+    /// Items appended to a stored list are taken off again when a later write fails.
+    #[test]
+    fn a_failed_commit_takes_appended_items_off() {
+        let text = "fn process(r) { list_push(\"l\", r.a); for x in [1, 2] { list_push(\"l\", x); } state_set(\"v\", r.a); }";
+        let mut inner = MemoryBackend::new(MAX, KeyGroupRange::all(MAX));
+        let states = [("l", StateKind::List), ("v", StateKind::Value)];
+        let ids: Vec<StateId> = states.iter().map(|(n, k)| inner.register(n, *k).expect("registers")).collect();
+        let backend = Box::new(Failing { inner, fail: ids[1] });
+        let mut side = Side::new(text, &ScriptLimitsSpec::default(), true, backend, &states);
+        let k = key(1);
+        side.put("l", &k, Dynamic::from_array((0..40).map(Dynamic::from_int).collect()));
+        let before = side.dump(std::slice::from_ref(&k));
+        let mut m = rhai::Map::new();
+        m.insert("a".into(), Dynamic::from(9_i64));
+        let outcome = side.run(&[(k.clone(), Dynamic::from_map(m))], 10);
+        assert!(matches!(&outcome[..], [Err(e)] if e.contains("disk on fire")), "{outcome:?}");
         assert_eq!(side.dump(std::slice::from_ref(&k)), before);
     }
 
