@@ -2511,6 +2511,50 @@ mod tests {
         completed
     }
 
+    /// Runs `text` natively and through Rhai alone, on every backend, in 60 batches of 30
+    /// records (`record` makes each, on key 0 or 1) with one state; after each batch
+    /// `replace` may write a new value of that state for a key from outside (given the
+    /// round and the value stored now). Asserts equal outcomes and equal state; returns how
+    /// many records completed natively.
+    fn with_outside_writes(
+        text: &str,
+        limits: &ScriptLimitsSpec,
+        state: (&str, StateKind),
+        seed: u64,
+        mut record: impl FnMut(&mut Rng) -> Dynamic,
+        mut replace: impl FnMut(&mut Rng, usize, Option<Dynamic>) -> Option<Dynamic>,
+    ) -> u64 {
+        let states = [state];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = Rng(seed);
+        let mut completed = 0;
+        for (backend, factory) in backends(dir.path()) {
+            let mut native = Side::new(text, limits, true, factory(), &states);
+            let mut rhai = Side::new(text, limits, false, factory(), &states);
+            for round in 0..60 {
+                let records: Vec<(Key, Dynamic)> = (0..30)
+                    .map(|_| {
+                        let r = record(&mut rng);
+                        (key(rng.below(2)), r)
+                    })
+                    .collect();
+                let a = native.run(&records, 10);
+                let b = rhai.run(&records, 10);
+                assert_eq!(a, b, "{backend} round {round}");
+                let k = key(rng.below(2));
+                let id = native.names[0].1;
+                let stored = native.state.as_deref().expect("state").get(id, &k).expect("reads");
+                if let Some(v) = replace(&mut rng, round, stored) {
+                    native.put(state.0, &k, v.clone());
+                    rhai.put(state.0, &k, v);
+                }
+            }
+            assert_eq!(native.dump(&[key(0), key(1)]), rhai.dump(&[key(0), key(1)]), "{backend}");
+            completed += native.script.native_runs();
+        }
+        completed
+    }
+
     /// Map writes measure a map from the sizes its last native commit left (see
     /// `SizesMemo`): those must follow every write, native or not, so that a limit refuses
     /// exactly what Rhai refuses. Between batches the map is replaced from outside (smaller,
@@ -2523,52 +2567,32 @@ mod tests {
             max_string_size: weir_schema::units::SizeSpec(64),
             ..ScriptLimitsSpec::default()
         };
-        let states = [("m", StateKind::Map)];
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut rng = Rng(0x5851_F42D_4C95_7F2D);
-        let mut completed = 0;
-        for (backend, factory) in backends(dir.path()) {
-            let mut native = Side::new(text, &limits, true, factory(), &states);
-            let mut rhai = Side::new(text, &limits, false, factory(), &states);
-            for round in 0..60 {
-                let records: Vec<(Key, Dynamic)> = (0..30)
-                    .map(|_| {
-                        let mut m = rhai::Map::new();
-                        m.insert("f".into(), Dynamic::from(format!("f{}", rng.below(48))));
-                        let v = match rng.below(6) {
-                            0 => Dynamic::from_float(0.5),
-                            1 => Dynamic::from(vec![Dynamic::from(1_i64)]),
-                            _ => Dynamic::from(rng.below(9) as i64),
-                        };
-                        m.insert("v".into(), v);
-                        (key(rng.below(2)), Dynamic::from_map(m))
-                    })
-                    .collect();
-                let a = native.run(&records, 10);
-                let b = rhai.run(&records, 10);
-                assert_eq!(a, b, "{backend} round {round}");
-                let k = key(rng.below(2));
-                if round % 3 == 0 {
-                    let mut m = rhai::Map::new();
-                    for i in 0..rng.below(48) {
-                        m.insert(format!("f{i}").into(), Dynamic::from(i as i64));
-                    }
-                    native.put("m", &k, Dynamic::from_map(m.clone()));
-                    rhai.put("m", &k, Dynamic::from_map(m));
-                } else if round % 3 == 1 {
-                    // The same entries, now strings: only the sizes change.
-                    let id = native.names[0].1;
-                    let stored = native.state.as_deref().expect("state").get(id, &k).expect("reads");
-                    if let Some(m) = stored.and_then(|d| d.try_cast::<rhai::Map>()) {
-                        let m: rhai::Map = m.into_keys().map(|f| (f, Dynamic::from("abc"))).collect();
-                        native.put("m", &k, Dynamic::from_map(m.clone()));
-                        rhai.put("m", &k, Dynamic::from_map(m));
-                    }
+        let record = |rng: &mut Rng| {
+            let mut m = rhai::Map::new();
+            m.insert("f".into(), Dynamic::from(format!("f{}", rng.below(48))));
+            let v = match rng.below(6) {
+                0 => Dynamic::from_float(0.5),
+                1 => Dynamic::from(vec![Dynamic::from(1_i64)]),
+                _ => Dynamic::from(rng.below(9) as i64),
+            };
+            m.insert("v".into(), v);
+            Dynamic::from_map(m)
+        };
+        let replace = |rng: &mut Rng, round: usize, stored: Option<Dynamic>| match round % 3 {
+            0 => {
+                let mut m = rhai::Map::new();
+                for i in 0..rng.below(48) {
+                    m.insert(format!("f{i}").into(), Dynamic::from(i as i64));
                 }
+                Some(Dynamic::from_map(m))
             }
-            assert_eq!(native.dump(&[key(0), key(1)]), rhai.dump(&[key(0), key(1)]), "{backend}");
-            completed += native.script.native_runs();
-        }
+            // The same entries, now strings: only the sizes change.
+            1 => stored.and_then(|d| d.try_cast::<rhai::Map>()).map(|m| {
+                Dynamic::from_map(m.into_keys().map(|f| (f, Dynamic::from("abc"))).collect())
+            }),
+            _ => None,
+        };
+        let completed = with_outside_writes(text, &limits, ("m", StateKind::Map), 0x5851_F42D_4C95_7F2D, record, replace);
         assert!(completed > 600, "{completed} records completed natively");
     }
 
@@ -2583,48 +2607,28 @@ mod tests {
             max_string_size: weir_schema::units::SizeSpec(64),
             ..ScriptLimitsSpec::default()
         };
-        let states = [("l", StateKind::List)];
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut rng = Rng(0x6C07_8965_0F13_1A2B);
-        let mut completed = 0;
-        for (backend, factory) in backends(dir.path()) {
-            let mut native = Side::new(text, &limits, true, factory(), &states);
-            let mut rhai = Side::new(text, &limits, false, factory(), &states);
-            for round in 0..60 {
-                let records: Vec<(Key, Dynamic)> = (0..30)
-                    .map(|_| {
-                        let mut m = rhai::Map::new();
-                        let v = match rng.below(12) {
-                            0 => Dynamic::from_float(0.5),
-                            1 => Dynamic::from("ab"),
-                            2 => Dynamic::from(vec![Dynamic::from(1_i64)]),
-                            _ => Dynamic::from(rng.below(40) as i64),
-                        };
-                        m.insert("v".into(), v);
-                        (key(rng.below(2)), Dynamic::from_map(m))
-                    })
-                    .collect();
-                let a = native.run(&records, 10);
-                let b = rhai.run(&records, 10);
-                assert_eq!(a, b, "{backend} round {round}");
-                let k = key(rng.below(2));
-                let id = native.names[0].1;
-                let stored = native.state.as_deref().expect("state").get(id, &k).expect("reads");
-                let len = stored.and_then(|d| d.try_cast::<rhai::Array>()).map_or(0, |a| a.len());
-                let replaced: Option<rhai::Array> = match round % 3 {
-                    0 => Some((0..rng.below(64)).map(|i| Dynamic::from(i as i64)).collect()),
-                    // As long as it was, strings instead of ints: only the sizes change.
-                    1 => Some((0..len).map(|_| Dynamic::from("abc")).collect()),
-                    _ => None,
-                };
-                if let Some(list) = replaced {
-                    native.put("l", &k, Dynamic::from_array(list.clone()));
-                    rhai.put("l", &k, Dynamic::from_array(list));
-                }
-            }
-            assert_eq!(native.dump(&[key(0), key(1)]), rhai.dump(&[key(0), key(1)]), "{backend}");
-            completed += native.script.native_runs();
-        }
+        let record = |rng: &mut Rng| {
+            let mut m = rhai::Map::new();
+            let v = match rng.below(12) {
+                0 => Dynamic::from_float(0.5),
+                1 => Dynamic::from("ab"),
+                2 => Dynamic::from(vec![Dynamic::from(1_i64)]),
+                _ => Dynamic::from(rng.below(40) as i64),
+            };
+            m.insert("v".into(), v);
+            Dynamic::from_map(m)
+        };
+        let replace = |rng: &mut Rng, round: usize, stored: Option<Dynamic>| {
+            let len = stored.and_then(|d| d.try_cast::<rhai::Array>()).map_or(0, |a| a.len());
+            let list: rhai::Array = match round % 3 {
+                0 => (0..rng.below(64)).map(|i| Dynamic::from(i as i64)).collect(),
+                // As long as it was, strings instead of ints: only the sizes change.
+                1 => (0..len).map(|_| Dynamic::from("abc")).collect(),
+                _ => return None,
+            };
+            Some(Dynamic::from_array(list))
+        };
+        let completed = with_outside_writes(text, &limits, ("l", StateKind::List), 0x6C07_8965_0F13_1A2B, record, replace);
         assert!(completed > 600, "{completed} records completed natively");
     }
 
