@@ -118,6 +118,8 @@ fn st_ops(st: &St) -> u64 {
             | St::Expr(e)
             | St::Return(Some(e)) => ex_ops(e),
             St::SetIndex(_, i, e) | St::ForRange(_, i, e, ..) => ex_ops(i) + ex_ops(e),
+            // And the `if` it stands for, its branch's operations included.
+            St::LetOr(_, e, _, ops) => ex_ops(e) + ops,
             St::While(..) | St::Break | St::Continue | St::Return(None) => 0,
         }
 }
@@ -141,6 +143,9 @@ fn ex_ops(e: &Ex) -> u64 {
 #[derive(Debug)]
 enum St {
     Let(usize, Ex),
+    /// `let x = e; if x == () { x = c; }` (see [`defaults`]): `e`'s value, or the constant
+    /// when it is `()`; the `u64` is the operations of the `if` and its branch.
+    LetOr(usize, Ex, Dynamic, u64),
     Assign(usize, Option<Op>, Ex),
     SetIndex(usize, Ex, Ex),
     SetProp(usize, ImmutableString, Ex),
@@ -829,6 +834,12 @@ impl Run<'_> {
                 let branch = if self.truth(c, locals)? { a } else { b };
                 self.block(branch, locals)
             }
+            St::LetOr(slot, e, default, _) => {
+                let v = self.ex(e, locals)?;
+                let v = if v.is_unit() { default.clone() } else { v };
+                set(&mut locals[*slot], v);
+                Some(Flow::Next)
+            }
             st => self.stmt_other(st, locals),
         }
     }
@@ -840,6 +851,11 @@ impl Run<'_> {
         match st {
             St::Let(slot, e) | St::Assign(slot, None, e) => {
                 let v = self.ex(e, locals)?;
+                set(&mut locals[*slot], v);
+            }
+            St::LetOr(slot, e, default, _) => {
+                let v = self.ex(e, locals)?;
+                let v = if v.is_unit() { default.clone() } else { v };
                 set(&mut locals[*slot], v);
             }
             St::Assign(slot, Some(op), e) => {
@@ -1777,7 +1793,7 @@ impl Compiler<'_> {
         let depth = self.scope.len();
         let out = stmts.iter().map(|s| self.stmt(s)).collect::<Option<Vec<_>>>();
         self.scope.truncate(depth);
-        out.map(Block::new)
+        out.map(|stmts| Block::new(defaults(stmts)))
     }
 
     fn stmt_block(&mut self, block: &StmtBlock) -> Option<Block> {
@@ -2155,7 +2171,7 @@ fn moves(block: &mut [St], defined: &[usize]) {
         }
     }
     let lets = block.iter().filter_map(|st| match st {
-        St::Let(slot, _) => Some(*slot),
+        St::Let(slot, _) | St::LetOr(slot, ..) => Some(*slot),
         _ => None,
     });
     let slots: Vec<usize> = defined.iter().copied().chain(lets).collect();
@@ -2167,7 +2183,12 @@ fn moves(block: &mut [St], defined: &[usize]) {
             continue;
         }
         let e = match &mut block[last] {
-            St::Let(_, e) | St::Assign(_, _, e) | St::Expr(e) | St::Return(Some(e)) | St::ForIn(_, e, _) => e,
+            St::Let(_, e)
+            | St::LetOr(_, e, ..)
+            | St::Assign(_, _, e)
+            | St::Expr(e)
+            | St::Return(Some(e))
+            | St::ForIn(_, e, _) => e,
             _ => continue,
         };
         let read = |e: &Ex| matches!(e, Ex::Local(s) if *s == slot);
@@ -2218,12 +2239,52 @@ fn fuse(block: &mut [St]) {
     }
 }
 
+/// Turns each `let x = e; if x == () { x = c; }` of `stmts` (`() == x` too, `c` a constant)
+/// into [`St::LetOr`]: the same value in `x` without evaluating the comparison and entering
+/// the branch. It charges what the `let` and the `if` with its branch charge together, which
+/// is at least what either way through them charges.
+fn defaults(stmts: Vec<St>) -> Vec<St> {
+    let mut out: Vec<St> = Vec::with_capacity(stmts.len());
+    for st in stmts {
+        if let Some(St::Let(slot, _)) = out.last()
+            && let Some((default, ops)) = default_of(&st, *slot)
+            && let Some(St::Let(slot, e)) = out.pop()
+        {
+            out.push(St::LetOr(slot, e, default, ops));
+            continue;
+        }
+        out.push(st);
+    }
+    out
+}
+
+/// The constant `c` and the operations of `st` (its branch's included) when `st` is
+/// `if x == () { x = c; }` with no `else`, `x` being local `slot`.
+fn default_of(st: &St, slot: usize) -> Option<(Dynamic, u64)> {
+    let St::If(Ex::Binary(Op::Eq, a, b), then, otherwise) = st else {
+        return None;
+    };
+    let is_x = |e: &Ex| matches!(e, Ex::Local(s) if *s == slot);
+    let is_unit = |e: &Ex| matches!(e, Ex::Const(c) if c.is_unit());
+    if !(is_x(a) && is_unit(b) || is_unit(a) && is_x(b)) || !otherwise.stmts.is_empty() {
+        return None;
+    }
+    match then.stmts.as_slice() {
+        [St::Assign(s, None, Ex::Const(c))] if *s == slot => {
+            Some((c.clone(), st_ops(st) + then.ops + otherwise.ops))
+        }
+        _ => None,
+    }
+}
+
 /// How often `st` mentions local `slot` (reads and writes).
 fn st_mentions(st: &St, slot: usize) -> usize {
     let is = |s: &usize| usize::from(*s == slot);
     let all = |block: &Block| block.stmts.iter().map(|st| st_mentions(st, slot)).sum::<usize>();
     match st {
-        St::Let(s, e) | St::Assign(s, _, e) | St::SetProp(s, _, e) => is(s) + ex_mentions(e, slot),
+        St::Let(s, e) | St::LetOr(s, e, ..) | St::Assign(s, _, e) | St::SetProp(s, _, e) => {
+            is(s) + ex_mentions(e, slot)
+        }
         St::SetIndex(s, i, e) => is(s) + ex_mentions(i, slot) + ex_mentions(e, slot),
         St::If(c, a, b) => ex_mentions(c, slot) + all(a) + all(b),
         St::ForIn(v, e, body) => is(v) + ex_mentions(e, slot) + all(body),
@@ -2726,6 +2787,27 @@ mod tests {
         assert_eq!(fused("fn process(r) { for x in 0..3 { list_push(\"l\", x); } }"), 0);
     }
 
+    fn defaulted(text: &str) -> usize {
+        let engine = runtime_engine(&ScriptLimitsSpec::default());
+        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
+        let program = compiled.native_program("process").expect("runs natively");
+        format!("{:?}", program.body).matches("LetOr(").count()
+    }
+
+    /// `let x = e; if x == () { x = c; }` becomes one statement, at any depth; with an
+    /// `else`, a non-constant default, another local or more in the branch it stays as it is.
+    #[test]
+    fn defaults_for_unit_are_fused() {
+        assert_eq!(defaulted(W4), 3);
+        assert_eq!(defaulted("fn process(r) { let x = r.a; if () == x { x = \"d\"; } emit(x); }"), 1);
+        assert_eq!(defaulted("fn process(r) { for i in r.l { let x = i; if x == () { x = 0; } emit(x); } }"), 1);
+        assert_eq!(defaulted("fn process(r) { let x = r.a; if x == () { x = 0; } else { x = 1; } emit(x); }"), 0);
+        assert_eq!(defaulted("fn process(r) { let x = r.a; if x == () { x = r.b; } emit(x); }"), 0);
+        assert_eq!(defaulted("fn process(r) { let y = 1; let x = r.a; if y == () { x = 0; } emit(x); }"), 0);
+        assert_eq!(defaulted("fn process(r) { let x = r.a; if x == () { x = 0; emit(1); } emit(x); }"), 0);
+        assert_eq!(defaulted("fn process(r) { let x = r.a; if x != () { x = 0; } emit(x); }"), 0);
+    }
+
     #[test]
     fn w4_as_written_compiles_natively() {
         let s = script(&ScriptLimitsSpec::default(), W4);
@@ -2962,6 +3044,15 @@ mod tests {
             ("state_clear(\"l\"); emit(list_get(\"l\")); state_set(\"l\", r.a); list_push(\"l\", 1); emit(state_get(\"l\"));", true),
             ("map_put(\"m\", \"a\", 1); state_clear(\"m\"); emit(map_get(\"m\", \"a\")); map_put(\"m\", \"b\", r.a); emit(state_get(\"m\"));", true),
             ("let n = map_get(\"m\", r.s); if n == () { n = 0; } map_put(\"m\", r.s, n + 1); emit(n != ());", true),
+            // Defaults for `()`, fused: either order, any constant, over any value; not
+            // fused: an `else`, another local, another statement in the branch.
+            ("let v = state_get(\"v\"); if v == () { v = 0; } state_set(\"v\", v + r.a); emit(v);", true),
+            ("let x = r.missing; if () == x { x = \"none\"; } emit(x); let y = r.s; if y == () { y = [1]; } emit(y);", true),
+            ("let x = map_get(\"m\", r.s); if x == () { x = #{a: 1}; } emit(x); map_put(\"m\", r.s, 2);", true),
+            ("let x = r.list; if x == () { x = (); } emit(x); let z = r.nested; if z == () { z = 3; } emit(z);", true),
+            ("let x = r.missing; if x == () { x = 1; } else { x = 2; } emit(x);", true),
+            ("let x = r.a; let y = r.missing; if y == () { x = 5; } emit([x, y]);", true),
+            ("let x = r.missing; if x == () { x = 1; emit(0); } emit(x);", true),
             ("let i = 0; while i < r.a { i += 2; } emit(i);", true),
             ("if r.flag && !r.other || r.a < 0 { return; } emit(1);", true),
             ("emit(key()); emit(r.missing);", true),
