@@ -916,7 +916,7 @@ impl Run<'_> {
                 }
             }
             St::Extend(s, e, turn) => {
-                let items = self.ex(e, locals)?.into_array().ok()?;
+                let items = self.ex(e, locals)?;
                 self.extend(*s, items, *turn)?;
             }
             St::ForRange(var, from, to, inclusive, body) => {
@@ -1344,19 +1344,26 @@ impl Run<'_> {
 
     /// [`St::Extend`]: what its loop of `list_push` does, item by item, at once. A list's
     /// sizes only grow with each push, so the items fit exactly when every push would.
-    fn extend(&mut self, s: usize, items: Array, turn: u64) -> Option<()> {
-        self.charge(turn.saturating_mul(u64::try_from(items.len()).ok()?))?;
-        if items.is_empty() {
+    ///
+    /// `items` is the loop's array: onto an absent state it becomes the new list as it is
+    /// (no copy), unless it carries a tag or is read-only (the pushes would make a plain list).
+    fn extend(&mut self, s: usize, items: Dynamic, turn: u64) -> Option<()> {
+        let (len, items_sizes) = {
+            let a = items.as_array_ref().ok()?;
+            (a.len(), array_sizes(&a))
+        };
+        self.charge(turn.saturating_mul(u64::try_from(len).ok()?))?;
+        if len == 0 {
             return Some(());
         }
         let sizes = self.program.sizes;
         if self.appending(s)? {
             let buf = &mut self.bufs[s];
-            let grown = add(array_sizes(&items), buf.list_sizes?);
+            let grown = add(items_sizes, buf.list_sizes?);
             if sizes.over(grown) {
                 return None;
             }
-            buf.appended.extend(items);
+            buf.appended.extend(items.into_array().ok()?);
             buf.list_sizes = Some(grown);
             return Some(());
         }
@@ -1369,13 +1376,19 @@ impl Run<'_> {
             // Absent or not a list: the first push makes a new list of its item.
             _ => None,
         };
-        let grown = add(array_sizes(&items), list.unwrap_or((0, 0, 0)));
+        let grown = add(items_sizes, list.unwrap_or((0, 0, 0)));
         if sizes.over(grown) {
             return None;
         }
         match list {
-            Some(_) => buf.whole.as_mut()?.as_array_mut().ok()?.extend(items),
-            None => buf.whole = Some(Dynamic::from_array(items)),
+            Some(_) => buf
+                .whole
+                .as_mut()?
+                .as_array_mut()
+                .ok()?
+                .extend(items.into_array().ok()?),
+            None if items.tag() == 0 && !items.is_read_only() => buf.whole = Some(items),
+            None => buf.whole = Some(Dynamic::from_array(items.into_array().ok()?)),
         }
         buf.list_sizes = Some(grown);
         Some(())
@@ -1404,9 +1417,15 @@ impl Run<'_> {
                 self.checked(v)?
             }
             Host::ListGet(s) => {
+                // A copy with room for one more item: a list read is often pushed onto.
                 let v = self.read(s, |v| {
-                    v.and_then(|d| d.as_array_ref().ok().map(|a| a.clone()))
-                        .unwrap_or_default()
+                    v.and_then(|d| {
+                        let a = d.as_array_ref().ok()?;
+                        let mut copy = Array::with_capacity(a.len() + 1);
+                        copy.extend(a.iter().cloned());
+                        Some(copy)
+                    })
+                    .unwrap_or_default()
                 })?;
                 self.checked(Dynamic::from_array(v))?
             }
