@@ -282,16 +282,19 @@ pub struct Key {
 }
 
 impl PartialEq for Key {
+    /// Inlined into every hash-table probe: the hashes, then (two short strings) the packed
+    /// bytes decide without a call.
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         if self.hash != other.hash {
             return false;
         }
         match (self.small, other.small) {
             (0, 0) => self.value == other.value,
-            // Both short strings: the packed bytes decide.
-            (a, b) if a != 0 && b != 0 => a == b,
             // A short string against a long string or a non-string.
-            _ => false,
+            (0, _) | (_, 0) => false,
+            // Both short strings: the packed bytes decide.
+            (a, b) => a == b,
         }
     }
 }

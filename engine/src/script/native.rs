@@ -354,6 +354,7 @@ impl NativeProgram {
             max_outputs: access.max_outputs,
             cmp_locals,
             text,
+            entry_read: None,
             ops: 0,
             budget: if self.max_ops == 0 {
                 u64::MAX
@@ -689,6 +690,9 @@ struct Run<'a> {
     max_outputs: usize,
     cmp_locals: &'a mut Vec<Dynamic>,
     text: &'a mut String,
+    /// The last entry read from a stored map (state index, field, value): a map entry read,
+    /// then written, is looked up once (stored values do not change during a run).
+    entry_read: Option<(usize, ImmutableString, Option<Dynamic>)>,
     ops: u64,
     /// `limits.max_operations`, `u64::MAX` for none.
     budget: u64,
@@ -1263,18 +1267,18 @@ impl Run<'_> {
 
     /// The entry `field` of map state `index` (`None` inside: absent), as the record's
     /// writes left it.
-    fn map_entry(&mut self, index: usize, field: &str) -> Option<Option<Dynamic>> {
+    fn map_entry(&mut self, index: usize, field: &ImmutableString) -> Option<Option<Dynamic>> {
         let buf = &self.bufs[index];
         match buf.mode {
             Mode::Whole => {
                 return Some(
                     buf.whole
                         .as_ref()
-                        .and_then(|d| d.as_map_ref().ok()?.get(field).cloned()),
+                        .and_then(|d| d.as_map_ref().ok()?.get(field.as_str()).cloned()),
                 );
             }
             Mode::Fields => {
-                if let Some((_, v)) = buf.fields.iter().find(|(k, _)| k.as_str() == field) {
+                if let Some((_, v)) = buf.fields.iter().find(|(k, _)| k == field) {
                     return Some(Some(v.clone()));
                 }
             }
@@ -1282,9 +1286,17 @@ impl Run<'_> {
             Mode::Append => return Some(None),
             Mode::Base => {}
         }
-        self.with_stored(index, |v| {
-            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field).cloned()))
-        })
+        if let Some((i, k, v)) = &self.entry_read
+            && *i == index
+            && (k.ptr_eq(field) || k == field)
+        {
+            return Some(v.clone());
+        }
+        let v = self.with_stored(index, |v| {
+            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field.as_str()).cloned()))
+        })?;
+        self.entry_read = Some((index, field.clone(), v.clone()));
+        Some(v)
     }
 
     /// Puts buffer `index` in [`Mode::Fields`] when the backend holds a map for it (its
