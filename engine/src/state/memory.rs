@@ -1,5 +1,13 @@
-//! The memory backend: one hash map per (state, key group). Reads and updates touch the maps
-//! directly; a snapshot streams the requested key groups into the canonical format.
+//! The memory backend: one hash map per key group, from a key to its *row*, the key's value
+//! in each state (by [`StateId`]). Reads and updates touch the maps directly; a snapshot
+//! streams the requested key groups into the canonical format, state by state.
+//!
+//! **Rows.** A record usually reads and writes several states of its key: with one row per
+//! key, the first access of a record brings the key's entry and values into the cache and the
+//! others find them there, instead of one table entry per state, each a cache miss in a large
+//! key set. A row holds one value inline (no allocation for a key in one state) and is sized
+//! to the states registered when the key was first written; it grows when a later state is
+//! written, and leaves its map when its last value is cleared.
 //!
 //! **Memory model.** A value is held *live* (a decoded [`Dynamic`], what reads and updates
 //! work on) or *packed* (its canonical encoding, the bytes a snapshot holds). A decoded map
@@ -34,6 +42,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rhai::Dynamic;
+use smallvec::SmallVec;
 use weir_schema::StateKind;
 
 use super::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
@@ -83,7 +92,24 @@ fn encode(buf: &mut Vec<u8>, v: &Dynamic) -> Result<()> {
         .map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
 }
 
-type Group = HashMap<Key, Slot, KeyBuildHasher>;
+/// A key's value in each state, by [`StateId`]; `None`: none (also past the end).
+type Row = SmallVec<[Option<Slot>; 1]>;
+
+type Group = HashMap<Key, Row, KeyBuildHasher>;
+
+/// The value of state `state` in `row`.
+fn cell(row: &Row, state: StateId) -> Option<&Slot> {
+    row.get(state.0 as usize)?.as_ref()
+}
+
+/// The value of state `state` in `row`, to write it; the row grows to hold it.
+fn cell_mut(row: &mut Row, state: StateId) -> &mut Option<Slot> {
+    let i = state.0 as usize;
+    if row.len() <= i {
+        row.resize_with(i + 1, || None);
+    }
+    &mut row[i]
+}
 
 /// Whether `v` is a map or list of plain data (unit, booleans, numbers, strings, maps and
 /// lists of them), whose encoding decodes back to an equal value; such values are packed at
@@ -110,8 +136,6 @@ fn packable(v: &Dynamic) -> bool {
 struct Table {
     name: String,
     kind: StateKind,
-    /// One map per key group of the backend's range, indexed by `kg - range.start`.
-    groups: Vec<Group>,
 }
 
 /// Heap state for one subtask's key-group range.
@@ -119,6 +143,8 @@ pub struct MemoryBackend {
     max_parallelism: u32,
     range: KeyGroupRange,
     tables: Vec<Table>,
+    /// One map per key group of the backend's range, indexed by `kg - range.start`.
+    groups: Vec<Group>,
     /// Bumped by every write and restore (see [`StateBackend::generation`]).
     generation: u64,
     /// The current sweep period, even; each sweep adds two (see [`Slot::Live`]'s `written`).
@@ -137,6 +163,7 @@ impl MemoryBackend {
             max_parallelism,
             range,
             tables: Vec::new(),
+            groups: (0..range.len()).map(|_| Group::default()).collect(),
             generation: 0,
             period: 0,
             recent: Vec::new(),
@@ -144,34 +171,25 @@ impl MemoryBackend {
         }
     }
 
-    fn group(&self, state: StateId, key: &Key) -> Result<&Group> {
+    /// The index of `key`'s group, once `state` is known to be registered.
+    fn group_index(&self, state: StateId, key: &Key) -> Result<usize> {
+        if state.0 as usize >= self.tables.len() {
+            return Err(RunError::State(format!("unknown state handle {}", state.0)));
+        }
         let kg = key.key_group(self.max_parallelism);
-        let table = self
-            .tables
-            .get(state.0 as usize)
-            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
         if !self.range.contains(kg) {
             return Err(RunError::State(format!(
                 "key group {kg} is outside this backend's range {:?}",
                 self.range
             )));
         }
-        Ok(&table.groups[(kg - self.range.start) as usize])
+        Ok((kg - self.range.start) as usize)
     }
 
-    fn group_mut(&mut self, state: StateId, key: &Key) -> Result<&mut Group> {
-        let kg = key.key_group(self.max_parallelism);
-        let range = self.range;
-        let table = self
-            .tables
-            .get_mut(state.0 as usize)
-            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
-        if !range.contains(kg) {
-            return Err(RunError::State(format!(
-                "key group {kg} is outside this backend's range {range:?}"
-            )));
-        }
-        Ok(&mut table.groups[(kg - range.start) as usize])
+    /// The stored value of `state` for `key`.
+    fn slot(&self, state: StateId, key: &Key) -> Result<Option<&Slot>> {
+        let g = self.group_index(state, key)?;
+        Ok(self.groups[g].get(key).and_then(|row| cell(row, state)))
     }
 }
 
@@ -182,11 +200,13 @@ impl MemoryBackend {
     fn sweep(&mut self) {
         let period = self.period;
         let (max_parallelism, start) = (self.max_parallelism, self.range.start);
-        let tables = &mut self.tables;
+        let groups = &mut self.groups;
         let mut buf = Vec::new();
         self.recent.retain(|(t, key)| {
             let kg = key.key_group(max_parallelism);
-            let Some(slot) = tables[*t as usize].groups[(kg - start) as usize].get_mut(key)
+            let Some(slot) = groups[(kg - start) as usize]
+                .get_mut(key)
+                .and_then(|row| row.get_mut(*t as usize)?.as_mut())
             else {
                 return false;
             };
@@ -217,12 +237,12 @@ impl MemoryBackend {
         }
     }
 
-    /// Entries over every state and key group.
+    /// Entries (values) over every state and key group.
     fn entries(&self) -> usize {
-        self.tables
+        self.groups
             .iter()
-            .flat_map(|t| &t.groups)
-            .map(HashMap::len)
+            .flat_map(HashMap::values)
+            .map(|row| row.iter().flatten().count())
             .sum()
     }
 }
@@ -242,17 +262,15 @@ impl StateBackend for MemoryBackend {
             }
             return Ok(StateId(i as u32));
         }
-        let groups = (0..self.range.len()).map(|_| Group::default()).collect();
         self.tables.push(Table {
             name: name.to_owned(),
             kind,
-            groups,
         });
         Ok(StateId((self.tables.len() - 1) as u32))
     }
 
     fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
-        match self.group(state, key)?.get(key) {
+        match self.slot(state, key)? {
             Some(Slot::Live { value, .. }) => Ok(Some(value.clone())),
             Some(Slot::Packed(bytes)) => decode_value(bytes).map(Some),
             None => Ok(None),
@@ -260,7 +278,7 @@ impl StateBackend for MemoryBackend {
     }
 
     fn read(&self, state: StateId, key: &Key, f: &mut dyn FnMut(Option<&Dynamic>)) -> Result<()> {
-        match self.group(state, key)?.get(key) {
+        match self.slot(state, key)? {
             Some(slot) => f(Some(slot.value()?.as_ref())),
             None => f(None),
         }
@@ -268,7 +286,10 @@ impl StateBackend for MemoryBackend {
     }
 
     fn lend(&self, state: StateId, key: &Key) -> Option<Result<Option<Cow<'_, Dynamic>>>> {
-        Some(self.group(state, key).and_then(|g| g.get(key).map(Slot::value).transpose()))
+        Some(
+            self.slot(state, key)
+                .and_then(|slot| slot.map(Slot::value).transpose()),
+        )
     }
 
     fn update(
@@ -277,9 +298,11 @@ impl StateBackend for MemoryBackend {
         key: &Key,
         f: &mut dyn FnMut(&mut Option<Dynamic>),
     ) -> Result<()> {
+        let g = self.group_index(state, key)?;
         self.generation += 1;
         let written = self.period;
-        let group = self.group_mut(state, key)?;
+        let states = self.tables.len();
+        let group = &mut self.groups[g];
         let live = |value| Slot::Live {
             value,
             written,
@@ -287,21 +310,26 @@ impl StateBackend for MemoryBackend {
         };
         // Whether the value becomes a live map or list from packed or absent: a sweep looks
         // at it.
-        let fresh = if let Some(v) = group.get_mut(key) {
+        let fresh = if let Some(row) = group.get_mut(key) {
+            let v = cell_mut(row, state);
             let (old, unpacked) = match v {
-                Slot::Live { value, .. } => (std::mem::take(value), false),
-                Slot::Packed(bytes) => (decode_value(bytes)?, true),
+                Some(Slot::Live { value, .. }) => (Some(std::mem::take(value)), false),
+                Some(Slot::Packed(bytes)) => (Some(decode_value(bytes)?), true),
+                None => (None, true),
             };
-            let mut slot = Some(old);
+            let mut slot = old;
             f(&mut slot);
             match slot {
                 Some(new) => {
                     let fresh = unpacked && container(&new);
-                    *v = live(new);
+                    *v = Some(live(new));
                     fresh
                 }
                 None => {
-                    group.remove(key);
+                    *v = None;
+                    if row.iter().all(Option::is_none) {
+                        group.remove(key);
+                    }
                     false
                 }
             }
@@ -311,7 +339,10 @@ impl StateBackend for MemoryBackend {
             match slot {
                 Some(new) => {
                     let fresh = container(&new);
-                    group.insert(key.clone(), live(new));
+                    let mut row = Row::new();
+                    row.resize_with(states.max(state.0 as usize + 1), || None);
+                    row[state.0 as usize] = Some(live(new));
+                    group.insert(key.clone(), row);
                     fresh
                 }
                 None => false,
@@ -324,36 +355,42 @@ impl StateBackend for MemoryBackend {
     }
 
     fn keys_in(&self, state: StateId, range: KeyGroupRange) -> Result<Vec<Key>> {
-        let table = self
-            .tables
-            .get(state.0 as usize)
-            .ok_or_else(|| RunError::State(format!("unknown state handle {}", state.0)))?;
+        if state.0 as usize >= self.tables.len() {
+            return Err(RunError::State(format!("unknown state handle {}", state.0)));
+        }
         let start = range.start.max(self.range.start);
         let end = range.end.min(self.range.end).max(start);
-        let groups = &table.groups[(start - self.range.start) as usize..(end - self.range.start) as usize];
-        Ok(groups.iter().flat_map(|g| g.keys().cloned()).collect())
+        let groups = &self.groups[(start - self.range.start) as usize..(end - self.range.start) as usize];
+        Ok(groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .filter(|(_, row)| cell(row, state).is_some())
+            .map(|(k, _)| k.clone())
+            .collect())
     }
 
     fn snapshot(&self, range: KeyGroupRange) -> Result<Vec<u8>> {
         let mut w = SnapshotWriter::new(self.max_parallelism, self.tables.len() as u32);
         let in_range = |i: usize| range.contains(self.range.start + i as u32);
-        let entries: usize = self
-            .tables
+        let keys: usize = self
+            .groups
             .iter()
-            .flat_map(|t| t.groups.iter().enumerate())
+            .enumerate()
             .filter(|(i, _)| in_range(*i))
             .map(|(_, g)| g.len())
             .sum();
         // A rough guess (key group, short key, small value) that saves most regrowth.
-        w.reserve(entries * 24);
-        for t in &self.tables {
-            w.begin_state(&t.name, t.kind)?;
-            for (i, g) in t.groups.iter().enumerate() {
+        w.reserve(keys * self.tables.len() * 24);
+        for (t, table) in self.tables.iter().enumerate() {
+            let state = StateId(t as u32);
+            w.begin_state(&table.name, table.kind)?;
+            for (i, g) in self.groups.iter().enumerate() {
                 if !in_range(i) {
                     continue;
                 }
                 let kg = self.range.start + i as u32;
-                for (k, v) in g {
+                for (k, row) in g {
+                    let Some(v) = cell(row, state) else { continue };
                     match v {
                         Slot::Live { value, .. } => w.entry(kg, k, value)?,
                         Slot::Packed(bytes) => w.entry_encoded(kg, k.value(), bytes)?,
@@ -371,11 +408,12 @@ impl StateBackend for MemoryBackend {
         let mut w = SnapshotWriter::new(self.max_parallelism, self.tables.len() as u32);
         w.reserve(self.entries() * 24);
         let mut buf = Vec::new();
-        for t in &mut self.tables {
-            w.begin_state(&t.name, t.kind)?;
-            for (i, g) in t.groups.iter_mut().enumerate() {
+        for (t, table) in self.tables.iter().enumerate() {
+            w.begin_state(&table.name, table.kind)?;
+            for (i, g) in self.groups.iter_mut().enumerate() {
                 let kg = self.range.start + i as u32;
-                for (k, v) in g.iter_mut() {
+                for (k, row) in g.iter_mut() {
+                    let Some(Some(v)) = row.get_mut(t) else { continue };
                     match v {
                         // Written since the last checkpoint: likely written again soon.
                         Slot::Live { value, hot, .. } if *hot => {
@@ -411,12 +449,13 @@ impl StateBackend for MemoryBackend {
                         kind,
                         entries,
                     } => {
-                        let t = self.register(name, kind)?.0 as usize;
+                        let t = self.register(name, kind)?;
                         // Room for an even share of the entries in each of our key groups,
-                        // so that a large restore does not rehash every table repeatedly.
+                        // so that a large restore does not rehash every map repeatedly (the
+                        // keys of later states are mostly those of the first).
                         let share = entries as usize / self.max_parallelism.max(1) as usize;
-                        for g in &mut self.tables[t].groups {
-                            g.reserve(share);
+                        for g in &mut self.groups {
+                            g.reserve(share.saturating_sub(g.len()));
                         }
                         table = Some(t);
                     }
@@ -437,7 +476,8 @@ impl StateBackend for MemoryBackend {
                         let t = table.ok_or_else(|| {
                             RunError::StateCorrupt("malformed snapshot: entry before state".into())
                         })?;
-                        let group = &mut self.tables[t].groups[(own - self.range.start) as usize];
+                        let states = self.tables.len();
+                        let group = &mut self.groups[(own - self.range.start) as usize];
                         // Checked now, so that a damaged snapshot fails the restore and not
                         // a later read.
                         let live = decode_value(value)?;
@@ -450,7 +490,12 @@ impl StateBackend for MemoryBackend {
                                 hot: false,
                             }
                         };
-                        group.insert(key, slot);
+                        let row = group.entry(key).or_insert_with(|| {
+                            let mut row = Row::new();
+                            row.resize_with(states, || None);
+                            row
+                        });
+                        *cell_mut(row, t) = Some(slot);
                     }
                 }
                 Ok(())
@@ -474,11 +519,55 @@ mod tests {
     /// Whether `state`'s value of `k` is held packed.
     fn is_packed(b: &MemoryBackend, state: usize, k: &Key) -> bool {
         let kg = (k.key_group(b.max_parallelism) - b.range.start) as usize;
-        matches!(b.tables[state].groups[kg].get(k), Some(Slot::Packed(_)))
+        matches!(
+            b.groups[kg].get(k).and_then(|row| row[state].as_ref()),
+            Some(Slot::Packed(_))
+        )
     }
 
     fn key(i: usize) -> Key {
         Key::from_str_value(format!("k{i}").into())
+    }
+
+    /// A key's row holds each state's value apart: a state registered after the row was made
+    /// grows it when written, clearing one state leaves the others, a snapshot keeps them
+    /// apart, and the row leaves its map with its last value.
+    #[test]
+    fn rows_hold_each_state_apart_and_leave_with_their_last_value() {
+        let m = 8;
+        let all = KeyGroupRange::all(m);
+        let mut b = MemoryBackend::new(m, all);
+        let a = b.register("a", StateKind::Value).unwrap();
+        let k = Key::from_str_value("k".into());
+        let other = Key::from_str_value("other".into());
+        b.put(a, &k, Dynamic::from_int(1)).unwrap();
+        let c = b.register("c", StateKind::List).unwrap();
+        assert!(b.get(c, &k).unwrap().is_none());
+        b.list_push(c, &k, Dynamic::from_int(2)).unwrap();
+        b.list_push(c, &other, Dynamic::from_int(3)).unwrap();
+        assert_eq!(b.keys_in(a, all).unwrap(), vec![k.clone()]);
+        assert_eq!(b.keys_in(c, all).unwrap().len(), 2);
+        b.clear(a, &k).unwrap();
+        assert!(b.keys_in(a, all).unwrap().is_empty());
+        assert!(b.get(a, &k).unwrap().is_none());
+        assert_eq!(b.get(c, &k).unwrap().unwrap().to_string(), "[2]");
+        b.put(a, &other, Dynamic::from_int(4)).unwrap();
+        let snapshot = b.snapshot(all).unwrap();
+        let mut r = MemoryBackend::new(m, all);
+        r.restore(&[&snapshot]).unwrap();
+        let (ra, rc) = (
+            r.register("a", StateKind::Value).unwrap(),
+            r.register("c", StateKind::List).unwrap(),
+        );
+        assert!(r.get(ra, &k).unwrap().is_none());
+        assert_eq!(r.get(ra, &other).unwrap().unwrap().as_int(), Ok(4));
+        assert_eq!(r.get(rc, &k).unwrap().unwrap().to_string(), "[2]");
+        assert_eq!(r.entries(), 3);
+        assert_eq!(r.snapshot(all).unwrap().len(), snapshot.len());
+        b.clear(c, &k).unwrap();
+        assert!(b.groups.iter().all(|g| !g.contains_key(&k)));
+        assert_eq!(b.entries(), 2);
+        assert!(b.get(c, &k).is_ok_and(|v| v.is_none()));
     }
 
     #[test]
@@ -595,19 +684,18 @@ mod tests {
         // Written since the last checkpoint: the first checkpoint leaves them live.
         drop(b.checkpoint(1).unwrap());
         let live = |b: &MemoryBackend| {
-            b.tables[0]
-                .groups
+            b.groups
                 .iter()
                 .flat_map(|g| g.values())
-                .all(|v| matches!(v, Slot::Live { .. }))
+                .all(|row| matches!(row[0], Some(Slot::Live { .. })))
         };
         assert!(live(&b));
         drop(b.checkpoint(2).unwrap());
         let packed = |b: &MemoryBackend, i: i64| {
             let k = key(i);
             matches!(
-                b.tables[0].groups[k.key_group(m) as usize].get(&k),
-                Some(Slot::Packed(_))
+                b.groups[k.key_group(m) as usize].get(&k).map(|row| &row[0]),
+                Some(Some(Slot::Packed(_)))
             )
         };
         assert_eq!(
