@@ -3106,6 +3106,9 @@ mod tests {
             // A map entry read, then written.
             ("let n = map_get(\"m\", r.s); map_put(\"m\", r.s, [n, r.a]); emit(map_get(\"m\", r.s)); emit(map_add(\"m\", \"a\", 1));", true),
             ("let n = map_get(\"m\", \"a\"); map_add(\"m\", \"a\", r.a); emit(n); emit(map_get(\"m\", \"a\")); map_remove(\"m\", \"a\"); emit(map_get(\"m\", \"a\"));", true),
+            // Entries read from the stored map, then written, read again, removed.
+            ("let a = map_get(\"m\", r.s); map_put(\"m\", r.s, r.a); let b = map_get(\"m\", \"x\"); emit([a, b, map_get(\"m\", r.s)]); map_remove(\"m\", r.s); emit(map_get(\"m\", r.s)); emit(map_add(\"m\", \"x\", 1));", true),
+            ("let k = `${r.a}`; let a = map_get(\"m\", k); emit(map_add(\"m\", k, 2)); emit(map_get(\"m\", `${r.a}`)); emit(a);", true),
             // Operation counts reached in loops.
             ("let s = 0; for i in 0..r.a * 20 { s += i; } emit(s);", true),
             ("let i = 0; while i < r.a * 30 { i += 1; } emit(i);", true),
