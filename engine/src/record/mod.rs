@@ -282,9 +282,6 @@ pub struct Key {
 }
 
 impl PartialEq for Key {
-    /// Inlined into every hash-table probe: the hashes, then (two short strings) the packed
-    /// bytes decide without a call.
-    #[inline]
     fn eq(&self, other: &Self) -> bool {
         if self.hash != other.hash {
             return false;
