@@ -2778,11 +2778,17 @@ mod tests {
     }
 
     /// How many reads of locals `process` in `text` moves instead of copying.
-    fn moved(text: &str) -> usize {
+    /// How many `node`s (a variant name with its parenthesis) `text`'s native `process` body
+    /// compiles to.
+    fn compiled_nodes(text: &str, node: &str) -> usize {
         let engine = runtime_engine(&ScriptLimitsSpec::default());
         let compiled = CompiledScript::compile(&engine, text).expect("compiles");
         let program = compiled.native_program("process").expect("runs natively");
-        format!("{:?}", program.body).matches("Take(").count()
+        format!("{:?}", program.body).matches(node).count()
+    }
+
+    fn moved(text: &str) -> usize {
+        compiled_nodes(text, "Take(")
     }
 
     /// W4 moves its list into the pushes that rebuild the state (its loop, fused) and the
@@ -2799,10 +2805,7 @@ mod tests {
     }
 
     fn fused(text: &str) -> usize {
-        let engine = runtime_engine(&ScriptLimitsSpec::default());
-        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
-        let program = compiled.native_program("process").expect("runs natively");
-        format!("{:?}", program.body).matches("Extend(").count()
+        compiled_nodes(text, "Extend(")
     }
 
     /// A loop whose one statement pushes its item onto a list state becomes one extend, at
@@ -2819,10 +2822,7 @@ mod tests {
     }
 
     fn defaulted(text: &str) -> usize {
-        let engine = runtime_engine(&ScriptLimitsSpec::default());
-        let compiled = CompiledScript::compile(&engine, text).expect("compiles");
-        let program = compiled.native_program("process").expect("runs natively");
-        format!("{:?}", program.body).matches("LetOr(").count()
+        compiled_nodes(text, "LetOr(")
     }
 
     /// `let x = e; if x == () { x = c; }` becomes one statement, at any depth; with an
