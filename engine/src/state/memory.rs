@@ -39,8 +39,9 @@
 //! checkpoints, sweeps alone pack.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::cell::Cell;
 
+use hashbrown::HashTable;
 use rhai::Dynamic;
 use smallvec::SmallVec;
 use weir_schema::StateKind;
@@ -92,10 +93,111 @@ fn encode(buf: &mut Vec<u8>, v: &Dynamic) -> Result<()> {
         .map_err(|e| RunError::State(format!("cannot encode state value: {e}")))
 }
 
-/// A key's value in each state, by [`StateId`]; `None`: none (also past the end).
-type Row = SmallVec<[Option<Slot>; 1]>;
+/// A key's value in each state, by [`StateId`]; `None`: none (also past the end). Up to
+/// four states inline, so that a key's values are found where its entry is (a row spilled
+/// to the heap is one more cache miss per record).
+type Row = SmallVec<[Option<Slot>; 4]>;
 
-type Group = HashMap<Key, Row, KeyBuildHasher>;
+/// One key group's rows: a hash table from key to row that remembers where it found the
+/// last key. A record reads and writes several states of its key one call at a time; the
+/// first call finds the key's bucket and the others only check that it still holds the key
+/// (a stale bucket, after an insert moved entries or a removal emptied it, is simply looked
+/// up again).
+#[derive(Default)]
+struct Group {
+    table: HashTable<(Key, Row)>,
+    /// The bucket index of the last key found; anything out of range when none.
+    last: Cell<usize>,
+}
+
+/// The hash a [`Group`]'s table files a key under: that of [`KeyBuildHasher`] maps.
+fn table_hash(key: &Key) -> u64 {
+    use std::hash::BuildHasher;
+    KeyBuildHasher::default().hash_one(key)
+}
+
+impl Group {
+    /// The bucket index of `key`'s row.
+    fn find(&self, key: &Key) -> Option<usize> {
+        let last = self.last.get();
+        if self.table.get_bucket(last).is_some_and(|(k, _)| k == key) {
+            return Some(last);
+        }
+        let found = self
+            .table
+            .find_bucket_index(table_hash(key), |(k, _)| k == key)?;
+        self.last.set(found);
+        Some(found)
+    }
+
+    fn get(&self, key: &Key) -> Option<&Row> {
+        let i = self.find(key)?;
+        self.table.get_bucket(i).map(|(_, row)| row)
+    }
+
+    fn get_mut(&mut self, key: &Key) -> Option<&mut Row> {
+        let i = self.find(key)?;
+        self.table.get_bucket_mut(i).map(|(_, row)| row)
+    }
+
+    #[cfg(test)]
+    fn contains_key(&self, key: &Key) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// Adds the row of a key the group does not hold.
+    fn insert_new(&mut self, key: Key, row: Row) {
+        let hash = table_hash(&key);
+        let entry = self
+            .table
+            .insert_unique(hash, (key, row), |(k, _)| table_hash(k));
+        self.last.set(entry.bucket_index());
+    }
+
+    /// The row of `key`, added by `make` when the group does not hold it.
+    fn get_or_insert_with(&mut self, key: Key, make: impl FnOnce() -> Row) -> &mut Row {
+        let i = match self.find(&key) {
+            Some(i) => i,
+            None => {
+                self.insert_new(key, make());
+                self.last.get()
+            }
+        };
+        match self.table.get_bucket_mut(i) {
+            Some((_, row)) => row,
+            None => unreachable!("a bucket just found or filled is full"),
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Ok(entry) = self
+            .table
+            .find_entry(table_hash(key), |(k, _)| k == key)
+        {
+            entry.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        self.table.reserve(additional, |(k, _)| table_hash(k));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Key, &Row)> {
+        self.table.iter().map(|(k, row)| (k, row))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&Key, &mut Row)> {
+        self.table.iter_mut().map(|(k, row)| (&*k, row))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Row> {
+        self.table.iter().map(|(_, row)| row)
+    }
+}
 
 /// The value of state `state` in `row`.
 fn cell(row: &Row, state: StateId) -> Option<&Slot> {
@@ -241,7 +343,7 @@ impl MemoryBackend {
     fn entries(&self) -> usize {
         self.groups
             .iter()
-            .flat_map(HashMap::values)
+            .flat_map(Group::values)
             .map(|row| row.iter().flatten().count())
             .sum()
     }
@@ -342,7 +444,7 @@ impl StateBackend for MemoryBackend {
                     let mut row = Row::new();
                     row.resize_with(states.max(state.0 as usize + 1), || None);
                     row[state.0 as usize] = Some(live(new));
-                    group.insert(key.clone(), row);
+                    group.insert_new(key.clone(), row);
                     fresh
                 }
                 None => false,
@@ -389,7 +491,7 @@ impl StateBackend for MemoryBackend {
                     continue;
                 }
                 let kg = self.range.start + i as u32;
-                for (k, row) in g {
+                for (k, row) in g.iter() {
                     let Some(v) = cell(row, state) else { continue };
                     match v {
                         Slot::Live { value, .. } => w.entry(kg, k, value)?,
@@ -490,7 +592,7 @@ impl StateBackend for MemoryBackend {
                                 hot: false,
                             }
                         };
-                        let row = group.entry(key).or_insert_with(|| {
+                        let row = group.get_or_insert_with(key, || {
                             let mut row = Row::new();
                             row.resize_with(states, || None);
                             row
@@ -512,7 +614,7 @@ mod tests {
     use rhai::Dynamic;
     use weir_schema::StateKind;
 
-    use super::{MemoryBackend, SWEEP_EVERY, Slot};
+    use super::{Group, MemoryBackend, Row, SWEEP_EVERY, Slot};
     use crate::record::{Key, KeyGroupRange, map_of};
     use crate::state::StateBackend;
 
@@ -568,6 +670,46 @@ mod tests {
         assert!(b.groups.iter().all(|g| !g.contains_key(&k)));
         assert_eq!(b.entries(), 2);
         assert!(b.get(c, &k).is_ok_and(|v| v.is_none()));
+    }
+
+    #[test]
+    fn a_group_finds_each_key_after_its_remembered_bucket_went_stale() {
+        let row = |v: i64| -> Row {
+            let mut row = Row::new();
+            row.push(Some(Slot::Live {
+                value: Dynamic::from(v),
+                written: 0,
+                hot: false,
+            }));
+            row
+        };
+        let value = |g: &Group, k: &Key| match g.get(k)?.first()? {
+            Some(Slot::Live { value, .. }) => value.as_int().ok(),
+            _ => None,
+        };
+        let mut g = Group::default();
+        g.insert_new(key(0), row(0));
+        assert_eq!(value(&g, &key(0)), Some(0));
+        // The remembered bucket emptied, then refilled by another key.
+        g.remove(&key(0));
+        assert_eq!(value(&g, &key(0)), None);
+        g.insert_new(key(1), row(1));
+        assert_eq!(value(&g, &key(0)), None);
+        assert_eq!(value(&g, &key(1)), Some(1));
+        // Growing moves the entries: each key is found again after another was found last.
+        for i in 2..2000 {
+            g.insert_new(key(i), row(i as i64));
+            assert_eq!(value(&g, &key(i / 2)), Some((i / 2) as i64));
+        }
+        *g.get_mut(&key(7)).unwrap() = row(70);
+        *g.get_or_insert_with(key(2000), || row(0)) = row(2000);
+        // Held already: kept as it is.
+        g.get_or_insert_with(key(5), || row(0));
+        assert_eq!(g.len(), 2000);
+        for i in 1..=2000 {
+            let want = if i == 7 { 70 } else { i as i64 };
+            assert_eq!(value(&g, &key(i)), Some(want), "key {i}");
+        }
     }
 
     #[test]
