@@ -276,35 +276,41 @@ pub struct Key {
     value: KeyValue,
     hash: u64,
     /// A string key of at most 15 bytes packed inline (bytes, then `len + 1` in the last
-    /// byte), or 0. Lets hash-table probes compare keys without dereferencing the shared
-    /// string, which for a table of many keys is a cache miss per lookup.
-    small: u128,
+    /// byte), or [`NOT_SMALL`]. Lets hash-table probes compare keys without dereferencing the
+    /// shared string, which for a table of many keys is a cache miss per lookup. Two words
+    /// rather than a `u128`, whose 16-byte alignment would pad every key to 48 bytes.
+    small: [u64; 2],
 }
+
+/// [`Key::small`] of a key that is not a short string.
+const NOT_SMALL: [u64; 2] = [0, 0];
 
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
         if self.hash != other.hash {
             return false;
         }
-        match (self.small, other.small) {
-            (0, 0) => self.value == other.value,
+        match (self.small == NOT_SMALL, other.small == NOT_SMALL) {
+            (true, true) => self.value == other.value,
             // A short string against a long string or a non-string.
-            (0, _) | (_, 0) => false,
+            (true, false) | (false, true) => false,
             // Both short strings: the packed bytes decide.
-            (a, b) => a == b,
+            (false, false) => self.small == other.small,
         }
     }
 }
 
-/// Packs a string of at most 15 bytes into a nonzero `u128` (see [`Key::small`]).
-fn pack_small(bytes: &[u8]) -> u128 {
+/// Packs a string of at most 15 bytes into two words, not both zero (see [`Key::small`]).
+fn pack_small(bytes: &[u8]) -> [u64; 2] {
     if bytes.len() > 15 {
-        return 0;
+        return NOT_SMALL;
     }
     let mut buf = [0u8; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
     buf[15] = bytes.len() as u8 + 1;
-    u128::from_le_bytes(buf)
+    let (lo, hi) = buf.split_at(8);
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    [word(lo), word(hi)]
 }
 impl Eq for Key {}
 
@@ -342,21 +348,21 @@ impl Key {
             return Self {
                 hash: stable_hash(2, &i.to_le_bytes()),
                 value: KeyValue::Int(i),
-                small: 0,
+                small: NOT_SMALL,
             };
         }
         if let Ok(b) = v.as_bool() {
             return Self {
                 hash: stable_hash(3, &[u8::from(b)]),
                 value: KeyValue::Bool(b),
-                small: 0,
+                small: NOT_SMALL,
             };
         }
         if v.is_unit() {
             return Self {
                 hash: stable_hash(4, &[]),
                 value: KeyValue::Unit,
-                small: 0,
+                small: NOT_SMALL,
             };
         }
         let text: ImmutableString = serde_json::to_string(v)
@@ -365,7 +371,7 @@ impl Key {
         Self {
             hash: stable_hash(5, text.as_bytes()),
             value: KeyValue::Other(text),
-            small: 0,
+            small: NOT_SMALL,
         }
     }
 
@@ -502,6 +508,28 @@ pub fn map_of<'a>(fields: impl IntoIterator<Item = (&'a str, Dynamic)>) -> Recor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_compare_by_value_whatever_their_length_and_kind() {
+        let s = |t: &str| Key::from_str_value(t.into());
+        let long = "a string key longer than fifteen bytes";
+        // Short strings (packed) and long ones (compared through the shared text).
+        for t in ["", "a", "u8421", "fifteen bytes!!", "sixteen bytes!!!", long] {
+            assert_eq!(s(t), s(t), "{t:?}");
+        }
+        assert_ne!(s("u1"), s("u2"));
+        assert_ne!(s("ab"), s("ab\0"));
+        assert_ne!(s("fifteen bytes!!"), s("fifteen bytes!?"));
+        assert_ne!(s(long), s(&long.replace('a', "b")));
+        // A string against an integer or unit of the same text.
+        let int = Key::from_dynamic(&Dynamic::from(1_i64));
+        assert_ne!(s("1"), int);
+        assert_eq!(int, Key::from_dynamic(&Dynamic::from(1_i64)));
+        assert_ne!(s(""), Key::from_dynamic(&Dynamic::UNIT));
+        // Two words, not a 16-byte-aligned u128: a key is five words.
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(std::mem::size_of::<Key>(), 40);
+    }
 
     #[test]
     fn json_round_trips_through_dynamic() {
