@@ -5,9 +5,12 @@
 //! **Rows.** A record usually reads and writes several states of its key: with one row per
 //! key, the first access of a record brings the key's entry and values into the cache and the
 //! others find them there, instead of one table entry per state, each a cache miss in a large
-//! key set. A row holds one value inline (no allocation for a key in one state) and is sized
-//! to the states registered when the key was first written; it grows when a later state is
-//! written, and leaves its map when its last value is cleared.
+//! key set. A row holds up to four values inline, in the table entry itself (a row on the
+//! heap would be one more dependent cache miss per record), and is sized to the states
+//! registered when the key was first written; it grows when a later state is written (onto
+//! the heap past four), and leaves its map when its last value is cleared. Each key group's
+//! table remembers the bucket of the last key it found, so a record's later calls for its
+//! key go straight to the entry.
 //!
 //! **Memory model.** A value is held *live* (a decoded [`Dynamic`], what reads and updates
 //! work on) or *packed* (its canonical encoding, the bytes a snapshot holds). A decoded map
