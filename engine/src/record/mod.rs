@@ -308,9 +308,8 @@ fn pack_small(bytes: &[u8]) -> [u64; 2] {
     let mut buf = [0u8; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
     buf[15] = bytes.len() as u8 + 1;
-    let (lo, hi) = buf.split_at(8);
-    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
-    [word(lo), word(hi)]
+    let v = u128::from_le_bytes(buf);
+    [v as u64, (v >> 64) as u64]
 }
 impl Eq for Key {}
 

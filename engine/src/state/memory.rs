@@ -159,17 +159,12 @@ impl Group {
 
     /// The row of `key`, added by `make` when the group does not hold it.
     fn get_or_insert_with(&mut self, key: Key, make: impl FnOnce() -> Row) -> &mut Row {
-        let i = match self.find(&key) {
-            Some(i) => i,
-            None => {
-                self.insert_new(key, make());
-                self.last.get()
-            }
-        };
-        match self.table.get_bucket_mut(i) {
-            Some((_, row)) => row,
-            None => unreachable!("a bucket just found or filled is full"),
-        }
+        let hash = table_hash(&key);
+        let entry = self
+            .table
+            .entry(hash, |(k, _)| *k == key, |(k, _)| table_hash(k))
+            .or_insert_with(|| (key, make()));
+        &mut entry.into_mut().1
     }
 
     fn remove(&mut self, key: &Key) {
