@@ -41,7 +41,11 @@ const CHUNKS: u64 = 40;
 
 impl Pg {
     fn count(&self, db: &str) -> u64 {
-        self.sql(db, "SELECT count(*) FROM events")
+        self.count_in(db, "events")
+    }
+
+    fn count_in(&self, db: &str, table: &str) -> u64 {
+        self.sql(db, &format!("SELECT count(*) FROM {table}"))
             .trim()
             .parse()
             .unwrap()
@@ -49,13 +53,11 @@ impl Pg {
 
     /// The table as sorted lines.
     fn dump(&self, db: &str) -> Vec<String> {
-        let mut rows: Vec<String> = self
-            .sql(db, "SELECT id, name, total, meta FROM events")
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        rows.sort();
-        rows
+        self.dump_of(db, "events")
+    }
+
+    fn dump_of(&self, db: &str, table: &str) -> Vec<String> {
+        self.sorted_rows(db, &format!("SELECT id, name, total, meta FROM {table}"))
     }
 }
 
@@ -118,7 +120,7 @@ fn pipeline(dir: &Path, input: &Path, mode: &str, sink: Value, restart_delay: &s
     m.insert("type".into(), json!("postgres"));
     m.insert("input".into(), json!("shape"));
     m.insert("connection_env".into(), json!(URL_ENV));
-    m.insert("table".into(), json!("events"));
+    m.entry("table").or_insert(json!("events"));
     m.insert(
         "columns".into(),
         json!({"id": "id", "name": "name", "total": "total", "meta": "meta"}),
@@ -196,20 +198,35 @@ impl Runs {
 /// Runs `file` with all of the input present until the table has every record, then stops it;
 /// returns the table.
 fn failure_free(pg: &Pg, db: &str, dir: &Path, sink: Value) -> Vec<String> {
+    failure_free_into(pg, db, "events", dir, sink).0
+}
+
+/// [`failure_free`] into `table`; also returns the run's log.
+fn failure_free_into(
+    pg: &Pg,
+    db: &str,
+    table: &str,
+    dir: &Path,
+    sink: Value,
+) -> (Vec<String>, String) {
     let input = dir.join("input.jsonl");
     append(&input, 0, RECORDS);
+    let mut sink = sink;
+    sink.as_object_mut()
+        .unwrap()
+        .insert("table".into(), json!(table));
     let file = pipeline(dir, &input, "exactly_once", sink, "10ms");
     let mut runs = Runs::new(&file, pg.url(db), &dir.join("logs"), "clean");
     let (mut child, log) = runs.spawn();
     let status = settle_and_stop(&mut child, &log, "failure-free run", || {
-        pg.count(db) >= RECORDS
+        pg.count_in(db, table) >= RECORDS
     });
     assert!(
         status.success(),
-        "failure-free run: {status}\n{}",
+        "failure-free run into {db}.{table}: {status}\n{}",
         log_excerpt(&log)
     );
-    pg.dump(db)
+    (pg.dump_of(db, table), read_log(&log))
 }
 
 /// What the kill loop saw.
@@ -428,6 +445,76 @@ fn at_least_once_upsert_absorbs_replays() {
         log_excerpt(&log)
     );
     assert_eq!(pg.prepared(&db), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2b. Copies of one pipeline on one server.
+
+/// Three copies of one pipeline (the same pipeline and sink ids) run at once on one server:
+/// two into tables `events` and `events2` of one database, one into `events` of another.
+/// Transaction names are unique in the whole server, so each copy's must differ from the
+/// others' (or a `PREPARE` is refused), and a copy's fresh start must roll back only its own
+/// (or it would undo another copy's checkpoint). A transaction an older version left, named
+/// without its target, is rolled back by the copy it belongs to.
+#[test]
+fn copies_of_one_pipeline_on_one_server_keep_to_their_own_transactions() {
+    let pg = Pg::shared();
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    let columns = "(id bigint NOT NULL, name text, total bigint, meta jsonb)";
+    let (one, two) = (db_name("copies_one"), db_name("copies_two"));
+    pg.fresh_db(
+        &one,
+        &format!("CREATE TABLE events {columns}; CREATE TABLE events2 {columns}"),
+    );
+    pg.fresh_db(&two, &format!("CREATE TABLE events {columns}"));
+    // Left by an older version's run into `one`.`events`, subtask 0.
+    pg.sql(
+        &one,
+        "BEGIN; INSERT INTO events VALUES (-1, 'stale', 0, NULL); \
+         PREPARE TRANSACTION 'weir:pg:db:0:999999'",
+    );
+    let copies = [
+        (one.clone(), "events"),
+        (one.clone(), "events2"),
+        (two.clone(), "events"),
+    ];
+    let runs: Vec<_> = copies
+        .iter()
+        .enumerate()
+        .map(|(i, (db, table))| {
+            let dir = tmp.join(format!("copy{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (db, table) = (db.clone(), *table);
+            std::thread::spawn(move || {
+                failure_free_into(&Pg::shared(), &db, table, &dir, json!({}))
+            })
+        })
+        .collect();
+    let mut rolled_back = Vec::new();
+    for ((db, table), run) in copies.iter().zip(runs) {
+        let (got, log) = run.join().unwrap();
+        assert!(
+            got == expected_rows(),
+            "the copy into {db}.{table} committed {} rows, {RECORDS} expected\n{log}",
+            got.len()
+        );
+        assert!(!log.contains("cannot prepare"), "{db}.{table}:\n{log}");
+        rolled_back.extend(
+            log.lines()
+                .filter(|l| l.contains("Rolled back a prepared transaction"))
+                .map(|l| format!("{db}.{table}: {l}")),
+        );
+    }
+    assert_eq!(rolled_back.len(), 1, "{rolled_back:#?}");
+    assert!(
+        rolled_back[0].contains(&format!("{one}.events: "))
+            && rolled_back[0].contains("weir:pg:db:0:999999"),
+        "{rolled_back:#?}"
+    );
+    assert_eq!(pg.prepared(&one), Vec::<String>::new());
+    assert_eq!(pg.prepared(&two), Vec::<String>::new());
+    println!("three copies of one pipeline on one server: each table exact, no checkpoint aborted");
 }
 
 // ---------------------------------------------------------------------------------------------

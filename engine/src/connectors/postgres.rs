@@ -7,9 +7,9 @@
 //!
 //! - rows go into the subtask's open transaction (`BEGIN` before the first batch);
 //! - at the barrier of checkpoint `n` the transaction is prepared as
-//!   `PREPARE TRANSACTION 'weir:<pipeline>:<sink>:<subtask>:<n>'` (nothing is prepared when no
-//!   row came since the last barrier); the snapshot lists every prepared transaction not
-//!   committed yet, with its checkpoint;
+//!   `PREPARE TRANSACTION 'weir:<pipeline>:<sink>:<target>:<subtask>:<n>'` (nothing is prepared
+//!   when no row came since the last barrier); the snapshot lists every prepared transaction
+//!   not committed yet, with its checkpoint;
 //! - when checkpoint `n` completes, every listed transaction of a checkpoint `<= n` is
 //!   committed (`COMMIT PREPARED`);
 //! - a restore commits the transactions its snapshot lists (a transaction already committed is
@@ -23,6 +23,16 @@
 //! subtask `s` owns every subtask number `n` with `n % p == s`, as in the file sink. On a fresh
 //! start subtask 0 also owns the numbers at or beyond the parallelism. Prepared transactions
 //! live in one database: the sink looks only at those of the database it is connected to.
+//!
+//! Transaction names are unique in the whole server, not per database, and one server often
+//! holds the same pipeline several times (staging and production, tests, a copy writing into
+//! another table). So a name carries `<target>`, `t` and 16 hex digits of a fixed hash of the
+//! database and the table: two sinks of the same pipeline and sink ids that write into
+//! different tables or databases never take each other's names, and a fresh start never rolls
+//! back the transactions of a copy writing elsewhere. (Names without `<target>`, from versions
+//! before it, are still this sink's to commit and roll back.) Two running copies of one pipeline
+//! into one table are one sink twice: the second one's `PREPARE` is refused with a message that
+//! says so.
 //!
 //! Without exactly-once (`at_least_once`, or no checkpoints) each batch commits on its own and
 //! the barrier flushes the rows before it; a replay writes them again, which `upsert` absorbs.
@@ -65,6 +75,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 1000;
 const MAX_GID: usize = 199;
 /// SQLSTATE `undefined_object`: `COMMIT PREPARED` of a transaction that no longer exists.
 const UNDEFINED_OBJECT: &str = "42704";
+/// SQLSTATE `duplicate_object`: `PREPARE TRANSACTION` under a name already prepared.
+const DUPLICATE_OBJECT: &str = "42710";
 
 /// The process-wide runtime that drives every PostgreSQL connection: one worker thread.
 ///
@@ -197,7 +209,10 @@ pub struct PostgresConfig {
     tail: String,
     batch_size: usize,
     two_phase: bool,
-    /// `weir:<pipeline>:<sink>:`, the prefix of this sink's transaction names.
+    /// `weir:<pipeline>:<sink>:`, the prefix of the transaction names of this pipeline's sink
+    /// of this id, whatever it writes into.
+    owner_prefix: String,
+    /// `weir:<pipeline>:<sink>:<target>:`, the prefix of this sink's transaction names.
     gid_prefix: String,
 }
 
@@ -284,14 +299,19 @@ impl PostgresConfig {
                 )
             }
         };
-        let gid_prefix = format!("weir:{pipeline}:{}:", spec.id);
+        let owner_prefix = format!("weir:{pipeline}:{}:", spec.id);
+        let database = connection
+            .get_dbname()
+            .or(connection.get_user())
+            .unwrap_or("postgres");
+        let gid_prefix = format!("{owner_prefix}{}:", target_tag(database, &table));
         // Room for `<subtask>:<checkpoint>`.
         if gid_prefix.len() + 32 > MAX_GID {
             return Err(format!(
                 "the pipeline and sink ids are too long to name prepared transactions ({} bytes; \
                  at most {} together)",
-                gid_prefix.len(),
-                MAX_GID - 32 - 7
+                owner_prefix.len() - 7,
+                MAX_GID - 32 - 7 - TARGET_TAG_LEN - 1
             ));
         }
         Ok(Self {
@@ -306,6 +326,7 @@ impl PostgresConfig {
                 .batch_size
                 .map_or(DEFAULT_BATCH_SIZE, |b| b.max(1) as usize),
             two_phase,
+            owner_prefix,
             gid_prefix,
         })
     }
@@ -315,9 +336,12 @@ impl PostgresConfig {
         format!("{}{subtask}:{checkpoint}", self.gid_prefix)
     }
 
-    /// The subtask number of one of this sink's transaction names.
+    /// The subtask number of one of this sink's transaction names: its own, or one without
+    /// `<target>` (see the module docs).
     fn subtask_of(&self, gid: &str) -> Option<u32> {
-        let rest = gid.strip_prefix(&self.gid_prefix)?;
+        let rest = gid
+            .strip_prefix(&self.gid_prefix)
+            .or_else(|| gid.strip_prefix(&self.owner_prefix))?;
         let (subtask, checkpoint) = rest.split_once(':')?;
         checkpoint.parse::<u64>().ok()?;
         subtask.parse().ok()
@@ -386,6 +410,21 @@ impl PostgresConfig {
             _ => Ok(()),
         }
     }
+}
+
+/// The length of [`target_tag`]'s answer.
+const TARGET_TAG_LEN: usize = 17;
+
+/// `t` and 16 hex digits naming a database and table in transaction names: FNV-1a (64 bits)
+/// over the database name, a zero byte and the quoted table name, fixed so that the names of
+/// one sink stay the same from version to version.
+fn target_tag(database: &str, table: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in database.as_bytes().iter().chain(&[0]).chain(table.as_bytes()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("t{hash:016x}")
 }
 
 /// `host:port/dbname` of a connection configuration.
@@ -552,6 +591,28 @@ impl PostgresSink {
         })
     }
 
+    /// Runs `PREPARE TRANSACTION` under `gid`; a name already prepared is explained.
+    fn prepare(&mut self, sql: String, gid: &str, ctx: &OperatorContext) -> Result<()> {
+        let client = self.client(ctx)?;
+        client.batch_owned(sql).map_err(|e| {
+            self.client = None;
+            let table = &self.config.table;
+            if e.contains(&format!("(SQLSTATE {DUPLICATE_OBJECT})")) {
+                self.error(
+                    ctx,
+                    format!(
+                        "cannot prepare the transaction of {table}: its name `{gid}` is taken by \
+                         a prepared transaction of another run of this pipeline's sink writing \
+                         into the same table ({e}); run one copy per table, or give the copies \
+                         different pipeline or sink ids"
+                    ),
+                )
+            } else {
+                self.error(ctx, format!("cannot prepare the transaction of {table}: {e}"))
+            }
+        })
+    }
+
     /// Renders a record as a `(v1, v2, ...)` tuple and queues it.
     fn push(&mut self, record: Dynamic, ctx: &mut OperatorContext) -> Result<()> {
         let mut tuple = String::with_capacity(16 * self.config.columns.len());
@@ -639,8 +700,8 @@ impl PostgresSink {
         let mut query = String::from(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND left(gid, ",
         );
-        let _ = write!(query, "{}) = ", self.config.gid_prefix.len());
-        push_literal(&mut query, &self.config.gid_prefix);
+        let _ = write!(query, "{}) = ", self.config.owner_prefix.len());
+        push_literal(&mut query, &self.config.owner_prefix);
         query.push_str(" ORDER BY gid");
         let gids = client.column(query).map_err(|e| {
             self.error(ctx, format!("cannot list the prepared transactions: {e}"))
@@ -756,7 +817,7 @@ impl Operator for PostgresSink {
             let mut sql = String::from("PREPARE TRANSACTION ");
             push_literal(&mut sql, &gid);
             self.in_transaction = false;
-            self.execute(sql, "cannot prepare the transaction of", ctx)?;
+            self.prepare(sql, &gid, ctx)?;
             self.prepared.push(Prepared { checkpoint, gid });
         }
         let state = PostgresSinkState {
@@ -908,10 +969,30 @@ mod tests {
         let u = PostgresConfig::with_connection(&spec(PostgresWriteMode::Upsert, &["id"]), "p", true, url)
             .expect("config");
         assert_eq!(u.tail, " ON CONFLICT (\"id\") DO UPDATE SET \"total\" = EXCLUDED.\"total\"");
-        assert_eq!(u.gid(3, 17), "weir:p:out:3:17");
-        assert_eq!(u.subtask_of("weir:p:out:3:17"), Some(3));
+        let tag = target_tag("db", "\"public\".\"Orders\"");
+        assert_eq!(u.gid(3, 17), format!("weir:p:out:{tag}:3:17"));
+        assert_eq!(u.subtask_of(&u.gid(3, 17)), Some(3));
+        assert_eq!(u.subtask_of("weir:p:out:3:17"), Some(3), "a name without the target");
         assert_eq!(u.subtask_of("weir:p:out2:3:17"), None);
         assert_eq!(u.subtask_of("weir:p:out:x:17"), None);
+        // The same pipeline and sink writing into another database or table: not this sink's.
+        let elsewhere = |url: &str, table: &str| {
+            let mut other = spec(PostgresWriteMode::Insert, &[]);
+            other.table = table.to_owned();
+            PostgresConfig::with_connection(&other, "p", true, url)
+                .expect("config")
+                .gid(3, 17)
+        };
+        for name in [
+            elsewhere("postgres://u@127.0.0.1:1/db2", "public.Orders"),
+            elsewhere(url, "public.Refunds"),
+        ] {
+            assert_ne!(name, u.gid(3, 17));
+            assert_eq!(u.subtask_of(&name), None, "{name}");
+        }
+        // The host and port do not name the target: the same database through another address.
+        assert_eq!(elsewhere("postgres://u@10.0.0.9:5433/db", "public.Orders"), u.gid(3, 17));
+        assert_eq!(tag.len(), TARGET_TAG_LEN);
         let bad = PostgresConfig::with_connection(&spec(PostgresWriteMode::Insert, &[]), "p", true, "host=x port=notaport");
         assert!(bad.is_err_and(|e| !e.contains("notaport") || e.contains("WEIR_UNIT_TEST_PG_URL")));
     }
