@@ -136,6 +136,12 @@ impl Pending {
         Some((r, self.keys.next()))
     }
 
+    /// The key of the record `n` places after the next one (`0`: the next), if the batch is
+    /// keyed and has that many records.
+    pub fn key_ahead(&self, n: usize) -> Option<&Key> {
+        self.keys.as_slice().get(n)
+    }
+
     /// Takes up to `n` records from the front as a batch. Taking all that is left of an
     /// untouched batch gives its vectors back without copying.
     pub fn take(&mut self, n: usize) -> Batch {

@@ -35,6 +35,12 @@ use crate::state::timers::{TimeDomain, Timers};
 use crate::state::ttl::{Ttl, TtlRule};
 use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
 
+/// How many records ahead of the one it runs a `process` operator hints the state backend
+/// that a key's state is next ([`StateBackend::prefetch`]): far enough ahead for the loads to
+/// complete before that record runs, near enough for them to be still cached. Measured on W4
+/// (a million records over ten thousand keys): 2, 3 and 4 gain alike, 6 no more.
+const PREFETCH_AHEAD: usize = 4;
+
 /// The `process` operator.
 pub struct ProcessOperator {
     script: ScriptFn,
@@ -255,6 +261,9 @@ impl Operator for ProcessOperator {
         let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
             set_process_context(cx);
             while records.len() < limit {
+                if let Some(ahead) = input.key_ahead(PREFETCH_AHEAD) {
+                    with_frame_state(|state| state.prefetch(ahead));
+                }
                 let Some((r, k)) = input.next_record() else {
                     break;
                 };

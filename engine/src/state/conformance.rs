@@ -197,6 +197,75 @@ pub fn snapshot_restore_rescale(factory: Factory<'_>) {
     assert_eq!(total, 200);
 }
 
+/// `prefetch` is a hint and nothing else: of keys held live, restored (packed, in the memory
+/// backend) or absent, and of keys outside the backend's key groups, it changes no read, and
+/// between two calls for one key a prefetch of another key changes neither.
+pub fn prefetch_is_only_a_hint(factory: Factory<'_>) {
+    let m = 16;
+    let range = KeyGroupRange::for_subtask(m, 2, 0);
+    let mine: Vec<Key> = (0..400)
+        .map(key)
+        .filter(|k| range.contains(k.key_group(m)))
+        .collect();
+    let theirs: Vec<Key> = (0..400)
+        .map(key)
+        .filter(|k| !range.contains(k.key_group(m)))
+        .collect();
+    assert!(mine.len() > 50 && theirs.len() > 50);
+    let mut b = factory(m, range);
+    let (v, l, mp) = (
+        b.register("v", StateKind::Value).unwrap(),
+        b.register("l", StateKind::List).unwrap(),
+        b.register("m", StateKind::Map).unwrap(),
+    );
+    // Half the keys written, then restored into another backend (held as the snapshot's
+    // bytes until written), the other half written there.
+    let (first, second) = mine.split_at(mine.len() / 2);
+    let write = |b: &mut Box<dyn StateBackend>, keys: &[Key]| {
+        for (i, k) in keys.iter().enumerate() {
+            let i = i as i64;
+            b.put(v, k, Dynamic::from(i)).unwrap();
+            b.list_push(l, k, Dynamic::from(i)).unwrap();
+            b.map_put(mp, k, "f", Dynamic::from(i)).unwrap();
+        }
+    };
+    write(&mut b, first);
+    let snap = b.snapshot(range).unwrap();
+    let mut b = factory(m, range);
+    b.restore(&[&snap]).unwrap();
+    assert_eq!(b.register("v", StateKind::Value).unwrap(), v);
+    assert_eq!(b.register("l", StateKind::List).unwrap(), l);
+    assert_eq!(b.register("m", StateKind::Map).unwrap(), mp);
+    write(&mut b, &second[..second.len() / 2]);
+    let reads = |b: &dyn StateBackend| -> Vec<String> {
+        mine.iter()
+            .map(|k| {
+                format!(
+                    "{:?} {:?} {:?}",
+                    b.get(v, k).unwrap().map(|d| d.to_string()),
+                    b.get(l, k).unwrap().map(|d| d.to_string()),
+                    b.map_get(mp, k, "f").unwrap().map(|d| d.to_string())
+                )
+            })
+            .collect()
+    };
+    let before = reads(&*b);
+    for k in mine.iter().chain(&theirs) {
+        b.prefetch(k);
+    }
+    assert_eq!(reads(&*b), before);
+    // A record's calls for its key, with prefetches of the next keys in between.
+    for (k, next) in mine.iter().zip(mine.iter().skip(1).chain(&theirs)) {
+        let n = b.get(v, k).unwrap().map_or(0, |d| d.as_int().unwrap());
+        b.prefetch(next);
+        b.put(v, k, Dynamic::from(n + 1)).unwrap();
+        b.prefetch(next);
+        b.list_push(l, k, Dynamic::from(n + 1)).unwrap();
+        assert_eq!(b.get(v, k).unwrap().unwrap().as_int(), Ok(n + 1));
+        assert_eq!(ints(&*b, l, k).last(), Some(&(n + 1)));
+    }
+}
+
 pub fn snapshot_is_isolated_from_later_writes(factory: Factory<'_>) {
     let mut b = factory(8, KeyGroupRange::all(8));
     let s = b.register("v", StateKind::Value).unwrap();
@@ -494,6 +563,7 @@ macro_rules! conformance_suite {
             kind_mismatch_is_an_error,
             snapshot_restore_rescale,
             snapshot_is_isolated_from_later_writes,
+            prefetch_is_only_a_hint,
             bad_snapshot_is_an_error,
             checkpoint_files_restore_rescale,
             timers_checkpoint_restore_rescale,

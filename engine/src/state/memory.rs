@@ -12,6 +12,12 @@
 //! table remembers the bucket of the last key it found, so a record's later calls for its
 //! key go straight to the entry.
 //!
+//! **Prefetch.** A keyed record's first touch of its row and of its maps and lists waits on
+//! memory, one load after the other, when the key set outgrows the processor's caches.
+//! [`StateBackend::prefetch`], called a few records ahead, finds the row then and asks the
+//! processor for the first line of each map, list and packed value it holds, so that those
+//! loads overlap the records in between.
+//!
 //! **Memory model.** A value is held *live* (a decoded [`Dynamic`], what reads and updates
 //! work on) or *packed* (its canonical encoding, the bytes a snapshot holds). A decoded map
 //! or list costs far more than its encoding: a Rhai map of a few fields is a B-tree node of
@@ -113,6 +119,21 @@ struct Group {
     last: Cell<usize>,
 }
 
+/// Asks the processor to start loading the cache line at `p` (a hint: nothing waits for it,
+/// and no address is ever read into the program).
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_line<T>(p: *const T) {
+    // SAFETY: a prefetch instruction cannot fault or change memory, whatever the address;
+    // SSE is part of every x86_64 processor.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// The hash a [`Group`]'s table files a key under: that of [`KeyBuildHasher`] maps.
 fn table_hash(key: &Key) -> u64 {
     use std::hash::BuildHasher;
@@ -131,6 +152,14 @@ impl Group {
             .find_bucket_index(table_hash(key), |(k, _)| k == key)?;
         self.last.set(found);
         Some(found)
+    }
+
+    /// The row of `key`, found without remembering its bucket (the record running now
+    /// keeps its own).
+    fn peek(&self, key: &Key) -> Option<&Row> {
+        self.table
+            .find(table_hash(key), |(k, _)| k == key)
+            .map(|(_, row)| row)
     }
 
     fn get(&self, key: &Key) -> Option<&Row> {
@@ -452,6 +481,28 @@ impl StateBackend for MemoryBackend {
             self.made_live(state, key);
         }
         Ok(())
+    }
+
+    fn prefetch(&self, key: &Key) {
+        let group = key
+            .key_group(self.max_parallelism)
+            .checked_sub(self.range.start)
+            .and_then(|g| self.groups.get(g as usize));
+        let Some(row) = group.and_then(|g| g.peek(key)) else {
+            return;
+        };
+        for slot in row.iter().flatten() {
+            match slot {
+                Slot::Live { value, .. } => {
+                    if let Ok(map) = value.as_map_ref() {
+                        prefetch_line(&raw const *map);
+                    } else if let Ok(list) = value.as_array_ref() {
+                        prefetch_line(&raw const *list);
+                    }
+                }
+                Slot::Packed(bytes) => prefetch_line(bytes.as_ptr()),
+            }
+        }
     }
 
     fn keys_in(&self, state: StateId, range: KeyGroupRange) -> Result<Vec<Key>> {

@@ -230,6 +230,12 @@ pub trait StateBackend: Send {
         None
     }
 
+    /// A hint that `key`'s values are about to be read and written (a few records from now):
+    /// a backend may start bringing them into the processor's caches, so that the accesses,
+    /// when they come, do not wait on memory one after the other. Nothing it does can be
+    /// observed; the default does nothing.
+    fn prefetch(&self, _key: &Key) {}
+
     /// Every key holding a value of `state`, in no particular order.
     ///
     /// # Errors
