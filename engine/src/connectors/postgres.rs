@@ -11,7 +11,9 @@
 //!   when no row came since the last barrier); the snapshot lists every prepared transaction
 //!   not committed yet, with its checkpoint;
 //! - when checkpoint `n` completes, every listed transaction of a checkpoint `<= n` is
-//!   committed (`COMMIT PREPARED`);
+//!   committed (`COMMIT PREPARED`), on a second connection of the subtask: the first one has
+//!   usually begun the next checkpoint's transaction by then, inside which `COMMIT PREPARED`
+//!   cannot run;
 //! - a restore commits the transactions its snapshot lists (a transaction already committed is
 //!   fine: it is gone from `pg_prepared_xacts`), then rolls back every other prepared
 //!   transaction of the names this subtask owns (those of checkpoints that did not complete:
@@ -30,7 +32,8 @@
 //! database and the table: two sinks of the same pipeline and sink ids that write into
 //! different tables or databases never take each other's names, and a fresh start never rolls
 //! back the transactions of a copy writing elsewhere. (Names without `<target>`, from versions
-//! before it, are still this sink's to commit and roll back.) Two running copies of one pipeline
+//! before it, are still this sink's to commit and roll back; as before, every copy in their
+//! database takes them for its own, so upgrade the copies that share a database together.) Two running copies of one pipeline
 //! into one table are one sink twice: the second one's `PREPARE` is refused with a message that
 //! says so.
 //!
@@ -526,6 +529,10 @@ pub struct PostgresSink {
     config: Arc<PostgresConfig>,
     subtask: u32,
     client: Option<Client>,
+    /// The connection prepared transactions are committed on. Not `client`: by the time a
+    /// checkpoint completes, `client` often has the next checkpoint's transaction open, and
+    /// `COMMIT PREPARED` cannot run inside a transaction block.
+    committer: Option<Client>,
     /// Rendered `(v1, v2, ...)` tuples not sent yet.
     rows: Vec<String>,
     /// Upsert: the index in `rows` of each key's tuple, so a batch holds one row per key (the
@@ -544,6 +551,7 @@ impl PostgresSink {
             config,
             subtask,
             client: None,
+            committer: None,
             rows: Vec::new(),
             by_key: HashMap::new(),
             in_transaction: false,
@@ -684,11 +692,18 @@ impl PostgresSink {
     /// Commits prepared transaction `gid`; `Ok(false)` when it no longer exists (committed
     /// before, by this subtask or the one it replaced).
     fn commit_prepared(&mut self, gid: &str, ctx: &OperatorContext) -> Result<bool> {
-        let client = self.client(ctx)?;
+        let client = match &self.committer {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.config.connect().map_err(|e| self.error(ctx, e))?;
+                self.committer = Some(c.clone());
+                c
+            }
+        };
         let mut sql = String::from("COMMIT PREPARED ");
         push_literal(&mut sql, gid);
         client.batch_unless(sql, UNDEFINED_OBJECT).map_err(|e| {
-            self.client = None;
+            self.committer = None;
             self.error(ctx, format!("cannot commit the prepared transaction `{gid}`: {e}"))
         })
     }
@@ -713,9 +728,14 @@ impl PostgresSink {
             let mut sql = String::from("ROLLBACK PREPARED ");
             push_literal(&mut sql, &gid);
             let client = self.client(ctx)?;
-            client.batch_unless(sql, UNDEFINED_OBJECT).map_err(|e| {
+            let rolled_back = client.batch_unless(sql, UNDEFINED_OBJECT).map_err(|e| {
                 self.error(ctx, format!("cannot roll back the prepared transaction `{gid}`: {e}"))
             })?;
+            if !rolled_back {
+                // Gone since the listing: another subtask (or copy, for a name without
+                // `<target>`) rolled it back first.
+                continue;
+            }
             tracing::info!(
                 pipeline = %ctx.pipeline,
                 sink = %ctx.operator,
@@ -912,6 +932,7 @@ impl Operator for PostgresSink {
             self.flush(ctx)?;
         }
         self.client = None;
+        self.committer = None;
         Ok(())
     }
 }
