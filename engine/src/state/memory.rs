@@ -56,6 +56,7 @@ use smallvec::SmallVec;
 use weir_schema::StateKind;
 
 use super::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
+use super::prefetch;
 use super::{CanonicalSnapshot, PendingSnapshot, StateBackend, StateId};
 use crate::base::error::{Result, RunError};
 use crate::checkpoint::CheckpointId;
@@ -117,21 +118,6 @@ struct Group {
     table: HashTable<(Key, Row)>,
     /// The bucket index of the last key found; anything out of range when none.
     last: Cell<usize>,
-}
-
-/// Asks the processor to start loading the cache line at `p` (a hint: nothing waits for it,
-/// and no address is ever read into the program).
-#[inline(always)]
-#[allow(unsafe_code)]
-fn prefetch_line<T>(p: *const T) {
-    // SAFETY: a prefetch instruction cannot fault or change memory, whatever the address;
-    // SSE is part of every x86_64 processor.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// The hash a [`Group`]'s table files a key under: that of [`KeyBuildHasher`] maps.
@@ -493,14 +479,8 @@ impl StateBackend for MemoryBackend {
         };
         for slot in row.iter().flatten() {
             match slot {
-                Slot::Live { value, .. } => {
-                    if let Ok(map) = value.as_map_ref() {
-                        prefetch_line(&raw const *map);
-                    } else if let Ok(list) = value.as_array_ref() {
-                        prefetch_line(&raw const *list);
-                    }
-                }
-                Slot::Packed(bytes) => prefetch_line(bytes.as_ptr()),
+                Slot::Live { value, .. } => prefetch::value(value),
+                Slot::Packed(bytes) => prefetch::line(bytes.as_ptr()),
             }
         }
     }

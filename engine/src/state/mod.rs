@@ -26,6 +26,7 @@ pub mod canonical;
 pub(crate) mod conformance;
 pub mod handover;
 pub mod memory;
+mod prefetch;
 pub mod rocksdb;
 pub mod snapshot_files;
 pub mod timers;
