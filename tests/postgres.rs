@@ -525,6 +525,87 @@ fn copies_of_one_pipeline_on_one_server_keep_to_their_own_transactions() {
     println!("three copies of one pipeline on one server: each table exact, no checkpoint aborted");
 }
 
+/// Exactly-once `upsert` with keys that come back in every checkpoint interval, more of them
+/// than a statement's batch: a subtask's statement must never wait on the row locks of its
+/// own prepared transaction (only the subtask can commit it, on hearing of the checkpoint's
+/// completion), and the table ends with each key's last record.
+#[test]
+fn exactly_once_upsert_of_returning_keys_never_waits_on_its_own_transaction() {
+    const KEYS: u64 = 2_000;
+    const CHUNKS: u64 = 20;
+    let pg = Pg::shared();
+    let scratch = Scratch::new();
+    let tmp = scratch.path();
+    let db = db_name("eo_upsert_keys");
+    pg.fresh_db(
+        &db,
+        "CREATE TABLE events (id bigint PRIMARY KEY, name text, total bigint, meta jsonb)",
+    );
+    let input = tmp.join("input.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let sink = json!({"mode": "upsert", "key": ["id"], "batch_size": 100});
+    let file = pipeline(tmp, &input, "exactly_once", sink, "10ms");
+    // One subtask throughout, so that a key's records reach the table in input order.
+    let mut job: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    job["pipelines"][0]["parallelism"] = json!(1);
+    std::fs::write(&file, serde_json::to_string_pretty(&job).unwrap()).unwrap();
+    // Record `i` of chunk `c` is key `i`, named after the chunk.
+    let chunk = |c: u64| -> String {
+        (0..KEYS)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    json!({"id": i, "name": format!("c{c}"), "amount": i % 100, "meta": {"k": i}})
+                )
+            })
+            .collect()
+    };
+    let mut runs = Runs::new(&file, pg.url(&db), &tmp.join("logs"), "upsert");
+    let (mut child, log) = runs.spawn();
+    let writer = {
+        let input = input.clone();
+        std::thread::spawn(move || {
+            for c in 0..CHUNKS {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&input)
+                    .unwrap();
+                f.write_all(chunk(c).as_bytes()).unwrap();
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        })
+    };
+    let last = format!("c{}", CHUNKS - 1);
+    let status = settle_and_stop(&mut child, &log, "upsert run", || {
+        pg.sql(
+            &db,
+            &format!("SELECT count(*) FROM events WHERE name = '{last}'"),
+        )
+        .trim()
+            == KEYS.to_string()
+    });
+    writer.join().unwrap();
+    let text = read_log(&log);
+    assert!(
+        status.success(),
+        "upsert run: {status}\n{}",
+        log_excerpt(&log)
+    );
+    assert!(!text.contains("Task failed"), "{}", log_excerpt(&log));
+    let expected: Vec<String> = {
+        let mut rows: Vec<String> = (0..KEYS)
+            .map(|i| format!("{i}|{last}|{}|{{\"k\": {i}}}", (i % 100) * 3))
+            .collect();
+        rows.sort();
+        rows
+    };
+    assert!(
+        pg.dump(&db) == expected,
+        "the table is not every key's last record"
+    );
+    assert_eq!(pg.prepared(&db), Vec::<String>::new());
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. The database goes down mid-run; a server without prepared transactions is refused.
 

@@ -20,6 +20,14 @@
 //!   the sources replay their records); a fresh start rolls back all of them;
 //! - at the end of a bounded input everything is committed at once.
 //!
+//! With `upsert`, a prepared transaction keeps the rows it wrote locked until it commits, and
+//! only its own subtask commits it: so while one is not committed, rows wait for the barrier
+//! instead of going out a batch at a time (a statement updating a locked row would wait for a
+//! commit that its own subtask, waiting on the statement, could not make). A barrier that comes
+//! before the previous checkpoint's completion (a rare order: the completion is one round trip,
+//! the interval usually far longer) sends them anyway; should one touch a row still locked, the
+//! request timeout fails the subtask and the restore commits the transaction.
+//!
 //! The names this subtask owns are those of its own subtask number; after a rescale to
 //! parallelism `p` (snapshots as list state, old subtask `j`'s to new subtask `j % p`), new
 //! subtask `s` owns every subtask number `n` with `n % p == s`, as in the file sink. On a fresh
@@ -599,6 +607,15 @@ impl PostgresSink {
         })
     }
 
+    /// Whether full batches wait for the barrier: two-phase `upsert` while a prepared
+    /// transaction of this subtask is not committed. Its rows stay locked until it commits,
+    /// which only this subtask does, when it hears that the checkpoint completed; a statement
+    /// updating one of them would wait for that, and the subtask, waiting on the statement,
+    /// would never hear it (until the request timeout failed it). Waiting rows are one per key.
+    fn held_back(&self) -> bool {
+        self.config.two_phase && !self.config.key.is_empty() && !self.prepared.is_empty()
+    }
+
     /// Runs `PREPARE TRANSACTION` under `gid`; a name already prepared is explained.
     fn prepare(&mut self, sql: String, gid: &str, ctx: &OperatorContext) -> Result<()> {
         let client = self.client(ctx)?;
@@ -813,7 +830,7 @@ impl Operator for PostgresSink {
     fn process(&mut self, batch: &mut Batch, ctx: &mut OperatorContext) -> Result<()> {
         for record in batch.records.drain(..) {
             self.push(record, ctx)?;
-            if self.rows.len() >= self.config.batch_size {
+            if self.rows.len() >= self.config.batch_size && !self.held_back() {
                 self.flush(ctx)?;
             }
         }
