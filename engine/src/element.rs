@@ -364,7 +364,7 @@ impl OperatorContext {
     /// # Errors
     /// When the operator is not keyed (a wiring bug).
     pub fn state_mut(&mut self) -> Result<&mut Box<dyn StateBackend>> {
-        let op = self.operator.clone();
+        let op = &self.operator;
         self.state
             .as_mut()
             .ok_or_else(|| RunError::Internal(format!("operator `{op}` has no keyed state")))

@@ -38,8 +38,8 @@ use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
 /// How many records ahead of the one it runs a `process` operator hints the state backend
 /// that a key's state is next ([`StateBackend::prefetch`]): far enough ahead for the loads to
 /// complete before that record runs, near enough for them to be still cached. Measured on W4
-/// (a million records over ten thousand keys): 2, 3 and 4 gain alike, 6 no more.
-const PREFETCH_AHEAD: usize = 4;
+/// (a million records over ten thousand keys): 2, 3 and 4 gain alike; 6 did worse.
+pub(crate) const PREFETCH_AHEAD: usize = 4;
 
 /// The `process` operator.
 pub struct ProcessOperator {

@@ -16,6 +16,10 @@ use crate::record::{Key, excerpt};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
 use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
 
+/// How many records ahead of the one it folds a `reduce` hints the state backend that a key's
+/// accumulator is next ([`StateBackend::prefetch`]), as `process` does (see there).
+const PREFETCH_AHEAD: usize = crate::operators::process::PREFETCH_AHEAD;
+
 /// Rewrites every restored keyed value through the script's `migrate` function, after a
 /// savepoint restore (`ctx.migrate`); does nothing otherwise, or when the script defines no
 /// `migrate`.
@@ -246,14 +250,17 @@ impl Operator for ReduceOperator {
         let updates = self.emit == EmitMode::Updates;
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
-        for (r, k) in records.into_iter().zip(keys) {
+        for (i, (r, k)) in records.into_iter().zip(&keys).enumerate() {
+            if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+                ctx.state_mut()?.prefetch(ahead);
+            }
             let original = exact.then(|| r.clone());
             let mut rec = Some(r);
             let mut failure = None;
             let mut emitted = None;
             let script = &mut self.script;
             let key_field = &self.key_field;
-            ctx.state_mut()?.update(id, &k, &mut |slot| {
+            ctx.state_mut()?.update(id, k, &mut |slot| {
                 let Some(r) = rec.take() else { return };
                 let new = match slot.take() {
                     None => r,
@@ -272,7 +279,7 @@ impl Operator for ReduceOperator {
                     }
                 };
                 if updates {
-                    emitted = Some(keyed_output(key_field, &k, &new));
+                    emitted = Some(keyed_output(key_field, k, &new));
                 }
                 *slot = Some(new);
             })?;

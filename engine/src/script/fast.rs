@@ -9,8 +9,10 @@
 //! A body may also start with assignments to its parameters' properties (`acc.sum += r.amount;
 //! acc.n = if "n" in acc { acc.n + 1 } else { 1 };`) and end with such an expression or the
 //! parameter itself (`acc`), as reduce scripts do; there, if-expressions and `"field" in map`
-//! are native too. The assignments are collected aside, one slot per property assigned, and
-//! only show in the result: the arguments are never changed before the whole body has been
+//! are native too. One pass over each assigned parameter's entries finds the properties
+//! assigned (their values and places) and counts what the size limits count, so neither the
+//! reads nor the final writes look a property up by name. The assignments are collected aside,
+//! one slot per property assigned, and only show in the result: the arguments are never changed before the whole body has been
 //! evaluated (callers read them only after an error, and the native path never produces one).
 //! A body that returns the parameter it assigned to (`...; acc`) builds its result from a copy
 //! ([`FastExpr::eval`]) or, for a caller done with the arguments, by writing the slots into
@@ -25,9 +27,10 @@
 
 use std::cmp::Ordering;
 
-use rhai::{AST, Dynamic, Engine, Expr, ImmutableString, Map, Stmt};
+use rhai::{AST, Dynamic, DynamicReadLock, Engine, Expr, ImmutableString, Map, Stmt};
+use smallvec::{SmallVec, smallvec};
 
-use crate::script::runtime::DataSizes;
+use crate::script::runtime::{DataSizes, add, entry_sizes};
 
 /// A compiled body; see the module docs.
 #[derive(Debug)]
@@ -37,7 +40,9 @@ pub struct FastExpr {
     /// The properties the assignments write, `(param, prop)`, each once: a [`Set`] and a
     /// [`Node::Prop`] name theirs by its index here, a *slot*. While a body is evaluated, a
     /// slot holds the value last written to its property.
-    slots: Vec<(usize, ImmutableString)>,
+    slots: Vec<(usize, Box<str>)>,
+    /// The parameters assigned to, each once (those the slots name).
+    targets: Vec<usize>,
     root: Node,
     limits: Limits,
 }
@@ -53,14 +58,28 @@ struct Set {
 /// The values of the slots (see [`FastExpr::slots`]); `None`: not written yet.
 type Values = [Option<Dynamic>];
 
-/// Slot values kept on the stack; a body with more assigned properties allocates.
+/// Per-slot scratch kept on the stack; a body with more assigned properties allocates.
 const INLINE_SLOTS: usize = 8;
+
+/// Per-slot scratch of one evaluation.
+type PerSlot<T> = SmallVec<[T; INLINE_SLOTS]>;
+
+/// The maps of the assigned parameters, in [`FastExpr::targets`]' order.
+type Targets<'a> = SmallVec<[DynamicReadLock<'a, Map>; 2]>;
+
+/// Where a slot's property is among its map's entries (their order), or [`ABSENT`].
+type At = [u32];
+
+/// The map has no entry for the slot's property.
+const ABSENT: u32 = u32::MAX;
 
 /// What an expression is evaluated against.
 struct Cx<'a> {
     args: &'a [Dynamic],
-    slots: &'a [(usize, ImmutableString)],
+    slots: &'a [(usize, Box<str>)],
     values: &'a Values,
+    /// Each slot's property as its argument holds it (before the body), if it does.
+    found: &'a [Option<&'a Dynamic>],
     limits: Limits,
 }
 
@@ -70,8 +89,14 @@ impl Cx<'_> {
         let slot = self
             .slots
             .iter()
-            .position(|(p, k)| *p == param && k.as_str() == prop)?;
+            .position(|(p, k)| *p == param && **k == *prop)?;
         self.values[slot].as_ref()
+    }
+
+    /// The value of `param.prop` when `prop` is the property of `slot`: the one last written,
+    /// else the argument's own.
+    fn current(&self, slot: usize) -> Option<&Dynamic> {
+        self.values[slot].as_ref().or(self.found[slot])
     }
 }
 
@@ -158,9 +183,16 @@ impl FastExpr {
         for node in sets.iter_mut().map(|s| &mut s.value).chain([&mut root]) {
             resolve_slots(node, &slots);
         }
+        let mut targets: Vec<usize> = Vec::new();
+        for (param, _) in &slots {
+            if !targets.contains(param) {
+                targets.push(*param);
+            }
+        }
         Some(Self {
             sets,
             slots,
+            targets,
             root,
             limits: Limits {
                 string: engine.max_string_size(),
@@ -172,18 +204,19 @@ impl FastExpr {
 
     /// Evaluates the body on `args`; `None` hands the record to Rhai.
     pub fn eval(&self, args: &[Dynamic]) -> Option<Dynamic> {
-        self.with_values(|values| {
-            self.assign(args, values)?;
-            match &self.root {
-                // The parameter as the assignments left it.
-                Node::Param(i) if self.assigns(*i) => {
-                    let mut map = args.get(*i)?.as_map_ref().ok()?.clone();
-                    self.write_into(*i, values, &mut map);
-                    Some(Dynamic::from_map(map))
-                }
-                root => eval(root, &self.cx(args, values)),
+        let mut values = self.per_slot(None);
+        let mut at = self.per_slot(ABSENT);
+        let maps = self.target_maps(args)?;
+        match self.run(args, &maps, &mut values, &mut at)? {
+            Some(value) => Some(value),
+            // The parameter as the assignments left it.
+            None => {
+                let param = self.returned()?;
+                let mut map = (*maps[self.target_index(param)?]).clone();
+                self.write_into(param, &mut values, &at, &mut map);
+                Some(Dynamic::from_map(map))
             }
-        })
+        }
     }
 
     /// [`eval`](Self::eval) for a caller that no longer needs `args` after a success: a body
@@ -191,68 +224,127 @@ impl FastExpr {
     /// and returns it, instead of a changed copy (the argument is left `()`). `None` hands
     /// the record to Rhai with `args` untouched.
     pub fn eval_owned(&self, args: &mut [Dynamic]) -> Option<Dynamic> {
-        self.with_values(|values| {
-            self.assign(args, values)?;
-            match &self.root {
-                Node::Param(i) if self.assigns(*i) => {
-                    let arg = args.get_mut(*i)?;
-                    // A map: `assign` read its properties.
-                    let mut map = arg.as_map_mut().ok()?;
-                    self.write_into(*i, values, &mut map);
-                    drop(map);
-                    Some(std::mem::take(arg))
-                }
-                root => eval(root, &self.cx(args, values)),
+        let mut values = self.per_slot(None);
+        let mut at = self.per_slot(ABSENT);
+        {
+            let args: &[Dynamic] = args;
+            let maps = self.target_maps(args)?;
+            if let Some(value) = self.run(args, &maps, &mut values, &mut at)? {
+                return Some(value);
             }
-        })
+        }
+        let param = self.returned()?;
+        let arg = args.get_mut(param)?;
+        // A map: `target_maps` read it.
+        let mut map = arg.as_map_mut().ok()?;
+        self.write_into(param, &mut values, &at, &mut map);
+        drop(map);
+        Some(std::mem::take(arg))
     }
 
-    /// Runs `f` on fresh slot values (on the stack for a few slots).
-    fn with_values<R>(&self, f: impl FnOnce(&mut Values) -> Option<R>) -> Option<R> {
-        let n = self.slots.len();
-        if n == 0 {
-            f(&mut [])
-        } else if n <= INLINE_SLOTS {
-            let mut inline: [Option<Dynamic>; INLINE_SLOTS] = Default::default();
-            f(&mut inline[..n])
-        } else {
-            f(&mut vec![None; n])
+    fn per_slot<T: Clone>(&self, init: T) -> PerSlot<T> {
+        smallvec![init; self.slots.len()]
+    }
+
+    /// The maps of the parameters assigned to; `None` when one is not a map (Rhai decides).
+    fn target_maps<'a>(&self, args: &'a [Dynamic]) -> Option<Targets<'a>> {
+        self.targets
+            .iter()
+            .map(|p| args.get(*p)?.read_lock::<Map>())
+            .collect()
+    }
+
+    fn target_index(&self, param: usize) -> Option<usize> {
+        self.targets.iter().position(|p| *p == param)
+    }
+
+    /// The parameter the body returns when it is one it assigned to.
+    fn returned(&self) -> Option<usize> {
+        match self.root {
+            Node::Param(i) if self.targets.contains(&i) => Some(i),
+            _ => None,
         }
     }
 
-    fn cx<'a>(&'a self, args: &'a [Dynamic], values: &'a Values) -> Cx<'a> {
+    /// Runs the assignments, then the final expression: `Some(None)` when that is a
+    /// parameter assigned to, which the caller builds from `values` and `at`; `None` when
+    /// Rhai must run the body.
+    fn run<'m>(
+        &self,
+        args: &[Dynamic],
+        maps: &'m Targets<'_>,
+        values: &mut Values,
+        at: &mut At,
+    ) -> Option<Option<Dynamic>> {
+        let mut found: PerSlot<Option<&'m Dynamic>> = self.per_slot(None);
+        self.find(maps, &mut found, at)?;
+        self.assign(args, values, &found)?;
+        if self.returned().is_some() {
+            return Some(None);
+        }
+        eval(&self.root, &self.cx(args, values, &found)).map(Some)
+    }
+
+    fn cx<'a>(&'a self, args: &'a [Dynamic], values: &'a Values, found: &'a [Option<&'a Dynamic>]) -> Cx<'a> {
         Cx {
             args,
             slots: &self.slots,
             values,
+            found,
             limits: self.limits,
         }
     }
 
-    /// Whether an assignment writes to a property of parameter `param`.
-    fn assigns(&self, param: usize) -> bool {
-        self.slots.iter().any(|(p, _)| *p == param)
+    /// One pass over each assigned parameter's entries: where each slot's property is and
+    /// what it holds, and whether the properties added keep the map under the size limits;
+    /// `None` when they might not (Rhai decides).
+    ///
+    /// Rhai checks the whole target after each property assignment. The values written are
+    /// scalars, so what the target holds only grows with the properties added to it, and the
+    /// check after its last assignment (every property added) decides all of them.
+    fn find<'m>(&self, maps: &'m Targets<'_>, found: &mut [Option<&'m Dynamic>], at: &mut At) -> Option<()> {
+        for (param, map) in self.targets.iter().zip(maps) {
+            let map: &'m Map = map;
+            let mut missing = self.slots.iter().filter(|(p, _)| p == param).count();
+            let mut sizes = (0, 0, 0);
+            for (pos, (key, value)) in map.iter().enumerate() {
+                sizes = add(sizes, entry_sizes(value));
+                if missing == 0 {
+                    continue;
+                }
+                let key = key.as_str();
+                let slot = self
+                    .slots
+                    .iter()
+                    .position(|(p, k)| p == param && k.len() == key.len() && **k == *key);
+                if let Some(slot) = slot {
+                    found[slot] = Some(value);
+                    at[slot] = u32::try_from(pos).ok()?;
+                    missing -= 1;
+                }
+            }
+            if !fits(sizes, missing, self.limits) {
+                return None;
+            }
+        }
+        Some(())
     }
 
-    /// Runs the assignments on `args` into `values` (every slot is written when it returns
-    /// `Some`); `None` when Rhai must run the body.
-    fn assign(&self, args: &[Dynamic], values: &mut Values) -> Option<()> {
-        let limits = self.limits;
+    /// Runs the assignments into `values` (every slot is written when it returns `Some`);
+    /// `None` when Rhai must run the body.
+    fn assign(&self, args: &[Dynamic], values: &mut Values, found: &[Option<&Dynamic>]) -> Option<()> {
         for set in &self.sets {
-            let value = eval(&set.value, &self.cx(args, values))?;
-            let (param, prop) = &self.slots[set.slot];
+            let cx = self.cx(args, values, found);
+            let value = eval(&set.value, &cx)?;
             let new = match set.op {
                 None => value,
                 Some(op) => {
-                    let map = args.get(*param)?.as_map_ref().ok()?;
-                    let current = match &values[set.slot] {
-                        Some(v) => v,
-                        None => map.get(prop.as_str())?,
-                    };
+                    // A property missing before its first assignment: Rhai's business.
+                    let current = cx.current(set.slot)?;
                     if !is_scalar(current) {
                         return None;
                     }
-                    binary(op, current, &value, limits)?
+                    binary(op, current, &value, self.limits)?
                 }
             };
             // Strings count towards the size limits: Rhai's business.
@@ -261,59 +353,42 @@ impl FastExpr {
             }
             values[set.slot] = Some(new);
         }
-        // Rhai checks the whole target after each property assignment. The values written are
-        // scalars, so what the target holds only grows with the properties added to it, and
-        // the check after its last assignment (every property added) decides all of them.
-        for (slot, (param, _)) in self.slots.iter().enumerate() {
-            if self.slots[..slot].iter().any(|(p, _)| p == param) {
-                continue;
-            }
-            let map = args.get(*param)?.as_map_ref().ok()?;
-            let sizes = crate::script::runtime::map_sizes(&map);
-            // At most one property per slot is added: when that many fit, the ones that are
-            // added do, and only otherwise are they counted.
-            let assigned = self.slots.iter().filter(|(p, _)| p == param).count();
-            if !fits(sizes, assigned, limits) {
-                let added = self
-                    .slots
-                    .iter()
-                    .filter(|(p, k)| p == param && !map.contains_key(k.as_str()))
-                    .count();
-                if !fits(sizes, added, limits) {
-                    return None;
-                }
-            }
-        }
         Some(())
     }
 
-    /// Writes the slots of parameter `param` into `map`, its value. The result passes the
-    /// size limits: it holds what the last check in [`assign`](Self::assign) counted, or
-    /// less (a scalar written over a string, array or map).
-    fn write_into(&self, param: usize, values: &mut Values, map: &mut Map) {
-        for ((p, k), v) in self.slots.iter().zip(values.iter_mut()) {
-            if *p != param {
-                continue;
+    /// Writes the slots of parameter `param` into `map`, its value, whose entries `at`
+    /// places: the properties it has in one walk over them, then the new ones. The result
+    /// passes the size limits: it holds what [`find`](Self::find) counted, or less (a scalar
+    /// written over a string, array or map).
+    fn write_into(&self, param: usize, values: &mut Values, at: &At, map: &mut Map) {
+        let mine = |slot: &usize| self.slots[*slot].0 == param;
+        let mut left = (0..self.slots.len()).filter(|s| mine(s) && at[*s] != ABSENT).count();
+        for (pos, old) in map.values_mut().enumerate() {
+            if left == 0 {
+                break;
             }
-            let Some(v) = v.take() else { continue };
-            match map.get_mut(k.as_str()) {
-                Some(old) => *old = v,
-                None => {
-                    map.insert(k.as_str().into(), v);
-                }
+            let slot = (0..self.slots.len()).find(|s| at[*s] == pos as u32 && mine(s));
+            if let Some(v) = slot.and_then(|s| values[s].take()) {
+                *old = v;
+                left -= 1;
+            }
+        }
+        for slot in (0..self.slots.len()).filter(|s| mine(s) && at[*s] == ABSENT) {
+            if let Some(v) = values[slot].take() {
+                map.insert(self.slots[slot].1.as_ref().into(), v);
             }
         }
     }
 }
 
 /// Fills in the slot of every property read of `node` (see [`FastExpr::slots`]).
-fn resolve_slots(node: &mut Node, slots: &[(usize, ImmutableString)]) {
+fn resolve_slots(node: &mut Node, slots: &[(usize, Box<str>)]) {
     match node {
         Node::Const(_) | Node::Param(_) => {}
         Node::Prop(param, path, slot) => {
             *slot = slots
                 .iter()
-                .position(|(p, k)| p == param && path.first() == Some(k));
+                .position(|(p, k)| p == param && path.first().map(|f| f.as_str()) == Some(&**k));
         }
         Node::Map(fields) => fields.iter_mut().for_each(|(_, n)| resolve_slots(n, slots)),
         Node::Binary(_, a, b) => {
@@ -328,7 +403,7 @@ fn resolve_slots(node: &mut Node, slots: &[(usize, ImmutableString)]) {
             resolve_slots(b, slots);
         }
         Node::Has(param, path, item, slot) => {
-            let found = |name: &str| slots.iter().position(|(p, k)| p == param && k.as_str() == name);
+            let found = |name: &str| slots.iter().position(|(p, k)| p == param && **k == *name);
             *slot = match (path.first(), &**item) {
                 (Some(first), _) => found(first),
                 (None, Node::Const(c)) => c
@@ -363,7 +438,7 @@ fn body_statements(statements: &[Stmt]) -> &[Stmt] {
 fn compile_set(
     stmt: &Stmt,
     params: &[String],
-    slots: &mut Vec<(usize, ImmutableString)>,
+    slots: &mut Vec<(usize, Box<str>)>,
     nodes: &mut u64,
 ) -> Option<Set> {
     let Stmt::Assignment(assignment) = stmt else {
@@ -386,7 +461,7 @@ fn compile_set(
     };
     *nodes += 3;
     let value = compile_expr(rhs, params, nodes, true)?;
-    let target = (param, p.2.clone());
+    let target = (param, Box::<str>::from(p.2.as_str()));
     let slot = match slots.iter().position(|s| *s == target) {
         Some(slot) => slot,
         None => {
@@ -562,8 +637,9 @@ fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
         Node::Param(i) => scalar(cx.args.get(*i)?.clone()),
         Node::Prop(i, path, slot) => {
             let (first, rest) = path.split_first()?;
-            let mut value = match slot.and_then(|s| cx.values[s].as_ref()) {
-                Some(v) => v.clone(),
+            let mut value = match slot {
+                // A property missing before its first assignment: Rhai's business.
+                Some(s) => cx.current(*s)?.clone(),
                 None => property(cx.args.get(*i)?, first)?,
             };
             for key in rest {
@@ -627,25 +703,24 @@ fn eval(node: &Node, cx: &Cx<'_>) -> Option<Dynamic> {
                 }
             };
             let field = field.as_immutable_string_ref().ok()?;
-            let assigned = |slot: &Option<usize>| slot.and_then(|s| cx.values[s].as_ref()).is_some();
             if path.is_empty() {
-                let written = if constant {
-                    assigned(slot)
-                } else {
-                    cx.written(*i, &field).is_some()
+                let has = match slot {
+                    Some(s) if constant => cx.current(*s).is_some(),
+                    _ if cx.written(*i, &field).is_some() => true,
+                    _ => {
+                        let map = cx.args.get(*i)?.as_map_ref().ok()?;
+                        map.contains_key(field.as_str())
+                    }
                 };
-                if written {
-                    return Some(Dynamic::TRUE);
-                }
-                let map = cx.args.get(*i)?.as_map_ref().ok()?;
-                return Some(Dynamic::from_bool(map.contains_key(field.as_str())));
+                return Some(Dynamic::from_bool(has));
             }
             let (first, rest) = path.split_first()?;
-            // A written value is a scalar, never a map.
-            if assigned(slot) {
-                return None;
-            }
-            let mut value = property(cx.args.get(*i)?, first)?;
+            let mut value = match slot {
+                // A written value is a scalar, never a map.
+                Some(s) if cx.values[*s].is_some() => return None,
+                Some(s) => cx.found[*s]?.clone(),
+                None => property(cx.args.get(*i)?, first)?,
+            };
             for key in rest {
                 value = property(&value, key)?;
             }
