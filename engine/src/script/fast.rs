@@ -9,14 +9,14 @@
 //! A body may also start with assignments to its parameters' properties (`acc.sum += r.amount;
 //! acc.n = if "n" in acc { acc.n + 1 } else { 1 };`) and end with such an expression or the
 //! parameter itself (`acc`), as reduce scripts do; there, if-expressions and `"field" in map`
-//! are native too. One pass over each assigned parameter's entries finds the properties
-//! assigned (their values and places) and counts what the size limits count, so neither the
-//! reads nor the final writes look a property up by name. The assignments are collected aside,
-//! one slot per property assigned, and only show in the result: the arguments are never changed before the whole body has been
-//! evaluated (callers read them only after an error, and the native path never produces one).
-//! A body that returns the parameter it assigned to (`...; acc`) builds its result from a copy
-//! ([`FastExpr::eval`]) or, for a caller done with the arguments, by writing the slots into
-//! that argument itself and handing it over ([`FastExpr::eval_owned`]).
+//! are native too. One pass over each assigned parameter's entries finds the properties assigned
+//! (their values and places) and counts what the size limits count, so neither the reads nor the
+//! final writes look a property up by name. The assignments are collected aside, one slot per
+//! property assigned, and only show in the result: the arguments are never changed before the whole
+//! body has been evaluated (callers read them only after an error, and the native path never
+//! produces one). A body that returns the parameter it assigned to (`...; acc`) builds its result
+//! from a copy ([`FastExpr::eval`]) or, for a caller done with the arguments, by writing the slots
+//! into that argument itself and handing it over ([`FastExpr::eval_owned`]).
 //!
 //! The fast path only ever *reads* its arguments, and it gives up on a record (returns `None`)
 //! whenever Rhai might do anything other than the obvious: a type it does not cover, a missing
@@ -316,7 +316,7 @@ impl FastExpr {
                 let slot = self
                     .slots
                     .iter()
-                    .position(|(p, k)| p == param && k.len() == key.len() && **k == *key);
+                    .position(|(p, k)| p == param && **k == *key);
                 if let Some(slot) = slot {
                     found[slot] = Some(value);
                     at[slot] = u32::try_from(pos).ok()?;
