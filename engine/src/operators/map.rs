@@ -23,11 +23,16 @@ impl Operator for MapOperator {
         let keys = std::mem::take(&mut batch.keys);
         let records = std::mem::take(&mut batch.records);
         batch.records.reserve(records.len());
+        // A dead letter carries the record as it came.
         let exact = ctx.keeps_failed_records();
         for (i, r) in records.into_iter().enumerate() {
-            let original = exact.then(|| r.clone());
             let mut args = [r];
-            match self.script.invoke("map", &mut args) {
+            let result = if exact {
+                self.script.invoke_keeping("map", &mut args, false)
+            } else {
+                self.script.invoke("map", &mut args)
+            };
+            match result {
                 Ok(v) => {
                     batch.records.push(v);
                     if keyed {
@@ -36,7 +41,7 @@ impl Operator for MapOperator {
                 }
                 Err(e) => {
                     let [left] = args;
-                    ctx.record_failed(original.unwrap_or(left), e)?;
+                    ctx.record_failed(left, e)?;
                 }
             }
         }

@@ -245,8 +245,9 @@ impl Operator for ReduceOperator {
         let id = self
             .state
             .ok_or_else(|| RunError::Internal("reduce used before open".into()))?;
-        let keep_backup = ctx.on_error != ErrorPolicy::Fail;
-        let exact = ctx.keeps_failed_records();
+        // Unless the job fails, a failed record leaves its key's accumulator as it was and is
+        // reported as it came.
+        let keep_acc = ctx.on_error != ErrorPolicy::Fail;
         let updates = self.emit == EmitMode::Updates;
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
@@ -254,7 +255,6 @@ impl Operator for ReduceOperator {
             if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
                 ctx.state_mut()?.prefetch(ahead);
             }
-            let original = exact.then(|| r.clone());
             let mut rec = Some(r);
             let mut failure = None;
             let mut emitted = None;
@@ -265,14 +265,18 @@ impl Operator for ReduceOperator {
                 let new = match slot.take() {
                     None => r,
                     Some(acc) => {
-                        let backup = keep_backup.then(|| acc.clone());
                         let mut args = [acc, r];
-                        match script.invoke_owned("reduce", &mut args) {
+                        let result = if keep_acc {
+                            script.invoke_keeping("reduce", &mut args, true)
+                        } else {
+                            script.invoke_owned("reduce", &mut args)
+                        };
+                        match result {
                             Ok(new) => new,
                             Err(e) => {
-                                let [_, left] = args;
+                                let [acc, left] = args;
                                 failure = Some((e, left));
-                                *slot = backup;
+                                *slot = keep_acc.then_some(acc);
                                 return;
                             }
                         }
@@ -284,7 +288,7 @@ impl Operator for ReduceOperator {
                 *slot = Some(new);
             })?;
             if let Some((e, left)) = failure {
-                ctx.record_failed(original.unwrap_or(left), e)?;
+                ctx.record_failed(left, e)?;
             }
             batch.records.extend(emitted);
         }
@@ -385,6 +389,61 @@ pub(crate) mod tests {
         let state = h.ctx.state_mut().expect("state");
         let id = state.register(ACC, StateKind::Value).expect("handle");
         state.get(id, &key(k)).expect("get").map(|v| excerpt(&v))
+    }
+
+    /// Under `skip` and `dead_letter`, a record whose call fails leaves the accumulator as it
+    /// was before the call and is reported as it came, whichever path ran it: a body the
+    /// native path takes (it declines the bad record, and Rhai fails part-way, after changing
+    /// both arguments) and a body only Rhai runs.
+    #[test]
+    fn a_failed_record_leaves_the_accumulator_as_it_was() {
+        let bodies = [
+            (
+                "fn reduce(acc, r) { r.seen = 1; acc.n = 0; acc.amount += r.amount; acc }",
+                7,
+                &[r#"{"other":true}"#][..],
+            ),
+            (
+                r#"fn reduce(acc, r) { r.seen = 1; acc.n = 0; if r.amount == 2 { throw "two" } acc.amount += r.amount; acc }"#,
+                5,
+                &[r#"{"other":true}"#, r#"{"amount":2}"#][..],
+            ),
+        ];
+        let batch = |lines: &[&str]| Batch {
+            times: Vec::new(),
+            records: lines
+                .iter()
+                .map(|l| crate::record::parse_json(l.as_bytes()).expect("json"))
+                .collect(),
+            keys: vec![key("a"); lines.len()],
+        };
+        for policy in [ErrorPolicy::Skip, ErrorPolicy::DeadLetter] {
+            for (body, sum, failed) in bodies {
+                let mut ctx = keyed_ctx();
+                ctx.on_error = policy.clone();
+                let op = ReduceOperator::new(script(body), EmitMode::Updates, "k".into());
+                let mut h = Harness::new(Box::new(op), ctx).expect("harness");
+                h.push(batch(&[r#"{"amount":1}"#, r#"{"other":true}"#]))
+                    .expect("push");
+                let first = Some(r#"{"amount":1}"#);
+                assert_eq!(value(&mut h, "a").as_deref(), first, "{body}");
+                h.push(batch(&[r#"{"amount":2}"#, r#"{"amount":4}"#]))
+                    .expect("push");
+                let expected = format!(r#"{{"amount":{sum},"n":0}}"#);
+                assert_eq!(value(&mut h, "a"), Some(expected), "{body}");
+                assert_eq!(h.ctx.errors, failed.len() as u64, "{body}");
+                let reported: Vec<String> = h
+                    .ctx
+                    .dead_letters
+                    .iter()
+                    .map(|d| excerpt(&d.read_lock::<Map>().expect("map")["record"]))
+                    .collect();
+                match policy {
+                    ErrorPolicy::DeadLetter => assert_eq!(reported, failed, "{body}"),
+                    _ => assert!(reported.is_empty(), "{body}"),
+                }
+            }
+        }
     }
 
     #[test]

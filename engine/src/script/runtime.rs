@@ -205,6 +205,15 @@ fn body_program(engine: &Engine, text: &str, def: &rhai::ScriptFuncDef) -> Optio
     engine.compile(&program).ok()
 }
 
+/// How [`ScriptFn::invoke_as`] calls a body.
+#[derive(Clone, Copy, Default)]
+struct Call {
+    /// The caller drops the arguments after a success ([`ScriptFn::invoke_owned`]).
+    owned: bool,
+    /// An error hands the arguments back as they were ([`ScriptFn::invoke_keeping`]).
+    keep: bool,
+}
+
 /// Runs `body` with `args` moved into `scope` as its parameters, and moves them back.
 ///
 /// `caches` are Rhai's function-resolution caches for this body, kept from call to call: a
@@ -356,14 +365,7 @@ impl ScriptFn {
     /// # Errors
     /// The script's error as text (with its script position).
     pub fn invoke(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
-        match self.script.body(name, args.len()) {
-            Some((i, body)) => match body.native(args) {
-                Some(value) => Ok(value),
-                None => run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args)
-                    .map_err(|e| explain(&e, &self.script, &body.params, args)),
-            },
-            None => self.call_on_copy(name, args),
-        }
+        self.invoke_as(name, args, Call::default())
     }
 
     /// [`invoke`](Self::invoke) for a caller that drops `args` after a success: the native
@@ -373,14 +375,53 @@ impl ScriptFn {
     /// # Errors
     /// As [`invoke`](Self::invoke).
     pub fn invoke_owned(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
-        match self.script.body(name, args.len()) {
-            Some((i, body)) => match body.native_owned(args) {
-                Some(value) => Ok(value),
-                None => run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args)
-                    .map_err(|e| explain(&e, &self.script, &body.params, args)),
-            },
-            None => self.call_on_copy(name, args),
+        let call = Call {
+            owned: true,
+            ..Call::default()
+        };
+        self.invoke_as(name, args, call)
+    }
+
+    /// [`invoke`](Self::invoke) for a caller that goes on with its arguments when the call
+    /// fails, as an operator that reports a failed record as it came (`on_error:
+    /// dead_letter`), or a reduce that keeps a failed record's accumulator: after an error,
+    /// `args` hold their values from before the call. The copies that takes are made only when
+    /// Rhai runs the body: the native path leaves `args` untouched when it cannot answer, and a
+    /// body called as usual runs on copies. `owned` as for
+    /// [`invoke_owned`](Self::invoke_owned).
+    ///
+    /// # Errors
+    /// As [`invoke`](Self::invoke).
+    pub fn invoke_keeping(
+        &mut self,
+        name: &str,
+        args: &mut [Dynamic],
+        owned: bool,
+    ) -> Result<Dynamic, String> {
+        let call = Call { owned, keep: true };
+        self.invoke_as(name, args, call)
+    }
+
+    fn invoke_as(&mut self, name: &str, args: &mut [Dynamic], call: Call) -> Result<Dynamic, String> {
+        let Some((i, body)) = self.script.body(name, args.len()) else {
+            return self.call_on_copy(name, args);
+        };
+        let native = if call.owned {
+            body.native_owned(args)
+        } else {
+            body.native(args)
+        };
+        if let Some(value) = native {
+            return Ok(value);
         }
+        let kept = call.keep.then(|| args.to_vec());
+        run_body(&self.engine, &mut self.scope, &mut self.caches[i], body, args).map_err(|e| {
+            let message = explain(&e, &self.script, &body.params, args);
+            for (arg, before) in args.iter_mut().zip(kept.into_iter().flatten()) {
+                *arg = before;
+            }
+            message
+        })
     }
 
     /// [`invoke`](Self::invoke) for an operator that passes its records on unchanged: the
