@@ -189,14 +189,19 @@ impl Accumulator {
                     Some(a) => a,
                     None => s.script.call("init", ())?,
                 };
-                let backup = keep_backup.then(|| args[0].clone());
-                match s.script.invoke("add", args) {
+                let result = if keep_backup {
+                    s.script.invoke_keeping("add", args)
+                } else {
+                    s.script.invoke("add", args)
+                };
+                match result {
                     Ok(new) => {
                         *slot = Some(new);
                         Ok(())
                     }
                     Err(e) => {
-                        *slot = backup;
+                        // Kept: the accumulator as it was before the call.
+                        *slot = keep_backup.then(|| std::mem::take(&mut args[0]));
                         Err(e)
                     }
                 }
@@ -568,6 +573,42 @@ mod tests {
     fn extract(a: Aggregation, json: &str) -> std::result::Result<Vec<Dynamic>, String> {
         let mut values = Vec::new();
         AggregateOperator::extract(&[a], &record(json), &mut values).map(|()| values)
+    }
+
+    /// Under `keep_backup`, a failing scripted `add` leaves the accumulator as it was and hands
+    /// the record back as it came, on the native path's decline (a missing field) and on a
+    /// body only Rhai runs (`throw`), though Rhai changed both before failing.
+    #[test]
+    fn a_failing_add_keeps_the_accumulator_as_it_was() {
+        let bodies = [
+            ("fn add(acc, r) { r.seen = 1; acc.n += 1; acc.sum += r.amount; acc }", 1),
+            (
+                r#"fn add(acc, r) { r.seen = 1; acc.n += 1; if r.amount == 2 { throw "two" } acc.sum += r.amount; acc }"#,
+                2,
+            ),
+        ];
+        for (body, failures) in bodies {
+            let text = format!("fn init() {{ #{{n: 0, sum: 0}} }} {body}");
+            let mut acc = Accumulator::scripted(crate::operators::reduce::tests::script(&text));
+            let mut slot = None;
+            let mut add = |slot: &mut Option<Dynamic>, json: &str| {
+                let mut args = [Dynamic::UNIT, record(json)];
+                let result = acc.add(slot, &[], &mut args, true);
+                (result.is_ok(), crate::record::excerpt(&args[1]))
+            };
+            assert!(add(&mut slot, r#"{"amount":1}"#).0, "{body}");
+            let mut failed = 0;
+            for bad in [r#"{"other":true}"#, r#"{"amount":2}"#] {
+                let (ok, left) = add(&mut slot, bad);
+                if !ok {
+                    failed += 1;
+                    assert_eq!(left, bad, "{body}: the record as it came");
+                    let kept = slot.as_ref().map(crate::record::excerpt);
+                    assert_eq!(kept.as_deref(), Some(r#"{"n":1,"sum":1}"#), "{body}");
+                }
+            }
+            assert_eq!(failed, failures, "{body}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Operator for MapOperator {
         for (i, r) in records.into_iter().enumerate() {
             let mut args = [r];
             let result = if exact {
-                self.script.invoke_keeping("map", &mut args, false)
+                self.script.invoke_keeping("map", &mut args)
             } else {
                 self.script.invoke("map", &mut args)
             };

@@ -267,7 +267,7 @@ impl Operator for ReduceOperator {
                     Some(acc) => {
                         let mut args = [acc, r];
                         let result = if keep_acc {
-                            script.invoke_keeping("reduce", &mut args, true)
+                            script.invoke_owned_keeping("reduce", &mut args)
                         } else {
                             script.invoke_owned("reduce", &mut args)
                         };

@@ -384,21 +384,35 @@ impl ScriptFn {
 
     /// [`invoke`](Self::invoke) for a caller that goes on with its arguments when the call
     /// fails, as an operator that reports a failed record as it came (`on_error:
-    /// dead_letter`), or a reduce that keeps a failed record's accumulator: after an error,
-    /// `args` hold their values from before the call. The copies that takes are made only when
-    /// Rhai runs the body: the native path leaves `args` untouched when it cannot answer, and a
-    /// body called as usual runs on copies. `owned` as for
-    /// [`invoke_owned`](Self::invoke_owned).
+    /// dead_letter`): after an error, `args` hold their values from before the call. The
+    /// copies that takes are made only when Rhai runs the body: the native path leaves `args`
+    /// untouched when it cannot answer, and a body called as usual runs on copies.
     ///
     /// # Errors
     /// As [`invoke`](Self::invoke).
-    pub fn invoke_keeping(
+    pub fn invoke_keeping(&mut self, name: &str, args: &mut [Dynamic]) -> Result<Dynamic, String> {
+        let call = Call {
+            keep: true,
+            ..Call::default()
+        };
+        self.invoke_as(name, args, call)
+    }
+
+    /// [`invoke_owned`](Self::invoke_owned) that keeps the arguments as
+    /// [`invoke_keeping`](Self::invoke_keeping) does, as a reduce keeps a failed record's
+    /// accumulator.
+    ///
+    /// # Errors
+    /// As [`invoke`](Self::invoke).
+    pub fn invoke_owned_keeping(
         &mut self,
         name: &str,
         args: &mut [Dynamic],
-        owned: bool,
     ) -> Result<Dynamic, String> {
-        let call = Call { owned, keep: true };
+        let call = Call {
+            owned: true,
+            keep: true,
+        };
         self.invoke_as(name, args, call)
     }
 
