@@ -168,7 +168,9 @@ impl Accumulator {
     /// Adds one record to the accumulator in `slot` (`None`: start from `init`). Built-ins
     /// take the `values` [`extract`](Self::extract) read; a script takes the record in
     /// `args[1]` (by value, handed back there) with `args[0]` as scratch. Under
-    /// `keep_backup` a failing `add` leaves `slot` as it was; otherwise it may be emptied.
+    /// `keep_backup` a failing `add` leaves `slot` as it was and hands the record back as it
+    /// came (copies are made only when Rhai runs the body, see `ScriptFn::invoke_keeping`);
+    /// otherwise `slot` may be emptied.
     ///
     /// # Errors
     /// A failing `init` or `add`.
