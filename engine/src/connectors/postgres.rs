@@ -86,6 +86,12 @@ pub const DEFAULT_BATCH_SIZE: usize = 1000;
 const MAX_GID: usize = 199;
 /// SQLSTATE `undefined_object`: `COMMIT PREPARED` of a transaction that no longer exists.
 const UNDEFINED_OBJECT: &str = "42704";
+/// SQLSTATE `object_not_in_prerequisite_state`: `COMMIT PREPARED` or `ROLLBACK PREPARED` of
+/// a transaction another session is finishing ("is busy").
+const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+/// Longest a sink waits for another session to finish a prepared transaction it also wants to
+/// finish; [`REQUEST_TIMEOUT`] bounds the whole request too.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
 /// SQLSTATE `duplicate_object`: `PREPARE TRANSACTION` under a name already prepared.
 const DUPLICATE_OBJECT: &str = "42710";
 
@@ -131,6 +137,11 @@ fn run_blocking<T: Send + 'static>(
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {} s", limit.as_secs())),
     }
+}
+
+/// Whether the server answered `e` with SQLSTATE `code`.
+fn has_code(e: &tokio_postgres::Error, code: &str) -> bool {
+    e.code().is_some_and(|c| c.code() == code)
 }
 
 /// A PostgreSQL error as one line: the server's message, SQLSTATE, detail and hint, or the
@@ -468,15 +479,34 @@ impl Client {
         })
     }
 
-    /// Like [`batch`](Self::batch), but `Ok(false)` when the server answers with SQLSTATE
-    /// `code`.
-    fn batch_unless(&self, sql: String, code: &'static str) -> std::result::Result<bool, String> {
+    /// Runs `COMMIT PREPARED` or `ROLLBACK PREPARED` (`sql`): `Ok(true)` when it finished the
+    /// transaction, `Ok(false)` when the transaction no longer exists (finished before, or by
+    /// another session since it was listed). While another session is finishing the same
+    /// transaction (two copies rolling back a name without `<target>` at once, or the previous
+    /// incarnation's committer still at work) the server calls it busy: the request is tried
+    /// again, a little later each time, for up to [`BUSY_WAIT`], and usually finds it gone.
+    fn finish_prepared(&self, sql: String) -> std::result::Result<bool, String> {
         let client = Arc::clone(&self.0);
         run_blocking(REQUEST_TIMEOUT, async move {
-            match client.batch_execute(&sql).await {
-                Ok(()) => Ok(true),
-                Err(e) if e.code().is_some_and(|c| c.code() == code) => Ok(false),
-                Err(e) => Err(describe(&e)),
+            let deadline = tokio::time::Instant::now() + BUSY_WAIT;
+            let mut pause = Duration::from_millis(5);
+            loop {
+                match client.batch_execute(&sql).await {
+                    Ok(()) => return Ok(true),
+                    Err(e) if has_code(&e, UNDEFINED_OBJECT) => return Ok(false),
+                    Err(e) if has_code(&e, OBJECT_NOT_IN_PREREQUISITE_STATE) => {
+                        if tokio::time::Instant::now() + pause >= deadline {
+                            return Err(format!(
+                                "{}; another session has been finishing it for {} s",
+                                describe(&e),
+                                BUSY_WAIT.as_secs()
+                            ));
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(250));
+                    }
+                    Err(e) => return Err(describe(&e)),
+                }
             }
         })
     }
@@ -719,7 +749,7 @@ impl PostgresSink {
         };
         let mut sql = String::from("COMMIT PREPARED ");
         push_literal(&mut sql, gid);
-        client.batch_unless(sql, UNDEFINED_OBJECT).map_err(|e| {
+        client.finish_prepared(sql).map_err(|e| {
             self.committer = None;
             self.error(ctx, format!("cannot commit the prepared transaction `{gid}`: {e}"))
         })
@@ -745,7 +775,7 @@ impl PostgresSink {
             let mut sql = String::from("ROLLBACK PREPARED ");
             push_literal(&mut sql, &gid);
             let client = self.client(ctx)?;
-            let rolled_back = client.batch_unless(sql, UNDEFINED_OBJECT).map_err(|e| {
+            let rolled_back = client.finish_prepared(sql).map_err(|e| {
                 self.error(ctx, format!("cannot roll back the prepared transaction `{gid}`: {e}"))
             })?;
             if !rolled_back {
