@@ -28,6 +28,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use weir_engine::base::message::Batch;
+use weir_engine::connectors::postgres::{PostgresConfig, PostgresSink};
+use weir_engine::element::{Operator, OperatorContext};
+use weir_engine::record::parse_json;
+use weir_schema::PostgresSinkSpec;
 
 /// The environment variable the pipelines read their connection string from.
 const URL_ENV: &str = "WEIR_TEST_PG_SINK_URL";
@@ -58,6 +63,11 @@ impl Pg {
 
     fn dump_of(&self, db: &str, table: &str) -> Vec<String> {
         self.sorted_rows(db, &format!("SELECT id, name, total, meta FROM {table}"))
+    }
+
+    /// `events (id, name)` of [`upsert_sink`] as sorted lines.
+    fn dump_of_names(&self, db: &str) -> Vec<String> {
+        self.sorted_rows(db, "SELECT id, name FROM events")
     }
 }
 
@@ -619,6 +629,108 @@ fn exactly_once_upsert_of_returning_keys_never_waits_on_its_own_transaction() {
         pg.dump(&db) == expected,
         "the table is not every key's last record"
     );
+    assert_eq!(pg.prepared(&db), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2c. A barrier while a prepared transaction is not committed, driven on the sink itself.
+
+/// An exactly-once `upsert` sink into `events (id, name)` of `db`, batches of 50 rows.
+fn upsert_sink(pg: &Pg, db: &str) -> PostgresSink {
+    let spec: PostgresSinkSpec = serde_json::from_value(json!({
+        "id": "out", "input": "in", "connection_env": "UNUSED", "table": "events",
+        "columns": {"id": "id", "name": "name"}, "mode": "upsert", "key": ["id"],
+        "batch_size": 50,
+    }))
+    .unwrap();
+    let config = PostgresConfig::with_connection(&spec, "pg", true, &pg.url(db)).unwrap();
+    PostgresSink::new(Arc::new(config), 0)
+}
+
+/// Records `{id, name}` for the ids `ids`.
+fn named(ids: std::ops::Range<u64>, name: &str) -> Batch {
+    Batch::new(
+        ids.map(|i| parse_json(json!({"id": i, "name": name}).to_string().as_bytes()).unwrap())
+            .collect(),
+    )
+}
+
+/// `(id, name)` rows: `name` for each range.
+fn rows_named(parts: &[(std::ops::Range<u64>, &str)]) -> Vec<String> {
+    let mut rows: Vec<String> = parts
+        .iter()
+        .flat_map(|(ids, name)| ids.clone().map(move |i| format!("{i}|{name}")))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Checkpoint 1 prepares the rows of its records; then the same keys come again and the
+/// barrier of checkpoint 2 arrives before the sink hears that checkpoint 1 completed (late,
+/// or checkpoint 1 failed). The prepared transaction holds those rows locked, and only this
+/// subtask can commit it: barrier 2 must not send the new rows (it would wait on the locks
+/// for good), and its snapshot must carry them. Then, both ways on:
+/// - no failure: the completion commits checkpoint 1, the rows go out with the next
+///   checkpoint, and the end of the input commits a last checkpoint not yet completed
+///   before it sends its last rows (those update rows that checkpoint holds locked);
+/// - a restore from checkpoint 2: it commits checkpoint 1's transaction and writes the rows
+///   checkpoint 2 carried.
+///
+/// Either way the table ends as the records say, with no prepared transaction left.
+#[test]
+fn a_barrier_before_the_previous_commit_carries_its_rows_instead_of_waiting_on_their_locks() {
+    let pg = Pg::shared();
+    let mut ctx = OperatorContext::standalone("pg", "out", 128);
+    let mut out = Vec::new();
+    // Up to checkpoint 2's snapshot, in database `db`.
+    let up_to_2 = |db: &str| -> (PostgresSink, Vec<u8>) {
+        pg.fresh_db(db, "CREATE TABLE events (id bigint PRIMARY KEY, name text)");
+        let mut ctx = OperatorContext::standalone("pg", "out", 128);
+        let mut sink = upsert_sink(&pg, db);
+        sink.open(&mut ctx).unwrap();
+        sink.process(&mut named(0..100, "a"), &mut ctx).unwrap();
+        sink.snapshot(1, &mut ctx).unwrap();
+        assert_eq!(pg.prepared(db).len(), 1, "checkpoint 1 prepared");
+        sink.process(&mut named(0..100, "b"), &mut ctx).unwrap();
+        let two = sink.snapshot(2, &mut ctx).unwrap().unwrap();
+        assert_eq!(pg.prepared(db).len(), 1, "checkpoint 2 prepared nothing");
+        assert_eq!(pg.count_in(db, "events"), 0);
+        (sink, two)
+    };
+
+    let db = db_name("carried_late");
+    let (mut sink, _) = up_to_2(&db);
+    sink.notify_checkpoint_complete(2, &mut ctx).unwrap();
+    assert_eq!(pg.dump_of_names(&db), rows_named(&[(0..100, "a")]));
+    sink.process(&mut named(0..50, "c"), &mut ctx).unwrap();
+    sink.snapshot(3, &mut ctx).unwrap();
+    sink.process(&mut named(0..10, "d"), &mut ctx).unwrap();
+    sink.on_end(&mut out, &mut ctx).unwrap();
+    assert_eq!(
+        pg.dump_of_names(&db),
+        rows_named(&[(0..10, "d"), (10..50, "c"), (50..100, "b")])
+    );
+    assert_eq!(pg.prepared(&db), Vec::<String>::new());
+
+    let db = db_name("carried_restored");
+    let (mut sink, two) = up_to_2(&db);
+    sink.close(&mut ctx).unwrap();
+    let mut restored = upsert_sink(&pg, &db);
+    let mut ctx = OperatorContext::standalone("pg", "out", 128);
+    ctx.restored_from = Some(2);
+    restored.open(&mut ctx).unwrap();
+    restored.restore(Some(&two), &mut ctx).unwrap();
+    assert_eq!(pg.dump_of_names(&db), rows_named(&[(0..100, "b")]));
+    assert_eq!(pg.prepared(&db), Vec::<String>::new());
+    // A second restore from the same checkpoint (a failure right after the first) writes the
+    // carried rows again, over later rows of the same keys: still checkpoint 2's table.
+    restored.process(&mut named(0..100, "e"), &mut ctx).unwrap();
+    restored.snapshot(3, &mut ctx).unwrap();
+    restored.close(&mut ctx).unwrap();
+    let mut again = upsert_sink(&pg, &db);
+    again.open(&mut ctx).unwrap();
+    again.restore(Some(&two), &mut ctx).unwrap();
+    assert_eq!(pg.dump_of_names(&db), rows_named(&[(0..100, "b")]));
     assert_eq!(pg.prepared(&db), Vec::<String>::new());
 }
 

@@ -21,12 +21,15 @@
 //! - at the end of a bounded input everything is committed at once.
 //!
 //! With `upsert`, a prepared transaction keeps the rows it wrote locked until it commits, and
-//! only its own subtask commits it: so while one is not committed, rows wait for the barrier
-//! instead of going out a batch at a time (a statement updating a locked row would wait for a
-//! commit that its own subtask, waiting on the statement, could not make). A barrier that comes
-//! before the previous checkpoint's completion (a rare order: the completion is one round trip,
-//! the interval usually far longer) sends them anyway; should one touch a row still locked, the
-//! request timeout fails the subtask and the restore commits the transaction.
+//! only its own subtask commits it: so while one is not committed, rows are not sent at all (a
+//! statement updating a locked row would wait for a commit that its own subtask, waiting on the
+//! statement, could not make). They wait for the next barrier after the commit. A barrier that
+//! comes while one is still not committed (its checkpoint's completion not heard yet, or the
+//! checkpoint failed) prepares nothing: the snapshot *carries* the waiting rows, with the
+//! statement that writes them, and they stay queued for a later barrier. A restore writes and
+//! commits the rows its snapshot carries, right after committing its prepared transactions and
+//! before any new input: they belong to the restored checkpoint. At the end of a bounded input
+//! the prepared transactions are committed before the last rows are sent.
 //!
 //! The names this subtask owns are those of its own subtask number; after a rescale to
 //! parallelism `p` (snapshots as list state, old subtask `j`'s to new subtask `j % p`), new
@@ -556,10 +559,27 @@ struct PostgresSinkState {
     two_phase: bool,
     /// Prepared transactions not committed at the snapshot, oldest first.
     prepared: Vec<Prepared>,
+    /// Rows of the checkpoint that the barrier did not send (see the module docs), in the
+    /// order they are to be written. Absent before version 2.
+    #[serde(default)]
+    carried: Vec<Carried>,
 }
 
 impl PostgresSinkState {
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
+}
+
+/// Rows a snapshot carries, with the statement around them: the one of the sink that took the
+/// snapshot, which a restore into a changed pipeline (another table or columns) still writes
+/// them with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Carried {
+    /// The statement before the rows (`INSERT INTO ... VALUES `).
+    head: String,
+    /// The statement after them (`ON CONFLICT ...`).
+    tail: String,
+    /// Rendered `(v1, v2, ...)` tuples.
+    rows: Vec<String>,
 }
 
 /// The `postgres` sink, one writer subtask.
@@ -841,7 +861,54 @@ impl PostgresSink {
                 );
             }
         }
-        self.roll_back_owned(owns, ctx)
+        self.roll_back_owned(owns, ctx)?;
+        for state in states {
+            for carried in &state.carried {
+                self.write_carried(carried, ctx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes and commits rows a restored snapshot carries, in one transaction, a batch per
+    /// statement. Written again by a later restore from the same checkpoint, they leave the
+    /// same rows: only `upsert` carries rows.
+    fn write_carried(&mut self, carried: &Carried, ctx: &OperatorContext) -> Result<()> {
+        if carried.rows.is_empty() {
+            return Ok(());
+        }
+        let mut sql = String::from("BEGIN; ");
+        for batch in carried.rows.chunks(self.config.batch_size.max(1)) {
+            sql.push_str(&carried.head);
+            for (i, r) in batch.iter().enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(r);
+            }
+            sql.push_str(&carried.tail);
+            sql.push_str("; ");
+        }
+        sql.push_str("COMMIT");
+        let client = self.client(ctx)?;
+        client.batch_owned(sql).map_err(|e| {
+            self.client = None;
+            self.error(
+                ctx,
+                format!(
+                    "cannot write the {} rows the restored checkpoint carries (`{}...`): {e}",
+                    carried.rows.len(),
+                    carried.head.trim_end()
+                ),
+            )
+        })?;
+        tracing::info!(
+            pipeline = %ctx.pipeline,
+            sink = %ctx.operator,
+            rows = carried.rows.len(),
+            "Wrote the rows the restored checkpoint carried."
+        );
+        Ok(())
     }
 }
 
@@ -876,9 +943,13 @@ impl Operator for PostgresSink {
 
     /// Sends the rows before the barrier. Two-phase: prepares the open transaction under the
     /// name of `checkpoint` and returns every prepared transaction not committed yet; otherwise
-    /// the rows are committed already.
+    /// the rows are committed already. Rows held back ([`held_back`](Self::held_back)) are not
+    /// sent: the snapshot carries them, and they stay queued.
     fn snapshot(&mut self, checkpoint: u64, ctx: &mut OperatorContext) -> Result<Option<Vec<u8>>> {
-        self.flush(ctx)?;
+        let held_back = self.held_back();
+        if !held_back {
+            self.flush(ctx)?;
+        }
         if self.config.two_phase && self.in_transaction {
             let gid = self.config.gid(self.subtask, checkpoint);
             let mut sql = String::from("PREPARE TRANSACTION ");
@@ -892,6 +963,15 @@ impl Operator for PostgresSink {
             subtask: self.subtask,
             two_phase: self.config.two_phase,
             prepared: self.prepared.clone(),
+            carried: if held_back && !self.rows.is_empty() {
+                vec![Carried {
+                    head: self.config.head.clone(),
+                    tail: self.config.tail.clone(),
+                    rows: self.rows.clone(),
+                }]
+            } else {
+                Vec::new()
+            },
         };
         crate::record::encode(&state).map(Some).map_err(|e| {
             RunError::State(format!(
@@ -962,14 +1042,16 @@ impl Operator for PostgresSink {
         self.reconcile(&states, |n| n % parallelism == me, ctx)
     }
 
-    /// The whole input was processed: sends the last rows and commits everything.
+    /// The whole input was processed: commits everything, the prepared transactions first
+    /// (the last rows may update rows they hold locked), then the last rows.
     fn on_end(&mut self, _out: &mut Vec<Dynamic>, ctx: &mut OperatorContext) -> Result<()> {
+        self.notify_checkpoint_complete(u64::MAX, ctx)?;
         self.flush(ctx)?;
         if self.in_transaction {
             self.in_transaction = false;
             self.execute("COMMIT".to_owned(), "cannot commit into", ctx)?;
         }
-        self.notify_checkpoint_complete(u64::MAX, ctx)
+        Ok(())
     }
 
     /// Without two phases, sends the rows still queued (a stop without checkpoints); with
@@ -1000,6 +1082,7 @@ pub fn describe_snapshot(bytes: &[u8]) -> Result<serde_json::Value> {
             .iter()
             .map(|p| serde_json::json!({"checkpoint": p.checkpoint, "transaction": p.gid}))
             .collect::<Vec<_>>(),
+        "carried_rows": state.carried.iter().map(|c| c.rows.len()).sum::<usize>(),
     }))
 }
 
@@ -1063,6 +1146,46 @@ mod tests {
         assert_eq!(tag.len(), TARGET_TAG_LEN);
         let bad = PostgresConfig::with_connection(&spec(PostgresWriteMode::Insert, &[]), "p", true, "host=x port=notaport");
         assert!(bad.is_err_and(|e| !e.contains("notaport") || e.contains("WEIR_UNIT_TEST_PG_URL")));
+    }
+
+    /// A snapshot of version 1 (before carried rows) reads as one that carries none; the
+    /// inspected state counts carried rows.
+    #[test]
+    fn snapshots_of_version_1_carry_no_rows() {
+        #[derive(Serialize)]
+        struct V1 {
+            version: u32,
+            subtask: u32,
+            two_phase: bool,
+            prepared: Vec<Prepared>,
+        }
+        let prepared = vec![Prepared {
+            checkpoint: 7,
+            gid: "weir:p:out:0:7".into(),
+        }];
+        let old = V1 {
+            version: 1,
+            subtask: 0,
+            two_phase: true,
+            prepared: prepared.clone(),
+        };
+        let bytes = crate::record::encode(&old).expect("encode");
+        let state: PostgresSinkState = crate::record::decode(&bytes).expect("decode");
+        assert_eq!(state.prepared, prepared);
+        assert!(state.carried.is_empty());
+        assert_eq!(describe_snapshot(&bytes).expect("describe")["carried_rows"], 0);
+        let new = PostgresSinkState {
+            version: PostgresSinkState::VERSION,
+            carried: vec![Carried {
+                head: "INSERT INTO t (a) VALUES ".into(),
+                tail: String::new(),
+                rows: vec!["('1')".into(), "('2')".into()],
+            }],
+            ..state
+        };
+        let bytes = crate::record::encode(&new).expect("encode");
+        assert_eq!(crate::record::decode::<PostgresSinkState>(&bytes).expect("decode"), new);
+        assert_eq!(describe_snapshot(&bytes).expect("describe")["carried_rows"], 2);
     }
 
     #[test]
