@@ -142,6 +142,19 @@ fn run_blocking<T: Send + 'static>(
     }
 }
 
+/// Appends the statement that writes `rows` (rendered tuples): `head`, the rows separated by
+/// commas, `tail`.
+fn push_statement(sql: &mut String, head: &str, rows: &[String], tail: &str) {
+    sql.push_str(head);
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(r);
+    }
+    sql.push_str(tail);
+}
+
 /// Whether the server answered `e` with SQLSTATE `code`.
 fn has_code(e: &tokio_postgres::Error, code: &str) -> bool {
     e.code().is_some_and(|c| c.code() == code)
@@ -650,10 +663,22 @@ impl PostgresSink {
     /// Runs `sql`; a failure drops the connection (its transaction is gone with it) and fails
     /// the subtask.
     fn execute(&mut self, sql: String, what: &str, ctx: &OperatorContext) -> Result<()> {
+        let config = Arc::clone(&self.config);
+        self.send(sql, ctx, |e| format!("{what} {}: {e}", config.table))
+    }
+
+    /// Runs `sql`; a failure drops the connection and fails the subtask with `explain`'s
+    /// message for the server's error.
+    fn send(
+        &mut self,
+        sql: String,
+        ctx: &OperatorContext,
+        explain: impl FnOnce(&str) -> String,
+    ) -> Result<()> {
         let client = self.client(ctx)?;
         client.batch_owned(sql).map_err(|e| {
             self.client = None;
-            self.error(ctx, format!("{what} {}: {e}", self.config.table))
+            self.error(ctx, explain(&e))
         })
     }
 
@@ -668,22 +693,18 @@ impl PostgresSink {
 
     /// Runs `PREPARE TRANSACTION` under `gid`; a name already prepared is explained.
     fn prepare(&mut self, sql: String, gid: &str, ctx: &OperatorContext) -> Result<()> {
-        let client = self.client(ctx)?;
-        client.batch_owned(sql).map_err(|e| {
-            self.client = None;
-            let table = &self.config.table;
+        let config = Arc::clone(&self.config);
+        let table = &config.table;
+        self.send(sql, ctx, |e| {
             if e.contains(&format!("(SQLSTATE {DUPLICATE_OBJECT})")) {
-                self.error(
-                    ctx,
-                    format!(
-                        "cannot prepare the transaction of {table}: its name `{gid}` is taken by \
-                         a prepared transaction of another run of this pipeline's sink writing \
-                         into the same table ({e}); run one copy per table, or give the copies \
-                         different pipeline or sink ids"
-                    ),
+                format!(
+                    "cannot prepare the transaction of {table}: its name `{gid}` is taken by a \
+                     prepared transaction of another run of this pipeline's sink writing into the \
+                     same table ({e}); run one copy per table, or give the copies different \
+                     pipeline or sink ids"
                 )
             } else {
-                self.error(ctx, format!("cannot prepare the transaction of {table}: {e}"))
+                format!("cannot prepare the transaction of {table}: {e}")
             }
         })
     }
@@ -739,14 +760,7 @@ impl PostgresSink {
         if begin {
             sql.push_str("BEGIN; ");
         }
-        sql.push_str(&self.config.head);
-        for (i, r) in self.rows.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(r);
-        }
-        sql.push_str(&self.config.tail);
+        push_statement(&mut sql, &self.config.head, &self.rows, &self.config.tail);
         self.rows.clear();
         self.by_key.clear();
         self.execute(sql, "cannot write into", ctx)?;
@@ -879,27 +893,15 @@ impl PostgresSink {
         }
         let mut sql = String::from("BEGIN; ");
         for batch in carried.rows.chunks(self.config.batch_size.max(1)) {
-            sql.push_str(&carried.head);
-            for (i, r) in batch.iter().enumerate() {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(r);
-            }
-            sql.push_str(&carried.tail);
+            push_statement(&mut sql, &carried.head, batch, &carried.tail);
             sql.push_str("; ");
         }
         sql.push_str("COMMIT");
-        let client = self.client(ctx)?;
-        client.batch_owned(sql).map_err(|e| {
-            self.client = None;
-            self.error(
-                ctx,
-                format!(
-                    "cannot write the {} rows the restored checkpoint carries (`{}...`): {e}",
-                    carried.rows.len(),
-                    carried.head.trim_end()
-                ),
+        self.send(sql, ctx, |e| {
+            format!(
+                "cannot write the {} rows the restored checkpoint carries (`{}...`): {e}",
+                carried.rows.len(),
+                carried.head.trim_end()
             )
         })?;
         tracing::info!(
