@@ -963,8 +963,8 @@ impl Run<'_> {
 
     fn ex(&mut self, e: &Ex, locals: &mut [Dynamic]) -> Option<Dynamic> {
         match e {
-            Ex::Const(c) => Some(c.clone()),
-            Ex::Local(slot) => Some(locals[*slot].clone()),
+            Ex::Const(c) => Some(dup(c)),
+            Ex::Local(slot) => Some(dup(&locals[*slot])),
             Ex::Take(slot) => Some(std::mem::take(&mut locals[*slot])),
             Ex::Binary(op, a, b) => self.binary(*op, a, b, locals),
             Ex::Host(host, args) => self.host(*host, args, locals),
@@ -982,7 +982,7 @@ impl Run<'_> {
             Ex::Take(slot) => std::mem::take(&mut locals[*slot]),
             Ex::Binary(op, a, b) => self.binary(*op, a, b, locals)?,
             Ex::Host(host, args) => self.host(*host, args, locals)?,
-            Ex::Path(slot, path) => with_path(&locals[*slot], path, |v| Some(v.clone()))?,
+            Ex::Path(slot, path) => with_path(&locals[*slot], path, |v| Some(dup(v)))?,
             Ex::PropOf(target, path) => {
                 let target = self.ex(target, locals)?;
                 with_path(&target, path, |v| Some(v.clone()))?
@@ -1142,8 +1142,8 @@ impl Run<'_> {
                         }
                     })
                 } else {
-                    set(&mut locals[0], x.clone());
-                    set(&mut locals[1], y.clone());
+                    set(&mut locals[0], dup(x));
+                    set(&mut locals[1], dup(y));
                     self.charge(comparator.ops)
                         .and_then(|()| self.ex(&comparator.body, &mut locals))
                         .and_then(answer)
@@ -1293,7 +1293,7 @@ impl Run<'_> {
             return Some(v.clone());
         }
         let v = self.with_stored(index, |v| {
-            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field.as_str()).cloned()))
+            v.and_then(|d| d.as_map_ref().ok().and_then(|m| m.get(field.as_str()).map(dup)))
         })?;
         self.entry_read = Some((index, field.clone(), v.clone()));
         Some(v)
@@ -1425,7 +1425,7 @@ impl Run<'_> {
         let sizes = self.program.sizes;
         Some(match host {
             Host::StateGet(s) => {
-                let v = self.read(s, |v| v.cloned().unwrap_or(Dynamic::UNIT))?;
+                let v = self.read(s, |v| v.map_or(Dynamic::UNIT, dup))?;
                 self.checked(v)?
             }
             Host::ListGet(s) => {
@@ -1434,7 +1434,7 @@ impl Run<'_> {
                     v.and_then(|d| {
                         let a = d.as_array_ref().ok()?;
                         let mut copy = Array::with_capacity(a.len() + 1);
-                        copy.extend(a.iter().cloned());
+                        copy.extend(a.iter().map(dup));
                         Some(copy)
                     })
                     .unwrap_or_default()
@@ -1700,6 +1700,18 @@ fn set_field(fields: &mut Vec<(ImmutableString, Dynamic)>, field: ImmutableStrin
         Some(entry) => entry.1 = v,
         None => fields.push((field, v)),
     }
+}
+
+/// A copy of `v`, as [`Dynamic::clone`] makes it; an untagged int without a call to it.
+#[inline(always)]
+fn dup(v: &Dynamic) -> Dynamic {
+    if v.is_int()
+        && v.tag() == 0
+        && let Ok(i) = v.as_int()
+    {
+        return Dynamic::from_int(i);
+    }
+    v.clone()
 }
 
 /// Drops `v`; an int, a bool or unit (no heap data) without a call to its drop glue.
