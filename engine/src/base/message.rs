@@ -136,6 +136,11 @@ impl Pending {
         Some((r, self.keys.next()))
     }
 
+    /// The record `n` places after the next one (`0`: the next), if there is one.
+    pub fn record_ahead(&self, n: usize) -> Option<&Dynamic> {
+        self.records.as_slice().get(n)
+    }
+
     /// The key of the record `n` places after the next one (`0`: the next), if the batch is
     /// keyed and has that many records.
     pub fn key_ahead(&self, n: usize) -> Option<&Key> {

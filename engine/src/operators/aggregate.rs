@@ -18,7 +18,8 @@ use crate::base::message::Batch;
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::script::runtime::ScriptFn;
-use crate::state::{END_CHUNK, EndCursor, StateId};
+use crate::operators::process::PREFETCH_AHEAD;
+use crate::state::{END_CHUNK, EndCursor, StateId, prefetch_record};
 
 /// One built-in aggregation.
 #[derive(Clone, Debug)]
@@ -479,7 +480,11 @@ impl Operator for AggregateOperator {
         let exact = ctx.keeps_failed_records();
         let records = std::mem::take(&mut batch.records);
         let keys = std::mem::take(&mut batch.keys);
-        for (mut r, k) in records.into_iter().zip(keys) {
+        let mut records = records.into_iter();
+        for k in keys {
+            let Some(mut r) = records.next() else { break };
+            let ahead = records.as_slice();
+            prefetch_record(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
             let mut failure = None;
             match &mut self.kind {
                 Kind::Builtin(aggs) => {

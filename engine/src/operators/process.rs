@@ -33,7 +33,7 @@ use crate::script::runtime::{
 };
 use crate::state::timers::{TimeDomain, Timers};
 use crate::state::ttl::{Ttl, TtlRule};
-use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId};
+use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, prefetch_record};
 
 /// How many records ahead of the one it runs a `process` operator hints the state backend
 /// that a key's state is next ([`StateBackend::prefetch`]): far enough ahead for the loads to
@@ -264,6 +264,10 @@ impl Operator for ProcessOperator {
                 if let Some(ahead) = input.key_ahead(PREFETCH_AHEAD) {
                     with_frame_state(|state| state.prefetch(ahead));
                 }
+                prefetch_record(
+                    input.record_ahead(2 * PREFETCH_AHEAD),
+                    input.record_ahead(PREFETCH_AHEAD),
+                );
                 let Some((r, k)) = input.next_record() else {
                     break;
                 };
