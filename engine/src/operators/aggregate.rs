@@ -19,7 +19,7 @@ use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{FieldPath, Key};
 use crate::script::runtime::ScriptFn;
 use crate::operators::process::PREFETCH_AHEAD;
-use crate::state::{END_CHUNK, EndCursor, StateId, prefetch_record};
+use crate::state::{END_CHUNK, EndCursor, StateId, RecordPrefetch};
 
 /// One built-in aggregation.
 #[derive(Clone, Debug)]
@@ -479,12 +479,13 @@ impl Operator for AggregateOperator {
         let keep_backup = ctx.on_error != ErrorPolicy::Fail;
         let exact = ctx.keeps_failed_records();
         let records = std::mem::take(&mut batch.records);
+        let prefetch = RecordPrefetch::new();
         let keys = std::mem::take(&mut batch.keys);
         let mut records = records.into_iter();
         for k in keys {
             let Some(mut r) = records.next() else { break };
             let ahead = records.as_slice();
-            prefetch_record(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
+            prefetch.ahead(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
             let mut failure = None;
             match &mut self.kind {
                 Kind::Builtin(aggs) => {

@@ -33,7 +33,7 @@ use crate::script::runtime::{
 };
 use crate::state::timers::{TimeDomain, Timers};
 use crate::state::ttl::{Ttl, TtlRule};
-use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, prefetch_record};
+use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, RecordPrefetch};
 
 /// How many records ahead of the one it runs a `process` operator hints the state backend
 /// that a key's state is next ([`StateBackend::prefetch`]): far enough ahead for the loads to
@@ -257,6 +257,7 @@ impl Operator for ProcessOperator {
         let cx = self.context(ctx.clock.now_ms(), ctx);
         let script = &mut self.script;
         let records = &mut out.records;
+        let prefetch = RecordPrefetch::new();
         let exact = ctx.keeps_failed_records();
         let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
             set_process_context(cx);
@@ -264,7 +265,7 @@ impl Operator for ProcessOperator {
                 if let Some(ahead) = input.key_ahead(PREFETCH_AHEAD) {
                     with_frame_state(|state| state.prefetch(ahead));
                 }
-                prefetch_record(
+                prefetch.ahead(
                     input.record_ahead(2 * PREFETCH_AHEAD),
                     input.record_ahead(PREFETCH_AHEAD),
                 );

@@ -14,7 +14,7 @@ use crate::base::message::Batch;
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{Key, excerpt};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
-use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, prefetch_record};
+use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, RecordPrefetch};
 
 /// How many records ahead of the one it folds a `reduce` hints the state backend that a key's
 /// accumulator is next ([`StateBackend::prefetch`]), as `process` does (see there).
@@ -250,6 +250,7 @@ impl Operator for ReduceOperator {
         let keep_acc = ctx.on_error != ErrorPolicy::Fail;
         let updates = self.emit == EmitMode::Updates;
         let records = std::mem::take(&mut batch.records);
+        let prefetch = RecordPrefetch::new();
         let keys = std::mem::take(&mut batch.keys);
         let mut records = records.into_iter();
         for (i, k) in keys.iter().enumerate() {
@@ -258,7 +259,7 @@ impl Operator for ReduceOperator {
                 ctx.state_mut()?.prefetch(ahead);
             }
             let ahead = records.as_slice();
-            prefetch_record(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
+            prefetch.ahead(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
             let mut rec = Some(r);
             let mut failure = None;
             let mut emitted = None;

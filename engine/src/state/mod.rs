@@ -27,7 +27,7 @@ pub(crate) mod conformance;
 pub mod handover;
 pub mod memory;
 mod prefetch;
-pub use prefetch::record as prefetch_record;
+pub use prefetch::RecordPrefetch;
 pub mod rocksdb;
 pub mod snapshot_files;
 pub mod timers;

@@ -28,9 +28,13 @@ pub fn line<T>(p: *const T) {
 /// access reads first); a scalar lives inside the value itself and needs nothing.
 #[inline(always)]
 pub fn value(v: &Dynamic) {
-    if let Ok(map) = v.as_map_ref() {
+    if v.is_map()
+        && let Ok(map) = v.as_map_ref()
+    {
         line(&raw const *map);
-    } else if let Ok(list) = v.as_array_ref() {
+    } else if v.is_array()
+        && let Ok(list) = v.as_array_ref()
+    {
         line(&raw const *list);
     }
 }
@@ -67,24 +71,43 @@ fn header_words(m: &rhai::Map) -> Option<[usize; 3]> {
     Some(unsafe { std::ptr::read_unaligned(std::ptr::from_ref(m).cast::<[usize; 3]>()) })
 }
 
-/// Starts loading a record that a task is about to work on, when it is a map: the map's
-/// header, `far` records ahead, and its first keys and values (read by every field access),
-/// `near` records ahead, whose header the first step brought in.
-#[inline]
-pub fn record(far: Option<&Dynamic>, near: Option<&Dynamic>) {
-    if let Some(v) = far {
-        value(v);
+/// Starts loading the records a task is about to work on, when they are maps (see
+/// [`ahead`](Self::ahead)). Made once per batch: it holds the map layout.
+pub struct RecordPrefetch {
+    layout: Option<(usize, usize, usize)>,
+}
+
+impl RecordPrefetch {
+    /// A prefetcher with the map layout (learnt at the first call in the process).
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self {
+            layout: map_layout(),
+        }
     }
-    let Some(m) = near.and_then(|v| v.as_map_ref().ok()) else {
-        return;
-    };
-    let (Some((word, key, val)), Some(words)) = (map_layout(), header_words(&m)) else {
-        return;
-    };
-    let node = words[word];
-    if node != 0 {
-        line(std::ptr::without_provenance::<u8>(node + key));
-        line(std::ptr::without_provenance::<u8>(node + val));
+
+    /// The map's header of record `far` (a few records ahead), and the first keys and values
+    /// (read by every field access) of record `near` (closer), whose header an earlier call
+    /// brought in.
+    #[inline]
+    pub fn ahead(&self, far: Option<&Dynamic>, near: Option<&Dynamic>) {
+        if let Some(v) = far.filter(|v| v.is_map()) {
+            value(v);
+        }
+        let Some((word, key, val)) = self.layout else {
+            return;
+        };
+        let Some(m) = near.filter(|v| v.is_map()).and_then(|v| v.as_map_ref().ok()) else {
+            return;
+        };
+        let Some(words) = header_words(&m) else {
+            return;
+        };
+        let node = words[word];
+        if node != 0 {
+            line(std::ptr::without_provenance::<u8>(node.wrapping_add(key)));
+            line(std::ptr::without_provenance::<u8>(node.wrapping_add(val)));
+        }
     }
 }
 
@@ -105,7 +128,8 @@ mod tests {
             assert_eq!(node + val, std::ptr::from_ref(m.values().next().expect("a value")).addr());
         }
         // Hints for anything else are harmless: they are never read through.
-        record(Some(&Dynamic::from_int(1)), Some(&Dynamic::UNIT));
-        record(None, Some(&Dynamic::from_map(rhai::Map::new())));
+        let p = RecordPrefetch::new();
+        p.ahead(Some(&Dynamic::from_int(1)), Some(&Dynamic::UNIT));
+        p.ahead(None, Some(&Dynamic::from_map(rhai::Map::new())));
     }
 }
