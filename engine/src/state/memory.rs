@@ -479,7 +479,7 @@ impl StateBackend for MemoryBackend {
         };
         for slot in row.iter().flatten() {
             match slot {
-                Slot::Live { value, .. } => prefetch::value(value),
+                Slot::Live { value, .. } => prefetch::contents(value),
                 Slot::Packed(bytes) => prefetch::line(bytes.as_ptr()),
             }
         }

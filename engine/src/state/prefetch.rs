@@ -39,6 +39,43 @@ pub fn value(v: &Dynamic) {
     }
 }
 
+/// Starts loading what an access to a map or a list reads after its header: a map's keys and
+/// values (up to a node's worth), a list's items (up to eight lines). Reads the header, so
+/// call it when that is likely in the cache already (after [`value`]).
+#[inline]
+pub fn contents(v: &Dynamic) {
+    if v.is_map()
+        && let Ok(map) = v.as_map_ref()
+    {
+        if let (Some((word, key, val)), Some(words)) = (map_layout(), header_words(&map))
+            && words[word] != 0
+        {
+            let n = map.len().min(NODE_CAPACITY);
+            let node = words[word];
+            span(node.wrapping_add(key), n * std::mem::size_of::<rhai::Identifier>());
+            span(node.wrapping_add(val), n * std::mem::size_of::<Dynamic>());
+        }
+    } else if v.is_array()
+        && let Ok(list) = v.as_array_ref()
+    {
+        span(list.as_ptr().addr(), list.len() * std::mem::size_of::<Dynamic>());
+    }
+}
+
+/// The most entries a B-tree node holds.
+const NODE_CAPACITY: usize = 11;
+
+/// Prefetches the lines of `bytes` bytes from address `at`, at most eight.
+#[inline(always)]
+fn span(at: usize, bytes: usize) {
+    let mut a = at & !63;
+    let end = at.wrapping_add(bytes.min(8 * 64));
+    while a < end {
+        line(std::ptr::without_provenance::<u8>(a));
+        a += 64;
+    }
+}
+
 /// Where the entries of a map live, relative to its root node: the offsets of the first key and
 /// the first value from the node address held in the map's header, and the header word that
 /// holds it. Learnt once from a map made for the purpose, since the standard library does not
