@@ -33,12 +33,14 @@ use crate::script::runtime::{
 };
 use crate::state::timers::{TimeDomain, Timers};
 use crate::state::ttl::{Ttl, TtlRule};
-use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, RecordPrefetch};
+use crate::state::{END_CHUNK, EndCursor, RecordPrefetch, StateBackend, StateId, prefetch_ahead};
 
 /// How many records ahead of the one it runs a `process` operator hints the state backend
 /// that a key's state is next ([`StateBackend::prefetch`]): far enough ahead for the loads to
-/// complete before that record runs, near enough for them to be still cached. Measured on W4
-/// (a million records over ten thousand keys): 2, 3 and 4 gain alike; 6 did worse.
+/// complete before that record runs, near enough for them to be still cached. This is the last
+/// stage's distance ([`Reach::Contents`](crate::state::Reach)); the stages before it go two and
+/// three times as far ([`prefetch_ahead`]). Measured on W4 (a million records over ten
+/// thousand keys) with one stage: 2, 3 and 4 gained alike; 6 did worse.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 
 /// The `process` operator.
@@ -262,8 +264,10 @@ impl Operator for ProcessOperator {
         let ops = with_frame(&mut ctx.state, &self.names, self.max_outputs, || {
             set_process_context(cx);
             while records.len() < limit {
-                if let Some(ahead) = input.key_ahead(PREFETCH_AHEAD) {
-                    with_frame_state(|state| state.prefetch(ahead));
+                if input.key_ahead(PREFETCH_AHEAD).is_some() {
+                    with_frame_state(|state| {
+                        prefetch_ahead(state, PREFETCH_AHEAD, |n| input.key_ahead(n));
+                    });
                 }
                 prefetch.ahead(
                     input.record_ahead(2 * PREFETCH_AHEAD),

@@ -14,7 +14,7 @@ use crate::base::message::Batch;
 use crate::element::{ErrorPolicy, Operator, OperatorContext};
 use crate::record::{Key, excerpt};
 use crate::script::runtime::{ScriptFn, set_key, with_frame};
-use crate::state::{END_CHUNK, EndCursor, StateBackend, StateId, RecordPrefetch};
+use crate::state::{END_CHUNK, EndCursor, RecordPrefetch, StateBackend, StateId, prefetch_ahead};
 
 /// How many records ahead of the one it folds a `reduce` hints the state backend that a key's
 /// accumulator is next ([`StateBackend::prefetch`]), as `process` does (see there).
@@ -255,8 +255,8 @@ impl Operator for ReduceOperator {
         let mut records = records.into_iter();
         for (i, k) in keys.iter().enumerate() {
             let Some(r) = records.next() else { break };
-            if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
-                ctx.state_mut()?.prefetch(ahead);
+            if keys.get(i + PREFETCH_AHEAD).is_some() {
+                prefetch_ahead(&**ctx.state_mut()?, PREFETCH_AHEAD, |n| keys.get(i + n));
             }
             let ahead = records.as_slice();
             prefetch.ahead(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));

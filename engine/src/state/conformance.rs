@@ -10,7 +10,7 @@
 use rhai::Dynamic;
 use weir_schema::StateKind;
 
-use super::{SnapshotTarget, StateBackend};
+use super::{Reach, SnapshotTarget, StateBackend};
 use crate::checkpoint::{CheckpointStore, MemoryStore};
 use crate::record::{Key, KeyGroupRange};
 
@@ -251,15 +251,18 @@ pub fn prefetch_is_only_a_hint(factory: Factory<'_>) {
     };
     let before = reads(&*b);
     for k in mine.iter().chain(&theirs) {
-        b.prefetch(k);
+        for reach in [Reach::Row, Reach::Values, Reach::Contents] {
+            b.prefetch(k, reach);
+        }
     }
     assert_eq!(reads(&*b), before);
     // A record's calls for its key, with prefetches of the next keys in between.
     for (k, next) in mine.iter().zip(mine.iter().skip(1).chain(&theirs)) {
         let n = b.get(v, k).unwrap().map_or(0, |d| d.as_int().unwrap());
-        b.prefetch(next);
+        b.prefetch(next, Reach::Row);
         b.put(v, k, Dynamic::from(n + 1)).unwrap();
-        b.prefetch(next);
+        b.prefetch(next, Reach::Values);
+        b.prefetch(next, Reach::Contents);
         b.list_push(l, k, Dynamic::from(n + 1)).unwrap();
         assert_eq!(b.get(v, k).unwrap().unwrap().as_int(), Ok(n + 1));
         assert_eq!(ints(&*b, l, k).last(), Some(&(n + 1)));

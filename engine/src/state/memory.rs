@@ -57,7 +57,7 @@ use weir_schema::StateKind;
 
 use super::canonical::{SnapshotItem, SnapshotWriter, decode_value, read_snapshot};
 use super::prefetch;
-use super::{CanonicalSnapshot, PendingSnapshot, StateBackend, StateId};
+use super::{CanonicalSnapshot, PendingSnapshot, Reach, StateBackend, StateId};
 use crate::base::error::{Result, RunError};
 use crate::checkpoint::CheckpointId;
 use crate::record::{Key, KeyBuildHasher, KeyGroupRange};
@@ -146,6 +146,15 @@ impl Group {
         self.table
             .find(table_hash(key), |(k, _)| k == key)
             .map(|(_, row)| row)
+    }
+
+    /// Starts loading the entry `key` is most likely in: the first whose tag (seven bits of
+    /// the hash, in the table's control bytes) matches. No stored key is read, so this waits
+    /// on nothing but the control bytes; another key with the same tag only wastes the hint.
+    fn hint(&self, key: &Key) {
+        if let Some(entry) = self.table.find(table_hash(key), |_| true) {
+            prefetch::object(entry);
+        }
     }
 
     fn get(&self, key: &Key) -> Option<&Row> {
@@ -469,18 +478,26 @@ impl StateBackend for MemoryBackend {
         Ok(())
     }
 
-    fn prefetch(&self, key: &Key) {
-        let group = key
+    fn prefetch(&self, key: &Key, reach: Reach) {
+        let Some(group) = key
             .key_group(self.max_parallelism)
             .checked_sub(self.range.start)
-            .and_then(|g| self.groups.get(g as usize));
-        let Some(row) = group.and_then(|g| g.peek(key)) else {
+            .and_then(|g| self.groups.get(g as usize))
+        else {
+            return;
+        };
+        if reach == Reach::Row {
+            group.hint(key);
+            return;
+        }
+        let Some(row) = group.peek(key) else {
             return;
         };
         for slot in row.iter().flatten() {
-            match slot {
-                Slot::Live { value, .. } => prefetch::contents(value),
-                Slot::Packed(bytes) => prefetch::line(bytes.as_ptr()),
+            match (slot, reach) {
+                (Slot::Live { value, .. }, Reach::Contents) => prefetch::contents(value),
+                (Slot::Live { value, .. }, _) => prefetch::value(value),
+                (Slot::Packed(bytes), _) => prefetch::line(bytes.as_ptr()),
             }
         }
     }

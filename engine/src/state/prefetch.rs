@@ -62,6 +62,12 @@ pub fn contents(v: &Dynamic) {
     }
 }
 
+/// Starts loading every line of `*r` (up to eight), without reading it.
+#[inline(always)]
+pub fn object<T>(r: &T) {
+    span((&raw const *r).addr(), std::mem::size_of::<T>());
+}
+
 /// The most entries a B-tree node holds.
 const NODE_CAPACITY: usize = 11;
 

@@ -78,7 +78,7 @@ use weir_schema::{RocksdbSpec, StateKind};
 use super::canonical::{
     SnapshotItem, SnapshotWriter, decode_value, kind_code, kind_of, read_snapshot,
 };
-use super::{CANONICAL_SUFFIX, PendingSnapshot, SnapshotTarget, StateBackend, StateId};
+use super::{CANONICAL_SUFFIX, PendingSnapshot, Reach, SnapshotTarget, StateBackend, StateId};
 use crate::base::error::CheckpointError;
 use crate::base::error::{Result, RunError};
 use crate::checkpoint::metadata::{KeyGroups, is_shared_path};
@@ -1190,14 +1190,22 @@ impl StateBackend for RocksdbBackend {
 
     /// Probes the value cache of every state for `key` (the probes overlap one another here,
     /// where a record's calls would make them one at a time) and prefetches the maps and lists
-    /// found; a key not cached is left to the record (a database read is no hint).
-    fn prefetch(&self, key: &Key) {
+    /// found: their headers ([`Reach::Values`]), then their entries ([`Reach::Contents`]); a
+    /// key not cached is left to the record (a database read is no hint).
+    fn prefetch(&self, key: &Key, reach: Reach) {
+        if reach == Reach::Row {
+            return;
+        }
         let Ok(cache) = self.cache.try_borrow() else {
             return;
         };
         for map in &cache.maps {
             if let Some(Slot { value: Some(v), .. }) = map.get(key) {
-                super::prefetch::value(v);
+                if reach == Reach::Contents {
+                    super::prefetch::contents(v);
+                } else {
+                    super::prefetch::value(v);
+                }
             }
         }
     }
