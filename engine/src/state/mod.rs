@@ -27,39 +27,7 @@ pub(crate) mod conformance;
 pub mod handover;
 pub mod memory;
 mod prefetch;
-pub use prefetch::RecordPrefetch;
-
-/// Gives the keys ahead of a keyed operator's next record every stage of
-/// [`StateBackend::prefetch`], `step` records apart: [`Reach::Contents`] for the key `step`
-/// places after the next record's, [`Reach::Values`] for the one `2 * step` after, and
-/// [`Reach::Row`] for the one `3 * step` after. `ahead(n)` is the key `n` places after the
-/// next record's, if there is one.
-pub fn prefetch_ahead<'k>(
-    state: &dyn StateBackend,
-    step: usize,
-    ahead: impl Fn(usize) -> Option<&'k Key>,
-) {
-    for (reach, n) in [(Reach::Row, 3), (Reach::Values, 2), (Reach::Contents, 1)] {
-        if let Some(key) = ahead(n * step) {
-            state.prefetch(key, reach);
-        }
-    }
-}
-
-/// How far into a key's state a [`StateBackend::prefetch`] hint reaches. A keyed operator
-/// gives each key every stage in turn, the first furthest ahead of the record that needs it:
-/// each stage reads only what the stage before brought into the cache, so that no hint itself
-/// waits on memory (a hint that has to read a missing line stalls the operator as the access
-/// would have).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reach {
-    /// Where the key's values are kept (found without reading anything of the key's own).
-    Row,
-    /// The values, and the first line (the header) of each map's and list's heap block.
-    Values,
-    /// What an access to a map or a list reads after its header: its entries or items.
-    Contents,
-}
+pub use prefetch::{Reach, RecordPrefetch, prefetch_ahead};
 pub mod rocksdb;
 pub mod snapshot_files;
 pub mod timers;
