@@ -255,9 +255,7 @@ impl Operator for ReduceOperator {
         let mut records = records.into_iter();
         for (i, k) in keys.iter().enumerate() {
             let Some(r) = records.next() else { break };
-            if keys.get(i + PREFETCH_AHEAD).is_some() {
-                prefetch_ahead(&**ctx.state_mut()?, PREFETCH_AHEAD, |n| keys.get(i + n));
-            }
+            prefetch_ahead(&**ctx.state_mut()?, PREFETCH_AHEAD, |n| keys.get(i + n));
             let ahead = records.as_slice();
             prefetch.ahead(ahead.get(2 * PREFETCH_AHEAD - 1), ahead.get(PREFETCH_AHEAD - 1));
             let mut rec = Some(r);

@@ -494,10 +494,9 @@ impl StateBackend for MemoryBackend {
             return;
         };
         for slot in row.iter().flatten() {
-            match (slot, reach) {
-                (Slot::Live { value, .. }, Reach::Contents) => prefetch::contents(value),
-                (Slot::Live { value, .. }, _) => prefetch::value(value),
-                (Slot::Packed(bytes), _) => prefetch::line(bytes.as_ptr()),
+            match slot {
+                Slot::Live { value, .. } => prefetch::reach(value, reach),
+                Slot::Packed(bytes) => prefetch::line(bytes.as_ptr()),
             }
         }
     }

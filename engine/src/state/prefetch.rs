@@ -99,6 +99,17 @@ pub fn contents(v: &Dynamic) {
     }
 }
 
+/// What [`Reach::Values`] and [`Reach::Contents`] load of one value of a key: its heap block's
+/// header ([`value`]) or what follows it ([`contents`]); a scalar needs nothing.
+#[inline]
+pub fn reach(v: &Dynamic, reach: Reach) {
+    if reach == Reach::Contents {
+        contents(v);
+    } else {
+        value(v);
+    }
+}
+
 /// Starts loading every line of `*r` (up to eight), without reading it.
 #[inline(always)]
 pub fn object<T>(r: &T) {

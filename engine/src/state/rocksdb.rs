@@ -1201,11 +1201,7 @@ impl StateBackend for RocksdbBackend {
         };
         for map in &cache.maps {
             if let Some(Slot { value: Some(v), .. }) = map.get(key) {
-                if reach == Reach::Contents {
-                    super::prefetch::contents(v);
-                } else {
-                    super::prefetch::value(v);
-                }
+                super::prefetch::reach(v, reach);
             }
         }
     }
