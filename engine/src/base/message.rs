@@ -13,7 +13,7 @@ use crate::record::Key;
 ///
 /// Small enough that a batch's records (a few hundred bytes each, parsed on one core and
 /// usually read on another) stay in the processor's caches between the task that makes them
-/// and the one that takes them: at 1024, W4 ran 20-25 % slower whenever the machine's shared
+/// and the one that takes them: at 1024, W4 ran 20-30 % slower whenever the machine's shared
 /// caches were busy, with the same instructions (BENCHMARKS.md, stop 40). Large enough that
 /// the per-batch work (a channel send, a wake-up, the metrics) stays far below the per-record.
 pub const BATCH_SIZE: usize = 512;
