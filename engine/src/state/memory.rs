@@ -68,9 +68,12 @@ pub const SWEEP_EVERY: usize = 1 << 15;
 
 /// A stored value: live or packed (see the module docs).
 enum Slot {
-    /// Decoded, as reads and updates see it.
+    /// Decoded, as reads and updates see it. Never `None` between calls: an update that
+    /// leaves none removes the slot. The option lets [`StateBackend::update`] hand the value to
+    /// its closure in place: moving a `Dynamic` out and back (its tag byte apart from the other
+    /// fifteen) made stores that later loads straddle, a stall of each move.
     Live {
-        value: Dynamic,
+        value: Option<Dynamic>,
         /// The sweep period of its last write ([`MemoryBackend::period`]), or that period
         /// plus one once the sweep ending it kept the value live.
         written: u32,
@@ -83,10 +86,10 @@ enum Slot {
 
 impl Slot {
     /// The value, decoded if packed.
-    fn value(&self) -> Result<Cow<'_, Dynamic>> {
+    fn value(&self) -> Result<Option<Cow<'_, Dynamic>>> {
         match self {
-            Self::Live { value, .. } => Ok(Cow::Borrowed(value)),
-            Self::Packed(bytes) => decode_value(bytes).map(Cow::Owned),
+            Self::Live { value, .. } => Ok(value.as_ref().map(Cow::Borrowed)),
+            Self::Packed(bytes) => decode_value(bytes).map(|v| Some(Cow::Owned(v))),
         }
     }
 }
@@ -334,7 +337,12 @@ impl MemoryBackend {
             else {
                 return false;
             };
-            let Slot::Live { value, written, .. } = slot else {
+            let Slot::Live {
+                value: Some(value),
+                written,
+                ..
+            } = slot
+            else {
                 return false;
             };
             if *written == period {
@@ -395,7 +403,7 @@ impl StateBackend for MemoryBackend {
 
     fn get(&self, state: StateId, key: &Key) -> Result<Option<Dynamic>> {
         match self.slot(state, key)? {
-            Some(Slot::Live { value, .. }) => Ok(Some(value.clone())),
+            Some(Slot::Live { value, .. }) => Ok(value.clone()),
             Some(Slot::Packed(bytes)) => decode_value(bytes).map(Some),
             None => Ok(None),
         }
@@ -403,7 +411,7 @@ impl StateBackend for MemoryBackend {
 
     fn read(&self, state: StateId, key: &Key, f: &mut dyn FnMut(Option<&Dynamic>)) -> Result<()> {
         match self.slot(state, key)? {
-            Some(slot) => f(Some(slot.value()?.as_ref())),
+            Some(slot) => f(slot.value()?.as_deref()),
             None => f(None),
         }
         Ok(())
@@ -412,7 +420,7 @@ impl StateBackend for MemoryBackend {
     fn lend(&self, state: StateId, key: &Key) -> Option<Result<Option<Cow<'_, Dynamic>>>> {
         Some(
             self.slot(state, key)
-                .and_then(|slot| slot.map(Slot::value).transpose()),
+                .and_then(|slot| slot.map_or(Ok(None), Slot::value)),
         )
     }
 
@@ -427,27 +435,47 @@ impl StateBackend for MemoryBackend {
         let written = self.period;
         let states = self.tables.len();
         let group = &mut self.groups[g];
-        let live = |value| Slot::Live {
-            value,
-            written,
-            hot: true,
-        };
         // Whether the value becomes a live map or list from packed or absent: a sweep looks
         // at it.
         let fresh = if let Some(row) = group.get_mut(key) {
             let v = cell_mut(row, state);
-            let (old, unpacked) = match v {
-                Some(Slot::Live { value, .. }) => (Some(std::mem::take(value)), false),
-                Some(Slot::Packed(bytes)) => (Some(decode_value(bytes)?), true),
-                None => (None, true),
+            // A live value is handed to `f` where it is; a packed one is decoded first.
+            let unpacked = match v {
+                Some(Slot::Live { .. }) => false,
+                Some(Slot::Packed(bytes)) => {
+                    let value = Some(decode_value(bytes)?);
+                    *v = Some(Slot::Live {
+                        value,
+                        written,
+                        hot: true,
+                    });
+                    true
+                }
+                None => {
+                    *v = Some(Slot::Live {
+                        value: None,
+                        written,
+                        hot: true,
+                    });
+                    true
+                }
             };
-            let mut slot = old;
-            f(&mut slot);
-            match slot {
+            let Some(Slot::Live {
+                value,
+                written: w,
+                hot,
+            }) = v
+            else {
+                return Err(RunError::State(
+                    "a state slot was not live after it was made live".into(),
+                ));
+            };
+            f(value);
+            match value {
                 Some(new) => {
-                    let fresh = unpacked && container(&new);
-                    *v = Some(live(new));
-                    fresh
+                    *w = written;
+                    *hot = true;
+                    unpacked && container(new)
                 }
                 None => {
                     *v = None;
@@ -465,7 +493,11 @@ impl StateBackend for MemoryBackend {
                     let fresh = container(&new);
                     let mut row = Row::new();
                     row.resize_with(states.max(state.0 as usize + 1), || None);
-                    row[state.0 as usize] = Some(live(new));
+                    row[state.0 as usize] = Some(Slot::Live {
+                        value: Some(new),
+                        written,
+                        hot: true,
+                    });
                     group.insert_new(key.clone(), row);
                     fresh
                 }
@@ -495,7 +527,11 @@ impl StateBackend for MemoryBackend {
         };
         for slot in row.iter().flatten() {
             match slot {
-                Slot::Live { value, .. } => prefetch::reach(value, reach),
+                Slot::Live { value, .. } => {
+                    if let Some(value) = value {
+                        prefetch::reach(value, reach);
+                    }
+                }
                 Slot::Packed(bytes) => prefetch::line(bytes.as_ptr()),
             }
         }
@@ -539,7 +575,8 @@ impl StateBackend for MemoryBackend {
                 for (k, row) in g.iter() {
                     let Some(v) = cell(row, state) else { continue };
                     match v {
-                        Slot::Live { value, .. } => w.entry(kg, k, value)?,
+                        Slot::Live { value: Some(value), .. } => w.entry(kg, k, value)?,
+                        Slot::Live { value: None, .. } => {}
                         Slot::Packed(bytes) => w.entry_encoded(kg, k.value(), bytes)?,
                     }
                 }
@@ -563,16 +600,25 @@ impl StateBackend for MemoryBackend {
                     let Some(Some(v)) = row.get_mut(t) else { continue };
                     match v {
                         // Written since the last checkpoint: likely written again soon.
-                        Slot::Live { value, hot, .. } if *hot => {
+                        Slot::Live { value: None, .. } => {}
+                        Slot::Live {
+                            value: Some(value),
+                            hot,
+                            ..
+                        } if *hot => {
                             w.entry(kg, k, value)?;
                             *hot = false;
                         }
-                        Slot::Live { value, .. } if packable(value) => {
+                        Slot::Live {
+                            value: Some(value), ..
+                        } if packable(value) => {
                             encode(&mut buf, value)?;
                             w.entry_encoded(kg, k.value(), &buf)?;
                             *v = Slot::Packed(buf.as_slice().into());
                         }
-                        Slot::Live { value, .. } => w.entry(kg, k, value)?,
+                        Slot::Live {
+                            value: Some(value), ..
+                        } => w.entry(kg, k, value)?,
                         Slot::Packed(bytes) => w.entry_encoded(kg, k.value(), bytes)?,
                     }
                 }
@@ -632,7 +678,7 @@ impl StateBackend for MemoryBackend {
                             Slot::Packed(value.into())
                         } else {
                             Slot::Live {
-                                value: live,
+                                value: Some(live),
                                 written: self.period,
                                 hot: false,
                             }
@@ -722,14 +768,14 @@ mod tests {
         let row = |v: i64| -> Row {
             let mut row = Row::new();
             row.push(Some(Slot::Live {
-                value: Dynamic::from(v),
+                value: Some(Dynamic::from(v)),
                 written: 0,
                 hot: false,
             }));
             row
         };
         let value = |g: &Group, k: &Key| match g.get(k)?.first()? {
-            Some(Slot::Live { value, .. }) => value.as_int().ok(),
+            Some(Slot::Live { value, .. }) => value.as_ref()?.as_int().ok(),
             _ => None,
         };
         let mut g = Group::default();
