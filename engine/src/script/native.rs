@@ -771,8 +771,12 @@ impl Run<'_> {
         under(arrays, l.array) && under(maps, l.map) && under(strings, l.string)
     }
 
-    fn checked(&self, v: Dynamic) -> Option<Dynamic> {
-        self.fits(&v).then_some(v)
+    /// `Some` when `v` [`fits`](Self::fits). It takes the value by reference, for callers to
+    /// go on with their own: a `Dynamic` passed through an `Option` and taken out again is
+    /// copied as its tag byte and fifteen more (two overlapping words), and reading such a
+    /// copy soon after waits for the stores to drain.
+    fn checked(&self, v: &Dynamic) -> Option<()> {
+        self.fits(v).then_some(())
     }
 
     /// The value of condition `e`, which must be a bool.
@@ -1046,7 +1050,9 @@ impl Run<'_> {
                 for item in items {
                     array.push(self.ex(item, locals)?);
                 }
-                self.checked(Dynamic::from_array(array))?
+                let array = Dynamic::from_array(array);
+                self.checked(&array)?;
+                array
             }
             Ex::Map(template, items) => {
                 let mut map = (**template).clone();
@@ -1054,7 +1060,9 @@ impl Run<'_> {
                     let v = self.ex(item, locals)?;
                     map.insert(name.clone(), v);
                 }
-                self.checked(Dynamic::from_map(map))?
+                let map = Dynamic::from_map(map);
+                self.checked(&map)?;
+                map
             }
             Ex::Push(slot, item) => {
                 let item = self.ex(item, locals)?;
@@ -1188,6 +1196,9 @@ impl Run<'_> {
         let base = self.stored.get(index);
         if let Base::Unread = base {
             *base = match state.lend(id, key) {
+                // Rebuilt from the reference (a move of the whole value splits it; see
+                // `checked`).
+                Some(Ok(Some(Cow::Borrowed(v)))) => Base::Lent(Some(Cow::Borrowed(v))),
                 Some(Ok(v)) => Base::Lent(v),
                 Some(Err(_)) => return None,
                 None => Base::Ask,
@@ -1425,8 +1436,14 @@ impl Run<'_> {
         let sizes = self.program.sizes;
         Some(match host {
             Host::StateGet(s) => {
-                let v = self.read(s, |v| v.map_or(Dynamic::UNIT, dup))?;
-                self.checked(v)?
+                let mut v = Dynamic::UNIT;
+                self.read(s, |stored| {
+                    if let Some(stored) = stored {
+                        v = dup(stored);
+                    }
+                })?;
+                self.checked(&v)?;
+                v
             }
             Host::ListGet(s) => {
                 // A copy with room for one more item: a list read is often pushed onto.
@@ -1439,7 +1456,9 @@ impl Run<'_> {
                     })
                     .unwrap_or_default()
                 })?;
-                self.checked(Dynamic::from_array(v))?
+                let v = Dynamic::from_array(v);
+                self.checked(&v)?;
+                v
             }
             Host::ListLen(s) => {
                 let len = self.read(s, |v| {
@@ -1459,7 +1478,8 @@ impl Run<'_> {
                 let field = a.as_immutable_string_ref().ok()?;
                 let v = self.map_entry(s, &field)?.unwrap_or(Dynamic::UNIT);
                 drop(field);
-                self.checked(v)?
+                self.checked(&v)?;
+                v
             }
             Host::StateSet(s) => {
                 if sizes.over(data_sizes(&a)) {
@@ -1476,7 +1496,8 @@ impl Run<'_> {
             }
             Host::StateAdd(s) => {
                 let sum = add_in_place(self.whole(s)?, &a).ok()?;
-                self.checked(sum)?
+                self.checked(&sum)?;
+                sum
             }
             Host::ListPush(s) => {
                 // `push_onto`, with the list's sizes kept from push to push.
@@ -1572,7 +1593,8 @@ impl Run<'_> {
                 } else {
                     add_into(self.whole(s)?, &field, &b, sizes).ok()?
                 };
-                self.checked(sum)?
+                self.checked(&sum)?;
+                sum
             }
             Host::MapRemove(s) => {
                 let field = a.as_immutable_string_ref().ok()?;
