@@ -440,26 +440,18 @@ impl StateBackend for MemoryBackend {
         let fresh = if let Some(row) = group.get_mut(key) {
             let v = cell_mut(row, state);
             // A live value is handed to `f` where it is; a packed one is decoded first.
-            let unpacked = match v {
-                Some(Slot::Live { .. }) => false,
-                Some(Slot::Packed(bytes)) => {
-                    let value = Some(decode_value(bytes)?);
-                    *v = Some(Slot::Live {
-                        value,
-                        written,
-                        hot: true,
-                    });
-                    true
-                }
-                None => {
-                    *v = Some(Slot::Live {
-                        value: None,
-                        written,
-                        hot: true,
-                    });
-                    true
-                }
-            };
+            let unpacked = !matches!(v, Some(Slot::Live { .. }));
+            if unpacked {
+                let value = match v {
+                    Some(Slot::Packed(bytes)) => Some(decode_value(bytes)?),
+                    _ => None,
+                };
+                *v = Some(Slot::Live {
+                    value,
+                    written,
+                    hot: true,
+                });
+            }
             let Some(Slot::Live {
                 value,
                 written: w,
